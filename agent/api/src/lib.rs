@@ -1,0 +1,42 @@
+//! The language shared by the shoal agent and its local clients (`shoal` CLI, `shoal mount`).
+//!
+//! Read [`Request`] and [`Response`] first, then [`frame`] for how they travel over the
+//! agent's Unix socket. This crate holds types and framing only: it must never depend on
+//! the mesh, the metadata service or the storage engine.
+
+mod client;
+mod error;
+pub mod frame;
+mod status;
+
+pub use client::AgentClient;
+pub use error::ApiError;
+pub use status::{MemberState, MemberStatus, StatusReport};
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the admin/client protocol; carried in every frame.
+pub const API_VERSION: u8 = 1;
+
+/// DNS name that every node certificate carries and every agent verifies.
+pub const NODE_TLS_NAME: &str = "shoal-node";
+
+/// Where the agent listens by default, and the environment variable that overrides it for
+/// the CLI.
+pub const DEFAULT_SOCKET: &str = "/run/shoal/agent.sock";
+pub const SOCKET_ENV: &str = "SHOAL_SOCKET";
+
+/// A request from a local client to its agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Cluster membership as this agent sees it.
+    Status,
+}
+
+/// The agent's answer to one [`Request`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    Status(StatusReport),
+    /// The request was understood but failed; the text is for the operator.
+    Error(String),
+}

@@ -1,0 +1,175 @@
+//! Node facts: what each agent tells the cluster about itself through gossip
+//! (foca custom broadcasts). Liveness comes from SWIM; facts ride along.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::MeshError;
+use crate::identity::{MemberId, NodeId};
+
+/// Version of the facts payload on the wire.
+pub const FACTS_VERSION: u8 = 1;
+
+/// What a node intends: serving, or leaving the cluster on purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeRole {
+    Active,
+    Leaving,
+}
+
+/// Facts a node disseminates about itself. A newer `(generation, seq)` replaces an older one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub node: NodeId,
+    /// The member generation that published these facts.
+    pub generation: u64,
+    /// Grows with every publication within one generation.
+    pub seq: u64,
+    /// Human-readable node name (host name by default).
+    pub name: String,
+    pub failure_domain: String,
+    /// Where this node's QUIC RPC endpoint listens.
+    pub rpc_addr: SocketAddr,
+    /// Size of the filesystem holding the data dir, in bytes.
+    pub capacity_bytes: u64,
+    /// Bytes in use on that filesystem.
+    pub used_bytes: u64,
+    pub role: NodeRole,
+    pub agent_version: String,
+}
+
+impl NodeFacts {
+    fn version(&self) -> (u64, u64) {
+        (self.generation, self.seq)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![FACTS_VERSION];
+        // Serialising a plain struct into a Vec cannot fail.
+        out.extend(postcard::to_allocvec(self).unwrap_or_default());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, MeshError> {
+        match bytes.split_first() {
+            Some((&FACTS_VERSION, body)) => {
+                postcard::from_bytes(body).map_err(|e| MeshError::BadFacts(e.to_string()))
+            }
+            Some((v, _)) => Err(MeshError::BadFacts(format!("unknown facts version {v}"))),
+            None => Err(MeshError::BadFacts("empty payload".into())),
+        }
+    }
+}
+
+/// The newest facts known for every node, shared between the foca broadcast handler and
+/// the rest of the membership code.
+#[derive(Clone, Default)]
+pub(crate) struct FactsTable(Arc<Mutex<BTreeMap<NodeId, NodeFacts>>>);
+
+impl FactsTable {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, NodeFacts>> {
+        // A poisoned lock only means another thread panicked mid-update of a map of plain
+        // values; the map itself is still consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores `facts` if they are newer than what is known; says whether they were.
+    fn offer(&self, facts: NodeFacts) -> bool {
+        let mut table = self.lock();
+        match table.get(&facts.node) {
+            Some(known) if known.version() >= facts.version() => false,
+            _ => {
+                table.insert(facts.node, facts);
+                true
+            }
+        }
+    }
+}
+
+/// Identifies one facts publication inside foca's broadcast backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FactsKey {
+    node: NodeId,
+    version: (u64, u64),
+}
+
+impl foca::Invalidates for FactsKey {
+    fn invalidates(&self, other: &Self) -> bool {
+        self.node == other.node && self.version >= other.version
+    }
+}
+
+pub(crate) struct FactsHandler {
+    pub(crate) table: FactsTable,
+}
+
+impl foca::BroadcastHandler<MemberId> for FactsHandler {
+    type Key = FactsKey;
+    type Error = MeshError;
+
+    fn receive_item(
+        &mut self,
+        data: &[u8],
+        _sender: Option<&MemberId>,
+    ) -> Result<Option<FactsKey>, MeshError> {
+        let facts = NodeFacts::decode(data)?;
+        let key = FactsKey {
+            node: facts.node,
+            version: facts.version(),
+        };
+        // Stale items must yield None, or they would circulate forever.
+        Ok(self.table.offer(facts).then_some(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use foca::BroadcastHandler;
+
+    fn facts(seq: u64) -> NodeFacts {
+        NodeFacts {
+            node: NodeId(9),
+            generation: 2,
+            seq,
+            name: "n9".into(),
+            failure_domain: "rack-a".into(),
+            rpc_addr: "127.0.0.9:7947".parse().expect("addr"),
+            capacity_bytes: 100,
+            used_bytes: 10,
+            role: NodeRole::Active,
+            agent_version: "0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn facts_round_trip() {
+        let f = facts(3);
+        assert_eq!(NodeFacts::decode(&f.encode()).expect("decode"), f);
+    }
+
+    #[test]
+    fn stale_facts_are_not_rebroadcast() {
+        let mut handler = FactsHandler {
+            table: FactsTable::default(),
+        };
+        assert!(handler.receive_item(&facts(2).encode(), None).expect("ok").is_some());
+        assert!(handler.receive_item(&facts(2).encode(), None).expect("ok").is_none());
+        assert!(handler.receive_item(&facts(1).encode(), None).expect("ok").is_none());
+        assert!(handler.receive_item(&facts(3).encode(), None).expect("ok").is_some());
+        assert_eq!(handler.table.lock()[&NodeId(9)].seq, 3);
+    }
+
+    #[test]
+    fn garbage_facts_are_an_error_not_a_panic() {
+        let mut handler = FactsHandler {
+            table: FactsTable::default(),
+        };
+        for bytes in [&[][..], &[1], &[1, 255, 255], &[7, 1, 2, 3]] {
+            assert!(handler.receive_item(bytes, None).is_err());
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The gossip driver: the one task that owns the gossip UDP socket and the SWIM timers.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use foca::Timer;
+use tokio::net::UdpSocket;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::envelope;
+use crate::facts::NodeFacts;
+use crate::identity::MemberId;
+use crate::membership::{Effect, MemberEvent, MemberState, MemberView, Membership};
+use crate::metrics::{MeshMetrics, ReasonLabel, StateLabel};
+use crate::tls::ClusterKey;
+use crate::MeshError;
+
+type FactsUpdate = Box<dyn FnOnce(&mut NodeFacts) + Send>;
+
+enum Command {
+    Publish(FactsUpdate),
+    Members(oneshot::Sender<Vec<MemberView>>),
+    Leave(oneshot::Sender<()>),
+}
+
+/// How the rest of the agent talks to the gossip task.
+#[derive(Clone)]
+pub struct GossipHandle {
+    commands: mpsc::Sender<Command>,
+    events: broadcast::Sender<MemberEvent>,
+}
+
+impl GossipHandle {
+    /// Every member this node knows of, itself included.
+    pub async fn members(&self) -> Result<Vec<MemberView>, MeshError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Members(tx)).await?;
+        rx.await.map_err(|_| MeshError::GossipStopped)
+    }
+
+    /// Publishes a new version of this node's facts.
+    pub async fn publish(
+        &self,
+        update: impl FnOnce(&mut NodeFacts) + Send + 'static,
+    ) -> Result<(), MeshError> {
+        self.send(Command::Publish(Box::new(update))).await
+    }
+
+    /// Leaves the cluster gracefully; the gossip task stops afterwards.
+    pub async fn leave(&self) -> Result<(), MeshError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Leave(tx)).await?;
+        rx.await.map_err(|_| MeshError::GossipStopped)
+    }
+
+    /// Membership changes from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<MemberEvent> {
+        self.events.subscribe()
+    }
+
+    async fn send(&self, cmd: Command) -> Result<(), MeshError> {
+        self.commands
+            .send(cmd)
+            .await
+            .map_err(|_| MeshError::GossipStopped)
+    }
+}
+
+/// Rejected-packet sources already logged; later rejections are only counted.
+const MAX_LOGGED_SOURCES: usize = 1024;
+/// How often a node with no peers re-announces itself to the seeds.
+const REANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+
+pub struct GossipDriver {
+    socket: UdpSocket,
+    key: ClusterKey,
+    membership: Membership,
+    seeds: Vec<SocketAddr>,
+    metrics: MeshMetrics,
+    events: broadcast::Sender<MemberEvent>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    pending: HashMap<u64, Timer<MemberId>>,
+    next_timer: u64,
+    logged_sources: HashSet<IpAddr>,
+}
+
+impl GossipDriver {
+    /// Binds the gossip socket at the member's address and starts the task.
+    pub async fn start(
+        membership: Membership,
+        key: ClusterKey,
+        seeds: Vec<SocketAddr>,
+        metrics: MeshMetrics,
+    ) -> Result<(GossipHandle, tokio::task::JoinHandle<()>), MeshError> {
+        let addr = membership.me().addr;
+        let socket = UdpSocket::bind(addr)
+            .await
+            .map_err(|source| MeshError::Bind { addr, source })?;
+        let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let (events, _) = broadcast::channel(256);
+        let driver = GossipDriver {
+            socket,
+            key,
+            membership,
+            seeds: seeds.into_iter().filter(|s| *s != addr).collect(),
+            metrics,
+            events: events.clone(),
+            timers: BinaryHeap::new(),
+            pending: HashMap::new(),
+            next_timer: 0,
+            logged_sources: HashSet::new(),
+        };
+        let task = tokio::spawn(driver.run(cmd_rx));
+        Ok((
+            GossipHandle {
+                commands: cmd_tx,
+                events,
+            },
+            task,
+        ))
+    }
+
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut buf = vec![0u8; 65_536];
+        let mut tick = tokio::time::interval(REANNOUNCE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next = self.timers.peek().map(|Reverse((at, _))| *at);
+            tokio::select! {
+                recv = self.socket.recv_from(&mut buf) => match recv {
+                    Ok((len, from)) => self.on_packet(from, len, &buf),
+                    Err(e) => debug!(error = %e, "gossip recv failed"),
+                },
+                _ = sleep_until(next) => self.fire_due_timers(),
+                _ = tick.tick() => self.on_tick(),
+                cmd = commands.recv() => match cmd {
+                    Some(Command::Publish(update)) => {
+                        let res = self.membership.publish(update);
+                        self.apply(res);
+                    }
+                    Some(Command::Members(reply)) => {
+                        let _ = reply.send(self.membership.members());
+                    }
+                    Some(Command::Leave(reply)) => {
+                        let res = self.membership.leave();
+                        self.apply(res);
+                        info!("left the cluster");
+                        let _ = reply.send(());
+                        return;
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn on_packet(&mut self, from: SocketAddr, len: usize, buf: &[u8]) {
+        let packet = &buf[..len];
+        match envelope::open(&self.key.0, packet) {
+            Ok(payload) => {
+                self.metrics.gossip_packets_received.inc();
+                let res = self
+                    .membership
+                    .handle_data(from, payload, std::time::Instant::now());
+                self.apply(res);
+            }
+            Err(rejection) => {
+                self.metrics
+                    .gossip_packets_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: rejection.label(),
+                    })
+                    .inc();
+                if self.logged_sources.len() < MAX_LOGGED_SOURCES
+                    && self.logged_sources.insert(from.ip())
+                {
+                    warn!(%from, reason = rejection.label(),
+                        "rejected gossip packet from outside the cluster (logged once per source)");
+                }
+            }
+        }
+    }
+
+    fn fire_due_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, id))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(timer) = self.pending.remove(&id) {
+                let res = self.membership.handle_timer(timer);
+                self.apply(res);
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if self.membership.active_peers() == 0 {
+            for seed in self.seeds.clone() {
+                let res = self.membership.announce(seed);
+                self.apply(res);
+            }
+        }
+        let mut counts: HashMap<&'static str, i64> =
+            ["alive", "suspect", "down", "left"].into_iter().map(|s| (s, 0)).collect();
+        for m in self.membership.members() {
+            *counts.entry(state_label(m.state)).or_default() += 1;
+        }
+        for (state, n) in counts {
+            self.metrics.members.get_or_create(&StateLabel { state }).set(n);
+        }
+    }
+
+    fn apply(&mut self, res: Result<Vec<Effect>, MeshError>) {
+        match res {
+            Ok(effects) => self.apply_now(effects),
+            Err(e) => debug!(error = %e, "membership step failed"),
+        }
+    }
+
+    fn apply_now(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Send { to, payload } => {
+                    let packet = envelope::seal(&self.key.0, &payload);
+                    // UDP send on a non-full socket completes at once; a full one drops the
+                    // packet, which SWIM tolerates.
+                    if let Err(e) = self.socket.try_send_to(&packet, to) {
+                        debug!(%to, error = %e, "gossip send dropped");
+                    }
+                }
+                Effect::Schedule { after, timer } => {
+                    let id = self.next_timer;
+                    self.next_timer += 1;
+                    self.timers.push(Reverse((Instant::now() + after, id)));
+                    self.pending.insert(id, timer);
+                }
+                Effect::Event(event) => {
+                    match &event {
+                        MemberEvent::Up(id) => info!(node = %id.node, addr = %id.addr, generation = id.generation, "member up"),
+                        MemberEvent::Down(id) => warn!(node = %id.node, addr = %id.addr, "member down"),
+                        MemberEvent::Rejoined(id) => warn!(generation = id.generation, "this node was declared down; rejoined under a new generation"),
+                        MemberEvent::Alone => info!("no other members reachable"),
+                    }
+                    // Nobody listening is fine.
+                    let _ = self.events.send(event);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn state_label(state: MemberState) -> &'static str {
+    match state {
+        MemberState::Alive => "alive",
+        MemberState::Suspect => "suspect",
+        MemberState::Down => "down",
+        MemberState::Left => "left",
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

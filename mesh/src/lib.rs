@@ -1,0 +1,33 @@
+//! shoal's cluster mesh: who is in the cluster, and how agents talk to each other.
+//!
+//! - [`Membership`] is the pure SWIM core (foca driven sans-IO): bytes, timer events and
+//!   `now` in; packets to send, timers to set and [`MemberEvent`]s out. It tests without a
+//!   runtime.
+//! - [`GossipDriver`] is the one tokio task that owns the gossip UDP socket and the timer
+//!   heap; every packet is wrapped in an authenticated, versioned [`envelope`].
+//! - [`Transport`] is the QUIC endpoint (mutual TLS against the cluster CA) that carries
+//!   typed request/response [`Rpc`] messages.
+//!
+//! The mesh knows nothing about files, stripes or placement; it must never depend on the
+//! agent's storage or metadata crates.
+
+pub mod envelope;
+mod error;
+mod facts;
+mod gossip;
+mod identity;
+mod membership;
+mod metrics;
+mod rpc;
+mod tls;
+
+pub use error::MeshError;
+pub use facts::{NodeFacts, NodeRole};
+pub use gossip::{GossipDriver, GossipHandle};
+pub use identity::{MemberId, NodeId};
+pub use membership::{
+    Effect, MemberEvent, MemberState, MemberView, Membership, MembershipConfig,
+};
+pub use metrics::MeshMetrics;
+pub use rpc::{Rpc, Transport};
+pub use tls::{ClusterKey, TlsFiles};

@@ -1,0 +1,307 @@
+//! The pure SWIM core: foca plus shoal's node facts, driven without I/O.
+//!
+//! Every input (a packet, a timer, an operator action) returns the [`Effect`]s to carry
+//! out: packets to send, timers to set, events for the rest of the agent. The caller owns
+//! the socket and the clock ([`crate::GossipDriver`] in production, a simulated network in
+//! tests).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use foca::{AccumulatingRuntime, Foca, OwnedNotification, PostcardCodec, Timer};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+
+use crate::MeshError;
+use crate::envelope;
+use crate::facts::{FactsHandler, FactsTable, NodeFacts, NodeRole};
+use crate::identity::{MemberId, NodeId, UNKNOWN_NODE};
+
+/// SWIM timing. The defaults follow memberlist's LAN profile with a fixed suspicion
+/// window: a dead node is declared down about `probe_period + probe_rtt +
+/// suspect_to_down` after it stops answering (≈ 5 s with the defaults).
+#[derive(Clone, Debug)]
+pub struct MembershipConfig {
+    pub probe_period: Duration,
+    pub probe_rtt: Duration,
+    pub suspect_to_down: Duration,
+    /// Largest gossip payload foca may produce, before the envelope.
+    pub max_packet_size: usize,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            probe_period: Duration::from_millis(1000),
+            probe_rtt: Duration::from_millis(500),
+            suspect_to_down: Duration::from_millis(3000),
+            max_packet_size: 1400 - envelope::OVERHEAD,
+        }
+    }
+}
+
+impl MembershipConfig {
+    /// The longest a crashed node stays `alive` or `suspect` in everyone's view, in the
+    /// absence of packet loss: one probe period to be probed, the direct and indirect
+    /// probe round trips, then the suspicion window.
+    pub fn detection_bound(&self) -> Duration {
+        self.probe_period + self.probe_rtt * 2 + self.suspect_to_down
+    }
+
+    fn to_foca(&self) -> Result<foca::Config, MeshError> {
+        let mut cfg = foca::Config::new_lan(NonZeroU32::MIN.saturating_add(15));
+        cfg.probe_period = self.probe_period;
+        cfg.probe_rtt = self.probe_rtt;
+        cfg.suspect_to_down_after = self.suspect_to_down;
+        cfg.max_packet_size = NonZeroUsize::new(self.max_packet_size)
+            .ok_or_else(|| MeshError::Membership("max_packet_size must be > 0".into()))?;
+        Ok(cfg)
+    }
+}
+
+/// Liveness of a member as the status view reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberState {
+    Alive,
+    Suspect,
+    Down,
+    /// Left the cluster on purpose (graceful shutdown or decommission).
+    Left,
+}
+
+/// What the rest of the agent hears about membership changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberEvent {
+    Up(MemberId),
+    Down(MemberId),
+    /// This node was declared down and rejoined under a new generation.
+    Rejoined(MemberId),
+    /// Every other member is gone; this node is alone.
+    Alone,
+}
+
+/// An action the caller must carry out.
+#[derive(Debug)]
+pub enum Effect {
+    Send { to: SocketAddr, payload: Bytes },
+    Schedule { after: Duration, timer: Timer<MemberId> },
+    Event(MemberEvent),
+}
+
+/// One member as seen from this node.
+#[derive(Clone, Debug)]
+pub struct MemberView {
+    pub id: MemberId,
+    pub state: MemberState,
+    pub incarnation: u16,
+    pub facts: Option<NodeFacts>,
+    /// When a packet from this member last arrived (None for this node itself).
+    pub last_heard: Option<Instant>,
+    pub is_self: bool,
+}
+
+type Swim = Foca<MemberId, PostcardCodec, StdRng, FactsHandler>;
+
+pub struct Membership {
+    foca: Swim,
+    runtime: AccumulatingRuntime<MemberId>,
+    facts: FactsTable,
+    own_facts: NodeFacts,
+    /// Newest identity seen per node, kept after foca forgets a down member.
+    known: BTreeMap<NodeId, MemberId>,
+    last_heard: HashMap<SocketAddr, Instant>,
+}
+
+impl Membership {
+    /// Starts a member that knows only itself. `seed` feeds foca's randomness.
+    pub fn new(
+        me: MemberId,
+        facts: NodeFacts,
+        config: &MembershipConfig,
+        seed: u64,
+    ) -> Result<(Self, Vec<Effect>), MeshError> {
+        let table = FactsTable::default();
+        let foca = Foca::with_custom_broadcast(
+            me,
+            config.to_foca()?,
+            StdRng::seed_from_u64(seed),
+            PostcardCodec,
+            FactsHandler {
+                table: table.clone(),
+            },
+        );
+        let mut m = Membership {
+            foca,
+            runtime: AccumulatingRuntime::new(),
+            facts: table,
+            own_facts: facts,
+            known: BTreeMap::new(),
+            last_heard: HashMap::new(),
+        };
+        let published = m.own_facts.clone();
+        m.foca
+            .add_broadcast(&published.encode())
+            .map_err(|e| MeshError::Membership(e.to_string()))?;
+        Ok((m, Vec::new()))
+    }
+
+    pub fn me(&self) -> MemberId {
+        *self.foca.identity()
+    }
+
+    /// Number of other members currently alive or suspect.
+    pub fn active_peers(&self) -> usize {
+        self.foca.num_members()
+    }
+
+    /// Asks the node gossiping at `seed` to let us in.
+    pub fn announce(&mut self, seed: SocketAddr) -> Result<Vec<Effect>, MeshError> {
+        let placeholder = MemberId {
+            node: UNKNOWN_NODE,
+            addr: seed,
+            generation: 0,
+        };
+        let res = self.foca.announce(placeholder, &mut self.runtime);
+        self.finish(res)
+    }
+
+    /// Feeds one authenticated packet payload received from `from`.
+    pub fn handle_data(
+        &mut self,
+        from: SocketAddr,
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<Vec<Effect>, MeshError> {
+        self.last_heard.insert(from, now);
+        let res = self.foca.handle_data(payload, &mut self.runtime);
+        self.finish(res)
+    }
+
+    /// Feeds a timer that a previous [`Effect::Schedule`] asked for.
+    pub fn handle_timer(&mut self, timer: Timer<MemberId>) -> Result<Vec<Effect>, MeshError> {
+        let res = self.foca.handle_timer(timer, &mut self.runtime);
+        self.finish(res)
+    }
+
+    /// Publishes a new version of this node's facts.
+    pub fn publish(&mut self, update: impl FnOnce(&mut NodeFacts)) -> Result<Vec<Effect>, MeshError> {
+        update(&mut self.own_facts);
+        self.own_facts.seq += 1;
+        let encoded = self.own_facts.encode();
+        self.foca
+            .add_broadcast(&encoded)
+            .map_err(|e| MeshError::Membership(e.to_string()))?;
+        let res = self.foca.broadcast(&mut self.runtime);
+        self.finish(res)
+    }
+
+    /// Tells the cluster this node is leaving on purpose, then leaves.
+    pub fn leave(&mut self) -> Result<Vec<Effect>, MeshError> {
+        let mut effects = self.publish(|f| f.role = NodeRole::Leaving)?;
+        let res = self.foca.leave_cluster(&mut self.runtime);
+        effects.extend(self.finish(res)?);
+        Ok(effects)
+    }
+
+    /// Every member this node has heard of, itself included, sorted by node id.
+    pub fn members(&self) -> Vec<MemberView> {
+        let facts = self.facts.lock();
+        let mut live: HashMap<NodeId, (MemberId, foca::State, u16)> = HashMap::new();
+        for m in self.foca.iter_membership_state() {
+            live.insert(m.id().node, (*m.id(), m.state(), m.incarnation()));
+        }
+        let me = self.me();
+        let mut out: Vec<MemberView> = self
+            .known
+            .iter()
+            .filter(|(node, _)| **node != me.node)
+            .map(|(node, known)| {
+                let (id, state, incarnation) = live
+                    .get(node)
+                    .copied()
+                    .unwrap_or((*known, foca::State::Down, 0));
+                let facts = facts.get(node).cloned();
+                let leaving = facts.as_ref().is_some_and(|f| f.role == NodeRole::Leaving);
+                let state = match state {
+                    foca::State::Alive => MemberState::Alive,
+                    foca::State::Suspect => MemberState::Suspect,
+                    foca::State::Down if leaving => MemberState::Left,
+                    foca::State::Down => MemberState::Down,
+                };
+                MemberView {
+                    id,
+                    state,
+                    incarnation,
+                    facts,
+                    last_heard: self.last_heard.get(&id.addr).copied(),
+                    is_self: false,
+                }
+            })
+            .collect();
+        out.push(MemberView {
+            id: me,
+            state: MemberState::Alive,
+            incarnation: 0,
+            facts: Some(self.own_facts.clone()),
+            last_heard: None,
+            is_self: true,
+        });
+        out.sort_by_key(|v| v.id.node);
+        out
+    }
+
+    /// The facts this node currently publishes.
+    pub fn own_facts(&self) -> &NodeFacts {
+        &self.own_facts
+    }
+
+    /// Turns what foca accumulated into effects, reacting to membership changes.
+    fn finish(&mut self, res: Result<(), foca::Error>) -> Result<Vec<Effect>, MeshError> {
+        let mut effects = Vec::new();
+        let mut republish = false;
+        while let Some(note) = self.runtime.to_notify() {
+            match note {
+                OwnedNotification::MemberUp(id) => {
+                    self.known.insert(id.node, id);
+                    // A newcomer has none of our facts: publish a fresh copy.
+                    republish = true;
+                    effects.push(Effect::Event(MemberEvent::Up(id)));
+                }
+                OwnedNotification::MemberDown(id) => {
+                    self.known.insert(id.node, id);
+                    effects.push(Effect::Event(MemberEvent::Down(id)));
+                }
+                OwnedNotification::Rename(_, new) => {
+                    self.known.insert(new.node, new);
+                }
+                OwnedNotification::Rejoin(id) => {
+                    effects.push(Effect::Event(MemberEvent::Rejoined(id)));
+                }
+                OwnedNotification::Idle => effects.push(Effect::Event(MemberEvent::Alone)),
+                OwnedNotification::Active | OwnedNotification::Defunct => {}
+            }
+        }
+        while let Some((to, payload)) = self.runtime.to_send() {
+            effects.push(Effect::Send {
+                to: to.addr,
+                payload,
+            });
+        }
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            effects.push(Effect::Schedule { after, timer });
+        }
+        res.map_err(|e| MeshError::Membership(e.to_string()))?;
+        if republish {
+            effects.extend(self.publish(|_| {})?);
+        }
+        Ok(effects)
+    }
+}
+
+#[cfg(test)]
+#[path = "membership_sim_tests.rs"]
+mod sim_tests;

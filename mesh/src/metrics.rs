@@ -1,0 +1,96 @@
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabel {
+    pub endpoint: &'static str,
+    pub side: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    pub endpoint: &'static str,
+}
+
+type LatencyFamily = Family<EndpointLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// Counters and gauges of membership and transport, registered under `shoal_mesh_`.
+#[derive(Clone, Debug)]
+pub struct MeshMetrics {
+    pub gossip_packets_received: Counter,
+    pub gossip_packets_rejected: Family<ReasonLabel, Counter>,
+    pub members: Family<StateLabel, Gauge>,
+    pub rpc_connections_rejected: Family<ReasonLabel, Counter>,
+    pub rpc_requests: Family<RpcLabel, Counter>,
+    pub rpc_latency_seconds: LatencyFamily,
+}
+
+impl MeshMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = MeshMetrics {
+            gossip_packets_received: Counter::default(),
+            gossip_packets_rejected: Family::default(),
+            members: Family::default(),
+            rpc_connections_rejected: Family::default(),
+            rpc_requests: Family::default(),
+            rpc_latency_seconds: Family::new_with_constructor(latency_histogram),
+        };
+        let r = registry.sub_registry_with_prefix("shoal_mesh");
+        r.register(
+            "gossip_packets_received",
+            "Gossip packets that passed authentication",
+            m.gossip_packets_received.clone(),
+        );
+        r.register(
+            "gossip_packets_rejected",
+            "Gossip packets dropped before decoding (wrong cluster key, bad magic or version, truncated)",
+            m.gossip_packets_rejected.clone(),
+        );
+        r.register(
+            "members",
+            "Cluster members by state, as seen from this node (itself included)",
+            m.members.clone(),
+        );
+        r.register(
+            "rpc_connections_rejected",
+            "QUIC connections that failed the mutual TLS handshake",
+            m.rpc_connections_rejected.clone(),
+        );
+        r.register(
+            "rpc_requests",
+            "RPC requests by endpoint, side and outcome",
+            m.rpc_requests.clone(),
+        );
+        r.register(
+            "rpc_latency_seconds",
+            "Client-side RPC round-trip latency",
+            m.rpc_latency_seconds.clone(),
+        );
+        m
+    }
+
+    /// Metrics that go nowhere, for tests and tools that do not export them.
+    pub fn unregistered() -> Self {
+        Self::register(&mut Registry::default())
+    }
+}

@@ -1,0 +1,336 @@
+//! Typed request/response RPC over QUIC with mutual TLS.
+//!
+//! Each request is one bidirectional stream:
+//!
+//! ```text
+//! request:  postcard(RequestHead { version, endpoint, from }) ++ postcard(message)
+//! response: version (1) | status (1) | postcard(response) or UTF-8 error text
+//! ```
+//!
+//! A feature defines its messages by implementing [`Rpc`] and registers one handler per
+//! message type with [`Transport::register`].
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use crate::MeshError;
+use crate::identity::NodeId;
+use crate::metrics::{EndpointLabel, MeshMetrics, ReasonLabel, RpcLabel};
+use crate::tls::TlsFiles;
+
+/// Wire version of the RPC framing.
+pub const RPC_VERSION: u8 = 1;
+/// Largest request or response body accepted.
+const MAX_MESSAGE: usize = 16 << 20;
+
+const STATUS_OK: u8 = 0;
+const STATUS_ERROR: u8 = 1;
+const STATUS_NO_HANDLER: u8 = 2;
+
+/// A request message with its response type, addressed by a stable endpoint name.
+pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
+    const ENDPOINT: &'static str;
+    type Response: Serialize + DeserializeOwned + Send + 'static;
+}
+
+#[derive(Serialize, Deserialize)]
+struct RequestHead {
+    version: u8,
+    endpoint: String,
+    from: NodeId,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, String>> + Send + Sync>;
+
+const MAX_LOGGED_SOURCES: usize = 1024;
+
+/// This node's QUIC endpoint: serves registered handlers and calls peers.
+pub struct Transport {
+    endpoint: quinn::Endpoint,
+    server_name: String,
+    me: NodeId,
+    handlers: RwLock<HashMap<&'static str, (&'static str, Handler)>>,
+    connections: tokio::sync::Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    metrics: MeshMetrics,
+    logged_sources: Mutex<HashSet<IpAddr>>,
+}
+
+impl Transport {
+    /// Binds the endpoint. `server_name` is the DNS name every node certificate carries.
+    pub fn bind(
+        addr: SocketAddr,
+        tls: &TlsFiles,
+        server_name: &str,
+        me: NodeId,
+        metrics: MeshMetrics,
+    ) -> Result<Arc<Self>, MeshError> {
+        let material = tls.load()?;
+        let mut endpoint = quinn::Endpoint::server(material.server_config()?, addr)
+            .map_err(|source| MeshError::Bind { addr, source })?;
+        endpoint.set_default_client_config(material.client_config()?);
+        Ok(Arc::new(Transport {
+            endpoint,
+            server_name: server_name.to_owned(),
+            me,
+            handlers: RwLock::new(HashMap::new()),
+            connections: tokio::sync::Mutex::new(HashMap::new()),
+            metrics,
+            logged_sources: Mutex::new(HashSet::new()),
+        }))
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.endpoint.local_addr().ok()
+    }
+
+    /// Serves requests of type `M` with `handler` (the caller's node id and the message in,
+    /// the response or an error text out).
+    pub fn register<M, F, Fut>(&self, handler: F)
+    where
+        M: Rpc,
+        F: Fn(NodeId, M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Response, String>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let erased: Handler = Arc::new(move |from, body: &[u8]| {
+            let decoded = postcard::from_bytes::<M>(body);
+            let handler = handler.clone();
+            Box::pin(async move {
+                let msg = decoded.map_err(|e| format!("malformed {}: {e}", M::ENDPOINT))?;
+                let resp = handler(from, msg).await?;
+                postcard::to_allocvec(&resp).map_err(|e| e.to_string())
+            })
+        });
+        self.handlers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(M::ENDPOINT, (M::ENDPOINT, erased));
+    }
+
+    /// Accepts connections until the endpoint is closed.
+    pub fn serve(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = this.endpoint.accept().await {
+                let this = this.clone();
+                tokio::spawn(async move {
+                    let remote = incoming.remote_address();
+                    match incoming.await {
+                        Ok(conn) => this.serve_connection(conn).await,
+                        Err(e) => this.reject(remote, &e.to_string()),
+                    }
+                });
+            }
+        })
+    }
+
+    fn reject(&self, remote: SocketAddr, reason: &str) {
+        self.metrics
+            .rpc_connections_rejected
+            .get_or_create(&ReasonLabel { reason: "handshake" })
+            .inc();
+        let mut logged = self.logged_sources.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.len() < MAX_LOGGED_SOURCES && logged.insert(remote.ip()) {
+            warn!(%remote, %reason, "rejected QUIC connection (logged once per source)");
+        }
+    }
+
+    async fn serve_connection(self: Arc<Self>, conn: quinn::Connection) {
+        loop {
+            match conn.accept_bi().await {
+                Ok((send, recv)) => {
+                    let this = self.clone();
+                    tokio::spawn(async move { this.serve_stream(send, recv).await });
+                }
+                Err(e) => {
+                    debug!(remote = %conn.remote_address(), error = %e, "connection closed");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn serve_stream(self: Arc<Self>, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+        let request = match recv.read_to_end(MAX_MESSAGE).await {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(error = %e, "request read failed");
+                return;
+            }
+        };
+        let (status, body, endpoint) = self.dispatch(&request).await;
+        if let Some(endpoint) = endpoint {
+            let outcome = if status == STATUS_OK { "ok" } else { "error" };
+            self.metrics
+                .rpc_requests
+                .get_or_create(&RpcLabel {
+                    endpoint,
+                    side: "server",
+                    outcome,
+                })
+                .inc();
+        }
+        let mut frame = Vec::with_capacity(body.len() + 2);
+        frame.extend_from_slice(&[RPC_VERSION, status]);
+        frame.extend_from_slice(&body);
+        if let Err(e) = send.write_all(&frame).await {
+            debug!(error = %e, "response write failed");
+            return;
+        }
+        let _ = send.finish();
+        // Wait for the peer to read the response before the stream is dropped.
+        let _ = send.stopped().await;
+    }
+
+    async fn dispatch(&self, request: &[u8]) -> (u8, Vec<u8>, Option<&'static str>) {
+        let (head, body) = match postcard::take_from_bytes::<RequestHead>(request) {
+            Ok(x) => x,
+            Err(e) => return (STATUS_ERROR, format!("malformed request head: {e}").into_bytes(), None),
+        };
+        if head.version != RPC_VERSION {
+            let msg = format!("unsupported RPC version {}", head.version);
+            return (STATUS_ERROR, msg.into_bytes(), None);
+        }
+        let found = self
+            .handlers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(head.endpoint.as_str())
+            .cloned();
+        let Some((name, handler)) = found else {
+            let msg = format!("no handler for {}", head.endpoint);
+            return (STATUS_NO_HANDLER, msg.into_bytes(), None);
+        };
+        match handler(head.from, body).await {
+            Ok(resp) => (STATUS_OK, resp, Some(name)),
+            Err(msg) => (STATUS_ERROR, msg.into_bytes(), Some(name)),
+        }
+    }
+
+    /// Sends `msg` to the peer at `peer` and waits up to `timeout` for its response.
+    pub async fn call<M: Rpc>(
+        &self,
+        peer: SocketAddr,
+        msg: &M,
+        timeout: Duration,
+    ) -> Result<M::Response, MeshError> {
+        let started = Instant::now();
+        let res = match tokio::time::timeout(timeout, self.call_inner(peer, msg)).await {
+            Ok(r) => r,
+            Err(_) => Err(MeshError::RpcTimeout {
+                endpoint: M::ENDPOINT,
+                peer,
+            }),
+        };
+        let outcome = if res.is_ok() { "ok" } else { "error" };
+        self.metrics
+            .rpc_requests
+            .get_or_create(&RpcLabel {
+                endpoint: M::ENDPOINT,
+                side: "client",
+                outcome,
+            })
+            .inc();
+        if res.is_ok() {
+            self.metrics
+                .rpc_latency_seconds
+                .get_or_create(&EndpointLabel {
+                    endpoint: M::ENDPOINT,
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        res
+    }
+
+    async fn call_inner<M: Rpc>(&self, peer: SocketAddr, msg: &M) -> Result<M::Response, MeshError> {
+        let stream_err = |reason: String| MeshError::RpcStream {
+            endpoint: M::ENDPOINT,
+            peer,
+            reason,
+        };
+        let head = RequestHead {
+            version: RPC_VERSION,
+            endpoint: M::ENDPOINT.to_owned(),
+            from: self.me,
+        };
+        let mut request = postcard::to_allocvec(&head).map_err(|e| stream_err(e.to_string()))?;
+        request.extend(postcard::to_allocvec(msg).map_err(|e| stream_err(e.to_string()))?);
+
+        let conn = self.connection(peer).await?;
+        let (mut send, mut recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(e) => {
+                self.forget(peer, &conn).await;
+                return Err(stream_err(e.to_string()));
+            }
+        };
+        send.write_all(&request)
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        send.finish().map_err(|e| stream_err(e.to_string()))?;
+        let response = recv
+            .read_to_end(MAX_MESSAGE)
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        match response.as_slice() {
+            [RPC_VERSION, STATUS_OK, body @ ..] => {
+                postcard::from_bytes(body).map_err(|e| MeshError::RpcDecode(e.to_string()))
+            }
+            [RPC_VERSION, _, text @ ..] => Err(MeshError::RpcRemote {
+                endpoint: M::ENDPOINT,
+                peer,
+                message: String::from_utf8_lossy(text).into_owned(),
+            }),
+            [v, ..] => Err(MeshError::RpcDecode(format!("unsupported RPC version {v}"))),
+            [] => Err(MeshError::RpcDecode("empty response".into())),
+        }
+    }
+
+    async fn connection(&self, peer: SocketAddr) -> Result<quinn::Connection, MeshError> {
+        let mut conns = self.connections.lock().await;
+        if let Some(c) = conns.get(&peer) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let connect_err = |reason: String| MeshError::RpcConnect { peer, reason };
+        let connecting = self
+            .endpoint
+            .connect(peer, &self.server_name)
+            .map_err(|e| connect_err(e.to_string()))?;
+        let conn = match connecting.await {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics
+                    .rpc_connections_rejected
+                    .get_or_create(&ReasonLabel { reason: "outgoing" })
+                    .inc();
+                return Err(connect_err(e.to_string()));
+            }
+        };
+        conns.insert(peer, conn.clone());
+        Ok(conn)
+    }
+
+    async fn forget(&self, peer: SocketAddr, conn: &quinn::Connection) {
+        let mut conns = self.connections.lock().await;
+        if conns.get(&peer).is_some_and(|c| c.stable_id() == conn.stable_id()) {
+            conns.remove(&peer);
+        }
+    }
+
+    /// Closes every connection and stops accepting new ones.
+    pub async fn close(&self) {
+        self.endpoint.close(0u32.into(), b"shutdown");
+        self.endpoint.wait_idle().await;
+    }
+}

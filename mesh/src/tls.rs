@@ -1,0 +1,173 @@
+//! Cluster credentials: the CA-signed node certificate for QUIC mutual TLS, and the shared
+//! cluster key that authenticates gossip packets.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use ring::hmac;
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+use crate::MeshError;
+
+/// ALPN protocol of the agent-to-agent QUIC transport; bumps with the wire version.
+pub(crate) const ALPN: &[u8] = b"shoal/1";
+
+/// Where a node's TLS credentials live (PEM files).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub ca_cert: PathBuf,
+    pub node_cert: PathBuf,
+    pub node_key: PathBuf,
+}
+
+pub(crate) struct TlsMaterial {
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, MeshError> {
+    std::fs::read(path).map_err(|source| MeshError::ReadFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn bad(what: &'static str, path: &Path, reason: impl ToString) -> MeshError {
+    MeshError::BadCredential {
+        what,
+        path: path.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl TlsFiles {
+    pub(crate) fn load(&self) -> Result<TlsMaterial, MeshError> {
+        let certs = |path: &Path, what| -> Result<Vec<CertificateDer<'static>>, MeshError> {
+            let bytes = read(path)?;
+            let certs = CertificateDer::pem_slice_iter(&bytes)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad(what, path, e))?;
+            if certs.is_empty() {
+                return Err(bad(what, path, "no certificate in file"));
+            }
+            Ok(certs)
+        };
+        let mut roots = RootCertStore::empty();
+        for ca in certs(&self.ca_cert, "CA certificate")? {
+            roots
+                .add(ca)
+                .map_err(|e| bad("CA certificate", &self.ca_cert, e))?;
+        }
+        let chain = certs(&self.node_cert, "node certificate")?;
+        let key_bytes = read(&self.node_key)?;
+        let key = PrivateKeyDer::from_pem_slice(&key_bytes)
+            .map_err(|e| bad("node key", &self.node_key, e))?;
+        Ok(TlsMaterial {
+            roots: Arc::new(roots),
+            chain,
+            key,
+        })
+    }
+}
+
+impl TlsMaterial {
+    pub(crate) fn server_config(&self) -> Result<quinn::ServerConfig, MeshError> {
+        let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider())
+                .build()
+                .map_err(|e| tls(&e))?;
+        let mut crypto = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| tls(&e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| tls(&e))?;
+        crypto.alpn_protocols = vec![ALPN.to_vec()];
+        let quic = QuicServerConfig::try_from(crypto).map_err(|e| tls(&e))?;
+        let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+        config.transport_config(transport_config());
+        Ok(config)
+    }
+
+    pub(crate) fn client_config(&self) -> Result<quinn::ClientConfig, MeshError> {
+        let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
+        let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| tls(&e))?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| tls(&e))?;
+        crypto.alpn_protocols = vec![ALPN.to_vec()];
+        let quic = QuicClientConfig::try_from(crypto).map_err(|e| tls(&e))?;
+        let mut config = quinn::ClientConfig::new(Arc::new(quic));
+        config.transport_config(transport_config());
+        Ok(config)
+    }
+}
+
+fn transport_config() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+    t.max_idle_timeout(
+        quinn::IdleTimeout::try_from(std::time::Duration::from_secs(30)).ok(),
+    );
+    Arc::new(t)
+}
+
+/// The cluster's shared gossip secret: 32 bytes, stored as 64 hex characters.
+#[derive(Clone)]
+pub struct ClusterKey(pub(crate) hmac::Key);
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterKey(..)")
+    }
+}
+
+impl ClusterKey {
+    pub fn from_bytes(bytes: &[u8; 32]) -> Self {
+        ClusterKey(hmac::Key::new(hmac::HMAC_SHA256, bytes))
+    }
+
+    pub fn load(path: &Path) -> Result<Self, MeshError> {
+        let text = read(path)?;
+        let text = std::str::from_utf8(&text).map_err(|e| bad("cluster key", path, e))?;
+        Self::parse_hex(text.trim()).ok_or_else(|| {
+            bad("cluster key", path, "expected 64 hexadecimal characters (32 bytes)")
+        })
+    }
+
+    fn parse_hex(text: &str) -> Option<Self> {
+        if text.len() != 64 || !text.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self::from_bytes(&bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_key_parses_only_64_hex_chars() {
+        assert!(ClusterKey::parse_hex(&"ab".repeat(32)).is_some());
+        assert!(ClusterKey::parse_hex(&"ab".repeat(31)).is_none());
+        assert!(ClusterKey::parse_hex(&"zz".repeat(32)).is_none());
+        assert!(ClusterKey::parse_hex(&"é".repeat(32)).is_none());
+    }
+}

@@ -1,1 +1,180 @@
-fn main() {}
+//! `shoal`: the operator CLI. It speaks `shoal-agent-api` to the local agent only.
+
+mod cert;
+mod dev_cluster;
+mod status;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use shoal_agent_api::{AgentClient, DEFAULT_SOCKET, Request, Response, SOCKET_ENV};
+
+#[derive(Parser)]
+#[command(
+    name = "shoal",
+    version,
+    about = "shoal: pooled, erasure-coded NVMe storage for GPU clusters"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show every cluster member as the local agent sees it.
+    Status {
+        /// The agent's admin socket.
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print one JSON object with a `nodes` array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create the cluster CA and node certificates.
+    #[command(subcommand)]
+    Cert(CertCmd),
+    /// Run a local multi-node cluster on 127.0.0.x (for trying shoal and for tests).
+    #[command(subcommand, name = "dev-cluster")]
+    DevCluster(DevClusterCmd),
+}
+
+#[derive(Subcommand)]
+enum CertCmd {
+    /// Create a new cluster CA (ca.pem, ca.key) and gossip secret (cluster.key) in DIR.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Name recorded in the CA certificate.
+        #[arg(long, default_value = "shoal")]
+        cluster_name: String,
+    },
+    /// Issue a node certificate (node.pem, node.key) signed by the CA in --ca-dir.
+    Issue {
+        #[arg(long)]
+        ca_dir: PathBuf,
+        /// Node name (letters, digits, '-', '.').
+        #[arg(long)]
+        name: String,
+        /// IP address the node is reached at (repeatable).
+        #[arg(long = "ip")]
+        ips: Vec<IpAddr>,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DevClusterCmd {
+    /// Start N agents in the background and wait until they all see each other.
+    Up {
+        #[arg(long, default_value_t = 3)]
+        nodes: u8,
+        #[arg(long)]
+        dir: PathBuf,
+        /// Address of node 1; node N gets the next addresses.
+        #[arg(long, default_value = "127.0.0.1")]
+        base_ip: Ipv4Addr,
+        #[arg(long, default_value_t = 7946)]
+        gossip_port: u16,
+        #[arg(long, default_value_t = 7947)]
+        rpc_port: u16,
+        #[arg(long, default_value_t = 9464)]
+        metrics_port: u16,
+        /// Number of failure domains the nodes are spread over (round robin).
+        #[arg(long, default_value_t = 3)]
+        failure_domains: u8,
+        /// The shoal-agent binary (default: next to this one, then PATH).
+        #[arg(long)]
+        agent_bin: Option<PathBuf>,
+        /// Seconds to wait for the cluster to converge.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Stop the agents of the dev cluster in DIR (data is kept).
+    Down {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Cmd::Status { socket, json } => status_cmd(socket, json),
+        Cmd::Cert(CertCmd::Init { dir, cluster_name }) => {
+            cert::init(&dir, &cluster_name)?;
+            println!("cluster CA and gossip key written to {}", dir.display());
+            Ok(())
+        }
+        Cmd::Cert(CertCmd::Issue {
+            ca_dir,
+            name,
+            ips,
+            out,
+        }) => {
+            cert::issue(&ca_dir, &name, &ips, &out)?;
+            println!("certificate for {name} written to {}", out.display());
+            Ok(())
+        }
+        Cmd::DevCluster(DevClusterCmd::Up {
+            nodes,
+            dir,
+            base_ip,
+            gossip_port,
+            rpc_port,
+            metrics_port,
+            failure_domains,
+            agent_bin,
+            timeout,
+        }) => dev_cluster::up(&dev_cluster::UpOptions {
+            nodes,
+            dir,
+            base_ip,
+            gossip_port,
+            rpc_port,
+            metrics_port,
+            failure_domains,
+            agent_bin,
+            timeout: Duration::from_secs(timeout),
+        }),
+        Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
+    }
+}
+
+fn status_cmd(socket: PathBuf, json: bool) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let response = rt.block_on(async {
+        let mut client = AgentClient::connect(&socket).await?;
+        client.call(&Request::Status).await
+    })?;
+    let report = match response {
+        Response::Status(r) => r,
+        Response::Error(e) => anyhow::bail!("agent: {e}"),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding JSON")?
+        );
+    } else {
+        print!("{}", status::render_table(&report));
+    }
+    Ok(())
+}

@@ -99,7 +99,10 @@ mod tests {
             for bit in 0..8 {
                 let mut bad = packet.clone();
                 bad[i] ^= 1 << bit;
-                assert!(open(&k, &bad).is_err(), "flip at byte {i} bit {bit} accepted");
+                assert!(
+                    open(&k, &bad).is_err(),
+                    "flip at byte {i} bit {bit} accepted"
+                );
             }
         }
     }
@@ -125,7 +128,10 @@ mod tests {
                 bytes[..4].copy_from_slice(&MAGIC);
                 bytes[4] = VERSION;
             }
-            assert!(open(&k, &bytes).is_err(), "seed {seed}: random packet opened");
+            assert!(
+                open(&k, &bytes).is_err(),
+                "seed {seed}: random packet opened"
+            );
         }
     }
 }

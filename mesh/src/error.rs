@@ -4,6 +4,9 @@ use std::path::PathBuf;
 /// Everything that can go wrong in membership and transport.
 #[derive(Debug, thiserror::Error)]
 pub enum MeshError {
+    /// A configuration value is impossible; `key` is its full TOML path.
+    #[error("config key {key}: {reason}")]
+    Config { key: &'static str, reason: String },
     /// A key or certificate file could not be read.
     #[error("cannot read {path}: {source}")]
     ReadFile {

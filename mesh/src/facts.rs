@@ -156,10 +156,30 @@ mod tests {
         let mut handler = FactsHandler {
             table: FactsTable::default(),
         };
-        assert!(handler.receive_item(&facts(2).encode(), None).expect("ok").is_some());
-        assert!(handler.receive_item(&facts(2).encode(), None).expect("ok").is_none());
-        assert!(handler.receive_item(&facts(1).encode(), None).expect("ok").is_none());
-        assert!(handler.receive_item(&facts(3).encode(), None).expect("ok").is_some());
+        assert!(
+            handler
+                .receive_item(&facts(2).encode(), None)
+                .expect("ok")
+                .is_some()
+        );
+        assert!(
+            handler
+                .receive_item(&facts(2).encode(), None)
+                .expect("ok")
+                .is_none()
+        );
+        assert!(
+            handler
+                .receive_item(&facts(1).encode(), None)
+                .expect("ok")
+                .is_none()
+        );
+        assert!(
+            handler
+                .receive_item(&facts(3).encode(), None)
+                .expect("ok")
+                .is_some()
+        );
         assert_eq!(handler.table.lock()[&NodeId(9)].seq, 3);
     }
 

@@ -11,13 +11,13 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::MeshError;
 use crate::envelope;
 use crate::facts::NodeFacts;
 use crate::identity::MemberId;
 use crate::membership::{Effect, MemberEvent, MemberState, MemberView, Membership};
 use crate::metrics::{MeshMetrics, ReasonLabel, StateLabel};
 use crate::tls::ClusterKey;
-use crate::MeshError;
 
 type FactsUpdate = Box<dyn FnOnce(&mut NodeFacts) + Send>;
 
@@ -206,13 +206,23 @@ impl GossipDriver {
                 self.apply(res);
             }
         }
-        let mut counts: HashMap<&'static str, i64> =
-            ["alive", "suspect", "down", "left"].into_iter().map(|s| (s, 0)).collect();
+        // Suspicion changes emit no event: refresh the gauges every tick too.
+        self.update_gauges();
+    }
+
+    fn update_gauges(&self) {
+        let mut counts: HashMap<&'static str, i64> = ["alive", "suspect", "down", "left"]
+            .into_iter()
+            .map(|s| (s, 0))
+            .collect();
         for m in self.membership.members() {
             *counts.entry(state_label(m.state)).or_default() += 1;
         }
         for (state, n) in counts {
-            self.metrics.members.get_or_create(&StateLabel { state }).set(n);
+            self.metrics
+                .members
+                .get_or_create(&StateLabel { state })
+                .set(n);
         }
     }
 
@@ -242,13 +252,21 @@ impl GossipDriver {
                 }
                 Effect::Event(event) => {
                     match &event {
-                        MemberEvent::Up(id) => info!(node = %id.node, addr = %id.addr, generation = id.generation, "member up"),
-                        MemberEvent::Down(id) => warn!(node = %id.node, addr = %id.addr, "member down"),
-                        MemberEvent::Rejoined(id) => warn!(generation = id.generation, "this node was declared down; rejoined under a new generation"),
+                        MemberEvent::Up(id) => {
+                            info!(node = %id.node, addr = %id.addr, generation = id.generation, "member up")
+                        }
+                        MemberEvent::Down(id) => {
+                            warn!(node = %id.node, addr = %id.addr, "member down")
+                        }
+                        MemberEvent::Rejoined(id) => warn!(
+                            generation = id.generation,
+                            "this node was declared down; rejoined under a new generation"
+                        ),
                         MemberEvent::Alone => info!("no other members reachable"),
                     }
                     // Nobody listening is fine.
                     let _ = self.events.send(event);
+                    self.update_gauges();
                 }
             }
         }

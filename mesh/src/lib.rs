@@ -11,6 +11,7 @@
 //! The mesh knows nothing about files, stripes or placement; it must never depend on the
 //! agent's storage or metadata crates.
 
+mod config;
 pub mod envelope;
 mod error;
 mod facts;
@@ -21,13 +22,12 @@ mod metrics;
 mod rpc;
 mod tls;
 
+pub use config::{MeshConfig, TlsConfig};
 pub use error::MeshError;
 pub use facts::{NodeFacts, NodeRole};
 pub use gossip::{GossipDriver, GossipHandle};
 pub use identity::{MemberId, NodeId};
-pub use membership::{
-    Effect, MemberEvent, MemberState, MemberView, Membership, MembershipConfig,
-};
-pub use metrics::MeshMetrics;
+pub use membership::{Effect, MemberEvent, MemberState, MemberView, Membership, MembershipConfig};
+pub use metrics::{MeshMetrics, ReasonLabel};
 pub use rpc::{Rpc, Transport};
 pub use tls::{ClusterKey, TlsFiles};

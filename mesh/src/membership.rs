@@ -87,8 +87,14 @@ pub enum MemberEvent {
 /// An action the caller must carry out.
 #[derive(Debug)]
 pub enum Effect {
-    Send { to: SocketAddr, payload: Bytes },
-    Schedule { after: Duration, timer: Timer<MemberId> },
+    Send {
+        to: SocketAddr,
+        payload: Bytes,
+    },
+    Schedule {
+        after: Duration,
+        timer: Timer<MemberId>,
+    },
     Event(MemberEvent),
 }
 
@@ -188,7 +194,10 @@ impl Membership {
     }
 
     /// Publishes a new version of this node's facts.
-    pub fn publish(&mut self, update: impl FnOnce(&mut NodeFacts)) -> Result<Vec<Effect>, MeshError> {
+    pub fn publish(
+        &mut self,
+        update: impl FnOnce(&mut NodeFacts),
+    ) -> Result<Vec<Effect>, MeshError> {
         update(&mut self.own_facts);
         self.own_facts.seq += 1;
         let encoded = self.own_facts.encode();
@@ -220,10 +229,10 @@ impl Membership {
             .iter()
             .filter(|(node, _)| **node != me.node)
             .map(|(node, known)| {
-                let (id, state, incarnation) = live
-                    .get(node)
-                    .copied()
-                    .unwrap_or((*known, foca::State::Down, 0));
+                let (id, state, incarnation) =
+                    live.get(node)
+                        .copied()
+                        .unwrap_or((*known, foca::State::Down, 0));
                 let facts = facts.get(node).cloned();
                 let leaving = facts.as_ref().is_some_and(|f| f.role == NodeRole::Leaving);
                 let state = match state {

@@ -97,7 +97,9 @@ impl Sim {
     fn apply(&mut self, i: usize, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
-                Effect::Send { to, payload } => self.packets.push_back((gossip_addr(i), to, payload)),
+                Effect::Send { to, payload } => {
+                    self.packets.push_back((gossip_addr(i), to, payload))
+                }
                 Effect::Schedule { after, timer } => {
                     let id = self.next_timer;
                     self.next_timer += 1;
@@ -131,13 +133,17 @@ impl Sim {
         let until = self.now + span;
         loop {
             self.deliver_packets();
-            let Some(&Reverse((at, id))) = self.timers.peek() else { break };
+            let Some(&Reverse((at, id))) = self.timers.peek() else {
+                break;
+            };
             if at > until {
                 break;
             }
             self.timers.pop();
             self.now = at;
-            let Some((i, life, timer)) = self.pending.remove(&id) else { continue };
+            let Some((i, life, timer)) = self.pending.remove(&id) else {
+                continue;
+            };
             if life != self.lives[i] {
                 continue;
             }
@@ -153,7 +159,10 @@ impl Sim {
     fn run_until(&mut self, limit: Duration, mut pred: impl FnMut(&Sim) -> bool) -> Duration {
         let begin = self.now;
         while !pred(self) {
-            assert!(self.now - begin < limit, "condition not reached within {limit:?}");
+            assert!(
+                self.now - begin < limit,
+                "condition not reached within {limit:?}"
+            );
             self.run_for(Duration::from_millis(100));
         }
         self.now - begin
@@ -161,7 +170,9 @@ impl Sim {
 
     fn view(&self, observer: usize, target: usize) -> Option<MemberView> {
         let m = self.nodes[observer].as_ref()?;
-        m.members().into_iter().find(|v| v.id.node == NodeId(100 + target as u64))
+        m.members()
+            .into_iter()
+            .find(|v| v.id.node == NodeId(100 + target as u64))
     }
 
     fn state(&self, observer: usize, target: usize) -> Option<MemberState> {
@@ -169,9 +180,8 @@ impl Sim {
     }
 
     fn all_alive(&self) -> bool {
-        (0..self.nodes.len()).all(|o| {
-            (0..self.nodes.len()).all(|t| self.state(o, t) == Some(MemberState::Alive))
-        })
+        (0..self.nodes.len())
+            .all(|o| (0..self.nodes.len()).all(|t| self.state(o, t) == Some(MemberState::Alive)))
     }
 }
 
@@ -194,7 +204,9 @@ fn crashed_node_is_down_within_the_detection_bound() {
     sim.crash(3);
     let bound = sim.config.detection_bound() + sim.config.probe_period;
     let took = sim.run_until(Duration::from_secs(30), |s| {
-        [0, 1, 2, 4].iter().all(|&o| s.state(o, 3) == Some(MemberState::Down))
+        [0, 1, 2, 4]
+            .iter()
+            .all(|&o| s.state(o, 3) == Some(MemberState::Down))
     });
     assert!(took <= bound, "down after {took:?}, bound {bound:?}");
 }
@@ -204,7 +216,9 @@ fn restarted_node_rejoins_with_same_id_and_newer_generation() {
     let mut sim = Sim::new(4);
     sim.run_until(Duration::from_secs(10), Sim::all_alive);
     sim.crash(2);
-    sim.run_until(Duration::from_secs(30), |s| s.state(0, 2) == Some(MemberState::Down));
+    sim.run_until(Duration::from_secs(30), |s| {
+        s.state(0, 2) == Some(MemberState::Down)
+    });
     sim.boot(2, 2);
     sim.run_until(Duration::from_secs(10), Sim::all_alive);
     for o in [0, 1, 3] {
@@ -222,7 +236,9 @@ fn graceful_leave_is_reported_as_left_not_down() {
     sim.deliver_packets();
     sim.crash(1);
     let took = sim.run_until(Duration::from_secs(10), |s| {
-        [0, 2, 3].iter().all(|&o| s.state(o, 1) == Some(MemberState::Left))
+        [0, 2, 3]
+            .iter()
+            .all(|&o| s.state(o, 1) == Some(MemberState::Left))
     });
     // A leave is announced, not detected: no suspicion window.
     assert!(took < Duration::from_secs(2), "leave took {took:?}");
@@ -234,7 +250,9 @@ fn node_marked_down_by_mistake_renews_and_comes_back() {
     sim.run_until(Duration::from_secs(10), Sim::all_alive);
     // Cut node 2 off long enough to be declared down, then heal: it must rejoin by itself.
     sim.cut[2] = true;
-    sim.run_until(Duration::from_secs(30), |s| s.state(0, 2) == Some(MemberState::Down));
+    sim.run_until(Duration::from_secs(30), |s| {
+        s.state(0, 2) == Some(MemberState::Down)
+    });
     sim.cut[2] = false;
     sim.run_until(Duration::from_secs(200), Sim::all_alive);
     assert!(sim.view(0, 2).expect("view").id.generation > 1);

@@ -74,6 +74,7 @@ impl Transport {
         metrics: MeshMetrics,
     ) -> Result<Arc<Self>, MeshError> {
         let material = tls.load()?;
+        material.check_node_cert(server_name, tls)?;
         let mut endpoint = quinn::Endpoint::server(material.server_config()?, addr)
             .map_err(|source| MeshError::Bind { addr, source })?;
         endpoint.set_default_client_config(material.client_config()?);
@@ -136,9 +137,14 @@ impl Transport {
     fn reject(&self, remote: SocketAddr, reason: &str) {
         self.metrics
             .rpc_connections_rejected
-            .get_or_create(&ReasonLabel { reason: "handshake" })
+            .get_or_create(&ReasonLabel {
+                reason: "handshake",
+            })
             .inc();
-        let mut logged = self.logged_sources.lock().unwrap_or_else(|p| p.into_inner());
+        let mut logged = self
+            .logged_sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if logged.len() < MAX_LOGGED_SOURCES && logged.insert(remote.ip()) {
             warn!(%remote, %reason, "rejected QUIC connection (logged once per source)");
         }
@@ -159,7 +165,11 @@ impl Transport {
         }
     }
 
-    async fn serve_stream(self: Arc<Self>, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    async fn serve_stream(
+        self: Arc<Self>,
+        mut send: quinn::SendStream,
+        mut recv: quinn::RecvStream,
+    ) {
         let request = match recv.read_to_end(MAX_MESSAGE).await {
             Ok(r) => r,
             Err(e) => {
@@ -194,7 +204,13 @@ impl Transport {
     async fn dispatch(&self, request: &[u8]) -> (u8, Vec<u8>, Option<&'static str>) {
         let (head, body) = match postcard::take_from_bytes::<RequestHead>(request) {
             Ok(x) => x,
-            Err(e) => return (STATUS_ERROR, format!("malformed request head: {e}").into_bytes(), None),
+            Err(e) => {
+                return (
+                    STATUS_ERROR,
+                    format!("malformed request head: {e}").into_bytes(),
+                    None,
+                );
+            }
         };
         if head.version != RPC_VERSION {
             let msg = format!("unsupported RPC version {}", head.version);
@@ -231,6 +247,14 @@ impl Transport {
                 peer,
             }),
         };
+        if matches!(
+            res,
+            Err(MeshError::RpcTimeout { .. } | MeshError::RpcStream { .. })
+        ) {
+            // The peer may have restarted behind a connection that has not timed out yet:
+            // the next call dials afresh.
+            self.forget_peer(peer).await;
+        }
         let outcome = if res.is_ok() { "ok" } else { "error" };
         self.metrics
             .rpc_requests
@@ -251,7 +275,11 @@ impl Transport {
         res
     }
 
-    async fn call_inner<M: Rpc>(&self, peer: SocketAddr, msg: &M) -> Result<M::Response, MeshError> {
+    async fn call_inner<M: Rpc>(
+        &self,
+        peer: SocketAddr,
+        msg: &M,
+    ) -> Result<M::Response, MeshError> {
         let stream_err = |reason: String| MeshError::RpcStream {
             endpoint: M::ENDPOINT,
             peer,
@@ -297,10 +325,8 @@ impl Transport {
 
     async fn connection(&self, peer: SocketAddr) -> Result<quinn::Connection, MeshError> {
         let mut conns = self.connections.lock().await;
-        if let Some(c) = conns.get(&peer) {
-            if c.close_reason().is_none() {
-                return Ok(c.clone());
-            }
+        if let Some(c) = conns.get(&peer).filter(|c| c.close_reason().is_none()) {
+            return Ok(c.clone());
         }
         let connect_err = |reason: String| MeshError::RpcConnect { peer, reason };
         let connecting = self
@@ -321,9 +347,18 @@ impl Transport {
         Ok(conn)
     }
 
+    async fn forget_peer(&self, peer: SocketAddr) {
+        if let Some(conn) = self.connections.lock().await.remove(&peer) {
+            conn.close(0u32.into(), b"unresponsive");
+        }
+    }
+
     async fn forget(&self, peer: SocketAddr, conn: &quinn::Connection) {
         let mut conns = self.connections.lock().await;
-        if conns.get(&peer).is_some_and(|c| c.stable_id() == conn.stable_id()) {
+        if conns
+            .get(&peer)
+            .is_some_and(|c| c.stable_id() == conn.stable_id())
+        {
             conns.remove(&peer);
         }
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use ring::hmac;
 use rustls::RootCertStore;
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -80,12 +81,52 @@ impl TlsFiles {
 }
 
 impl TlsMaterial {
+    /// Checks that the node certificate chains to the cluster CA and carries
+    /// `server_name`, so a node with a foreign certificate fails at start with a clear
+    /// message instead of being refused by every peer.
+    pub(crate) fn check_node_cert(
+        &self,
+        server_name: &str,
+        files: &TlsFiles,
+    ) -> Result<(), MeshError> {
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            self.roots.clone(),
+            provider(),
+        )
+        .build()
+        .map_err(|e| MeshError::Tls(e.to_string()))?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .map_err(|e| MeshError::Tls(e.to_string()))?;
+        let (end_entity, intermediates) = self
+            .chain
+            .split_first()
+            .ok_or_else(|| bad("node certificate", &files.node_cert, "empty chain"))?;
+        verifier
+            .verify_server_cert(
+                end_entity,
+                intermediates,
+                &name,
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .map_err(|e| {
+                bad(
+                    "node certificate",
+                    &files.node_cert,
+                    format!(
+                        "not valid for this cluster (CA {}): {e}",
+                        files.ca_cert.display()
+                    ),
+                )
+            })?;
+        Ok(())
+    }
+
     pub(crate) fn server_config(&self) -> Result<quinn::ServerConfig, MeshError> {
         let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider())
-                .build()
-                .map_err(|e| tls(&e))?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider())
+            .build()
+            .map_err(|e| tls(&e))?;
         let mut crypto = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| tls(&e))?
@@ -118,13 +159,13 @@ impl TlsMaterial {
 fn transport_config() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
-    t.max_idle_timeout(
-        quinn::IdleTimeout::try_from(std::time::Duration::from_secs(30)).ok(),
-    );
+    t.max_idle_timeout(quinn::IdleTimeout::try_from(std::time::Duration::from_secs(30)).ok());
     Arc::new(t)
 }
 
-/// The cluster's shared gossip secret: 32 bytes, stored as 64 hex characters.
+/// The key that authenticates gossip: derived from the cluster's shared secret (32 bytes,
+/// stored as 64 hex characters) and the cluster CA certificate, so that a node holding the
+/// secret of one cluster but trusting another CA cannot gossip with it either.
 #[derive(Clone)]
 pub struct ClusterKey(pub(crate) hmac::Key);
 
@@ -135,28 +176,45 @@ impl std::fmt::Debug for ClusterKey {
 }
 
 impl ClusterKey {
-    pub fn from_bytes(bytes: &[u8; 32]) -> Self {
-        ClusterKey(hmac::Key::new(hmac::HMAC_SHA256, bytes))
+    /// Derives the gossip key from the shared secret and the CA certificate (DER).
+    pub fn derive(secret: &[u8; 32], ca_cert_der: &[u8]) -> Self {
+        let outer = hmac::Key::new(hmac::HMAC_SHA256, secret);
+        let mut ctx = hmac::Context::with_key(&outer);
+        ctx.update(b"shoal gossip key v1\0");
+        ctx.update(ca_cert_der);
+        ClusterKey(hmac::Key::new(hmac::HMAC_SHA256, ctx.sign().as_ref()))
     }
 
-    pub fn load(path: &Path) -> Result<Self, MeshError> {
-        let text = read(path)?;
-        let text = std::str::from_utf8(&text).map_err(|e| bad("cluster key", path, e))?;
-        Self::parse_hex(text.trim()).ok_or_else(|| {
-            bad("cluster key", path, "expected 64 hexadecimal characters (32 bytes)")
-        })
+    /// Loads the secret at `secret_path` and binds it to the first CA certificate in
+    /// `ca_cert_path`.
+    pub fn load(secret_path: &Path, ca_cert_path: &Path) -> Result<Self, MeshError> {
+        let text = read(secret_path)?;
+        let text = std::str::from_utf8(&text).map_err(|e| bad("cluster key", secret_path, e))?;
+        let secret = parse_hex(text.trim()).ok_or_else(|| {
+            bad(
+                "cluster key",
+                secret_path,
+                "expected 64 hexadecimal characters (32 bytes)",
+            )
+        })?;
+        let ca = read(ca_cert_path)?;
+        let ca = CertificateDer::pem_slice_iter(&ca)
+            .next()
+            .ok_or_else(|| bad("CA certificate", ca_cert_path, "no certificate in file"))?
+            .map_err(|e| bad("CA certificate", ca_cert_path, e))?;
+        Ok(Self::derive(&secret, &ca))
     }
+}
 
-    fn parse_hex(text: &str) -> Option<Self> {
-        if text.len() != 64 || !text.is_ascii() {
-            return None;
-        }
-        let mut bytes = [0u8; 32];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Self::from_bytes(&bytes))
+fn parse_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
     }
+    let mut bytes = [0u8; 32];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(bytes)
 }
 
 #[cfg(test)]
@@ -164,10 +222,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn gossip_key_depends_on_secret_and_ca() {
+        let tag = |k: &ClusterKey| hmac::sign(&k.0, b"x").as_ref().to_vec();
+        let a = ClusterKey::derive(&[1; 32], b"ca-one");
+        assert_eq!(tag(&a), tag(&ClusterKey::derive(&[1; 32], b"ca-one")));
+        assert_ne!(tag(&a), tag(&ClusterKey::derive(&[2; 32], b"ca-one")));
+        assert_ne!(tag(&a), tag(&ClusterKey::derive(&[1; 32], b"ca-two")));
+    }
+
+    #[test]
     fn cluster_key_parses_only_64_hex_chars() {
-        assert!(ClusterKey::parse_hex(&"ab".repeat(32)).is_some());
-        assert!(ClusterKey::parse_hex(&"ab".repeat(31)).is_none());
-        assert!(ClusterKey::parse_hex(&"zz".repeat(32)).is_none());
-        assert!(ClusterKey::parse_hex(&"é".repeat(32)).is_none());
+        assert!(parse_hex(&"ab".repeat(32)).is_some());
+        assert!(parse_hex(&"ab".repeat(31)).is_none());
+        assert!(parse_hex(&"zz".repeat(32)).is_none());
+        assert!(parse_hex(&"é".repeat(32)).is_none());
     }
 }

@@ -71,7 +71,9 @@ mod tests {
     #[tokio::test]
     async fn frame_round_trip() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, &Request::Status).await.expect("write");
+        write_frame(&mut buf, &Request::Status)
+            .await
+            .expect("write");
         let mut r = &buf[..];
         let got: Option<Request> = read_frame(&mut r).await.expect("read");
         assert_eq!(got, Some(Request::Status));
@@ -82,13 +84,19 @@ mod tests {
     #[tokio::test]
     async fn oversized_and_foreign_frames_are_errors() {
         let mut r = &[0xff, 0xff, 0xff, 0xff][..];
-        assert!(matches!(read_frame::<_, Request>(&mut r).await, Err(ApiError::TooLarge(_))));
+        assert!(matches!(
+            read_frame::<_, Request>(&mut r).await,
+            Err(ApiError::TooLarge(_))
+        ));
         let mut r = &[0, 0, 0, 2, 9, 0][..];
         assert!(matches!(
             read_frame::<_, Request>(&mut r).await,
             Err(ApiError::Version { got: 9, .. })
         ));
         let mut r = &[0, 0, 0, 2, API_VERSION, 77][..];
-        assert!(matches!(read_frame::<_, Request>(&mut r).await, Err(ApiError::Decode(_))));
+        assert!(matches!(
+            read_frame::<_, Request>(&mut r).await,
+            Err(ApiError::Decode(_))
+        ));
     }
 }

@@ -1,0 +1,76 @@
+//! The local admin socket: `shoal` (and later `shoal mount`) talk to the agent here.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use shoal_agent_api::frame::{read_frame, write_frame};
+use shoal_agent_api::{Request, Response};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::{debug, warn};
+
+use crate::{AdminConfig, AgentError, Node, status};
+
+/// Binds the socket, replacing a stale one left by a crashed agent but never one that a
+/// running agent still serves.
+pub(crate) fn bind(config: &AdminConfig) -> Result<UnixListener, AgentError> {
+    let path = &config.socket;
+    let err = |reason: String| AgentError::AdminSocket {
+        path: path.clone(),
+        reason,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(err("another agent is serving this socket".into()));
+        }
+        std::fs::remove_file(path).map_err(|e| err(format!("cannot remove stale socket: {e}")))?;
+    }
+    let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode))
+        .map_err(|e| err(format!("cannot set permissions: {e}")))?;
+    Ok(listener)
+}
+
+pub(crate) async fn serve(listener: UnixListener, node: Arc<Node>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(serve_client(stream, node.clone()));
+            }
+            Err(e) => {
+                warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
+    loop {
+        let request: Request = match read_frame(&mut stream).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                debug!(error = %e, "admin client sent a bad frame");
+                let _ = write_frame(&mut stream, &Response::Error(e.to_string())).await;
+                return;
+            }
+        };
+        let response = handle(&node, request).await;
+        if write_frame(&mut stream, &response).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn handle(node: &Node, request: Request) -> Response {
+    match request {
+        Request::Status => match status::report(node).await {
+            Ok(r) => Response::Status(r),
+            Err(e) => Response::Error(e.to_string()),
+        },
+    }
+}

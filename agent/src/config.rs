@@ -1,0 +1,304 @@
+//! The agent's one TOML config file (default `/etc/shoal/agent.toml`). Every key is
+//! documented in `agent/agent.example.toml`; unknown keys and impossible values are errors
+//! that name the key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use shoal_mesh::{MeshConfig, TlsConfig};
+
+use crate::AgentError;
+
+/// The whole agent config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub node: NodeConfig,
+    pub mesh: MeshConfig,
+    pub tls: TlsConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[node]`: who this node is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Human-readable name shown in status; defaults to the host name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Directory on the node's NVMe where the agent keeps its state. Must exist.
+    pub data_dir: PathBuf,
+    /// Failure domain (rack, power feed, ...): shards of one stripe are spread across them.
+    pub failure_domain: String,
+}
+
+/// `[admin]`: the local control socket used by `shoal` and `shoal mount`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Path of the Unix socket.
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// Permission bits of the socket; 0o600 keeps it root-only.
+    #[serde(default = "default_socket_mode")]
+    pub socket_mode: u32,
+}
+
+/// `[metrics]`: Prometheus text exposition.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `ip:port` serving `GET /metrics`; leave out to disable.
+    #[serde(default)]
+    pub addr: Option<SocketAddr>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `[log]`: tracing output on stderr.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    #[serde(default = "default_log_format")]
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `shoal_mesh=debug,info`; `RUST_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(shoal_agent_api::DEFAULT_SOCKET)
+}
+fn default_socket_mode() -> u32 {
+    0o600
+}
+fn default_log_format() -> LogFormat {
+    LogFormat::Text
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            socket: default_socket(),
+            socket_mode: default_socket_mode(),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: default_log_format(),
+            level: default_log_level(),
+        }
+    }
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> AgentError {
+    AgentError::ConfigValue {
+        key: key.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+impl AgentConfig {
+    /// Reads, parses and validates the config at `path`.
+    pub fn load(path: &Path) -> Result<Self, AgentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AgentError::ConfigRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config = Self::parse(&text).map_err(|e| match e {
+            AgentError::ConfigParse { message, .. } => AgentError::ConfigParse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML text without checking values against the machine.
+    pub fn parse(text: &str) -> Result<Self, AgentError> {
+        toml::from_str(text).map_err(|e| AgentError::ConfigParse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Checks values that parsing cannot: ranges, and files and directories that must exist.
+    pub fn validate(&self) -> Result<(), AgentError> {
+        self.validate_values()?;
+        if !self.node.data_dir.is_dir() {
+            return Err(invalid(
+                "node.data_dir",
+                format!(
+                    "{} does not exist or is not a directory",
+                    self.node.data_dir.display()
+                ),
+            ));
+        }
+        self.tls.validate().map_err(AgentError::from_config)?;
+        Ok(())
+    }
+
+    /// The checks that need nothing but the config itself.
+    pub fn validate_values(&self) -> Result<(), AgentError> {
+        if self.node.failure_domain.trim().is_empty() {
+            return Err(invalid("node.failure_domain", "must not be empty"));
+        }
+        if self
+            .node
+            .name
+            .as_deref()
+            .is_some_and(|n| n.trim().is_empty())
+        {
+            return Err(invalid("node.name", "must not be empty when given"));
+        }
+        if !self.node.data_dir.is_absolute() {
+            return Err(invalid("node.data_dir", "must be an absolute path"));
+        }
+        if !self.admin.socket.is_absolute() {
+            return Err(invalid("admin.socket", "must be an absolute path"));
+        }
+        if self.admin.socket_mode > 0o777 {
+            return Err(invalid(
+                "admin.socket_mode",
+                "must be permission bits (at most 0o777)",
+            ));
+        }
+        if self.metrics.addr.is_some_and(|a| a.port() == 0) {
+            return Err(invalid("metrics.addr", "must name a fixed port"));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid("log.level", e.to_string()));
+        }
+        self.mesh.validate().map_err(AgentError::from_config)
+    }
+
+    /// The name shown for this node.
+    pub fn node_name(&self) -> String {
+        self.node.name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "unknown".into())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[node]
+data_dir = "/var/lib/shoal"
+failure_domain = "rack-1"
+
+[mesh]
+addr = "10.0.0.11"
+seeds = ["10.0.0.11:7946", "10.0.0.12:7946"]
+
+[tls]
+ca_cert = "/etc/shoal/tls/ca.pem"
+node_cert = "/etc/shoal/tls/node.pem"
+node_key = "/etc/shoal/tls/node.key"
+cluster_key = "/etc/shoal/tls/cluster.key"
+"#;
+
+    fn key_of(result: Result<(), AgentError>) -> Option<String> {
+        match result {
+            Err(AgentError::ConfigValue { key, .. }) => Some(key),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = AgentConfig::parse(MINIMAL).expect("parse");
+        assert_eq!(c.mesh.gossip_port, 7946);
+        assert_eq!(c.mesh.rpc_port, 7947);
+        assert_eq!(c.admin.socket, PathBuf::from("/run/shoal/agent.sock"));
+        assert_eq!(c.admin.socket_mode, 0o600);
+        assert_eq!(c.metrics.addr, None);
+        assert_eq!(c.log.format, LogFormat::Text);
+        assert!(c.validate_values().is_ok());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let text = MINIMAL.replace("[mesh]", "[mesh]\ngossip_prot = 1");
+        let err = AgentConfig::parse(&text)
+            .expect_err("must fail")
+            .to_string();
+        assert!(err.contains("gossip_prot"), "{err}");
+        let text = format!("{MINIMAL}\n[surprise]\nx = 1\n");
+        let err = AgentConfig::parse(&text)
+            .expect_err("must fail")
+            .to_string();
+        assert!(err.contains("surprise"), "{err}");
+    }
+
+    #[test]
+    fn mistyped_value_names_the_key() {
+        let text = MINIMAL.replace("addr = \"10.0.0.11\"", "addr = \"not-an-ip\"");
+        let err = AgentConfig::parse(&text)
+            .expect_err("must fail")
+            .to_string();
+        assert!(err.contains("addr"), "{err}");
+    }
+
+    #[test]
+    fn impossible_values_name_their_key() {
+        let base = AgentConfig::parse(MINIMAL).expect("parse");
+        let mut c = base.clone();
+        c.node.failure_domain = " ".into();
+        assert_eq!(
+            key_of(c.validate_values()).as_deref(),
+            Some("node.failure_domain")
+        );
+        let mut c = base.clone();
+        c.node.data_dir = "relative/dir".into();
+        assert_eq!(
+            key_of(c.validate_values()).as_deref(),
+            Some("node.data_dir")
+        );
+        let mut c = base.clone();
+        c.mesh.rpc_port = 0;
+        assert_eq!(
+            key_of(c.validate_values()).as_deref(),
+            Some("mesh.rpc_port")
+        );
+        let mut c = base.clone();
+        c.log.level = "info,,=[".into();
+        assert_eq!(key_of(c.validate_values()).as_deref(), Some("log.level"));
+        let mut c = base;
+        c.node.data_dir = "/definitely/not/here".into();
+        assert_eq!(key_of(c.validate()).as_deref(), Some("node.data_dir"));
+    }
+
+    #[test]
+    fn shipped_example_config_parses_and_validates() {
+        let text = include_str!("../agent.example.toml");
+        let c = AgentConfig::parse(text).expect("example config must parse");
+        c.validate_values()
+            .expect("example config values must be valid");
+    }
+}

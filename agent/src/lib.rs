@@ -1,0 +1,26 @@
+//! The shoal agent: one long-lived process per node.
+//!
+//! [`Node`] is the composition root: it owns every subsystem as a named field and is built
+//! explicitly at start from an [`AgentConfig`]. Read those two first. Subsystems live in
+//! their own crates (`shoal-mesh` for membership and transport); this crate wires them,
+//! serves the local admin socket and the metrics endpoint.
+//!
+//! It must never be depended on by the CLI: clients speak `shoal-agent-api` only.
+
+mod admin;
+mod config;
+mod error;
+mod identity_store;
+mod metrics_http;
+mod node;
+mod status;
+mod system_rpc;
+
+pub use config::{AdminConfig, AgentConfig, LogConfig, LogFormat, MetricsConfig, NodeConfig};
+pub use error::AgentError;
+pub use identity_store::NodeIdentity;
+pub use node::Node;
+pub use system_rpc::Ping;
+
+/// This agent's version, as gossiped to peers and shown by `shoal status`.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

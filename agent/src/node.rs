@@ -1,0 +1,190 @@
+//! The composition root: one [`Node`] owns every subsystem of the agent.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use rand::RngExt;
+use shoal_agent_api::NODE_TLS_NAME;
+use shoal_mesh::{
+    ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MeshMetrics, NodeFacts, NodeRole,
+    Transport,
+};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::system_rpc::{Ping, Pong};
+use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, admin, metrics_http};
+
+/// How often the node re-publishes its facts (capacity and use change slowly).
+const FACTS_REFRESH: Duration = Duration::from_secs(30);
+
+/// One running agent.
+pub struct Node {
+    /// The validated configuration this node runs with.
+    pub config: AgentConfig,
+    /// Stable node id and this run's generation.
+    pub identity: NodeIdentity,
+    /// Membership: handle to the gossip task (SWIM over the authenticated UDP envelope).
+    pub gossip: GossipHandle,
+    /// QUIC endpoint (mutual TLS) for RPC to and from peers.
+    pub transport: Arc<Transport>,
+    /// Everything exported at `/metrics`.
+    pub registry: Arc<Registry>,
+    /// Background tasks, aborted at shutdown.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Admin socket path, removed at shutdown.
+    admin_socket: PathBuf,
+}
+
+impl Node {
+    /// Builds every subsystem from `config` and starts serving. Sockets are bound before
+    /// anything is spawned, so a bad address fails the start instead of a background task.
+    pub async fn start(config: AgentConfig) -> Result<Arc<Node>, AgentError> {
+        let identity = NodeIdentity::load_or_create(&config.node.data_dir)?;
+        let mut registry = Registry::default();
+        let mesh_metrics = MeshMetrics::register(&mut registry);
+        let info = Gauge::<i64>::default();
+        info.set(1);
+        registry.register("shoal_agent_up", "1 while the agent runs", info);
+
+        let key = ClusterKey::load(&config.tls.cluster_key, &config.tls.ca_cert)?;
+        let transport = Transport::bind(
+            config.mesh.rpc_addr(),
+            &config.tls.files(),
+            NODE_TLS_NAME,
+            identity.node,
+            mesh_metrics.clone(),
+        )?;
+        let me_node = identity.node;
+        transport.register(move |_from, ping: Ping| async move {
+            Ok(Pong {
+                nonce: ping.nonce,
+                node: me_node,
+                agent_version: AGENT_VERSION.to_owned(),
+            })
+        });
+
+        let admin_listener = admin::bind(&config.admin)?;
+        let metrics_listener = match config.metrics.addr {
+            Some(addr) => Some(metrics_http::bind(addr).await?),
+            None => None,
+        };
+
+        let me = MemberId {
+            node: identity.node,
+            addr: config.mesh.gossip_addr(),
+            generation: identity.generation,
+        };
+        let (capacity_bytes, used_bytes) = disk_usage(&config);
+        let facts = NodeFacts {
+            node: identity.node,
+            generation: identity.generation,
+            seq: 0,
+            name: config.node_name(),
+            failure_domain: config.node.failure_domain.clone(),
+            rpc_addr: config.mesh.rpc_addr(),
+            capacity_bytes,
+            used_bytes,
+            role: NodeRole::Active,
+            agent_version: AGENT_VERSION.to_owned(),
+        };
+        let (membership, _) =
+            Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;
+        let (gossip, gossip_task) =
+            GossipDriver::start(membership, key, config.mesh.seeds.clone(), mesh_metrics).await?;
+
+        info!(
+            node = %identity.node,
+            generation = identity.generation,
+            gossip = %config.mesh.gossip_addr(),
+            rpc = %config.mesh.rpc_addr(),
+            failure_domain = %config.node.failure_domain,
+            "agent started"
+        );
+        let node = Arc::new(Node {
+            admin_socket: config.admin.socket.clone(),
+            config,
+            identity,
+            gossip,
+            transport: transport.clone(),
+            registry: Arc::new(registry),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let mut tasks = vec![gossip_task, transport.serve()];
+        tasks.push(tokio::spawn(admin::serve(admin_listener, node.clone())));
+        if let Some(listener) = metrics_listener {
+            tasks.push(tokio::spawn(metrics_http::serve(
+                listener,
+                node.registry.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(refresh_facts(node.clone())));
+        *node.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+        Ok(node)
+    }
+
+    /// Leaves the cluster gracefully and stops every task.
+    pub async fn shutdown(&self) {
+        match tokio::time::timeout(Duration::from_secs(2), self.gossip.leave()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "could not announce leave"),
+            Err(_) => warn!("leave announcement timed out"),
+        }
+        if tokio::time::timeout(Duration::from_secs(2), self.transport.close())
+            .await
+            .is_err()
+        {
+            warn!("RPC connections did not close in time");
+        }
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+        if let Err(e) = std::fs::remove_file(&self.admin_socket) {
+            warn!(path = %self.admin_socket.display(), error = %e, "could not remove admin socket");
+        }
+        info!("agent stopped");
+    }
+}
+
+/// Size and use of the filesystem holding the data dir.
+fn disk_usage(config: &AgentConfig) -> (u64, u64) {
+    match nix::sys::statvfs::statvfs(&config.node.data_dir) {
+        Ok(s) => {
+            let frag = s.fragment_size();
+            let total = s.blocks() * frag;
+            let used = (s.blocks() - s.blocks_free()) * frag;
+            (total, used)
+        }
+        Err(e) => {
+            warn!(error = %e, "statvfs of the data dir failed");
+            (0, 0)
+        }
+    }
+}
+
+async fn refresh_facts(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(FACTS_REFRESH);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let (capacity, used) = disk_usage(&node.config);
+        let res = node
+            .gossip
+            .publish(move |f| {
+                f.capacity_bytes = capacity;
+                f.used_bytes = used;
+            })
+            .await;
+        if res.is_err() {
+            return;
+        }
+    }
+}

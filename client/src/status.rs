@@ -1,0 +1,119 @@
+//! `shoal status`: renders the agent's [`StatusReport`] as a table or JSON.
+
+use std::fmt::Write;
+
+use shoal_agent_api::{MemberStatus, StatusReport};
+
+pub fn render_table(report: &StatusReport) -> String {
+    let header = [
+        "ID",
+        "NAME",
+        "ADDR",
+        "DOMAIN",
+        "STATE",
+        "GEN",
+        "USED/CAPACITY",
+        "VERSION",
+        "HEARD",
+        "RTT",
+    ];
+    let rows: Vec<[String; 10]> = report.nodes.iter().map(row).collect();
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(&header.map(String::from));
+    for r in &rows {
+        line(r);
+    }
+    let alive = report
+        .nodes
+        .iter()
+        .filter(|n| n.state == shoal_agent_api::MemberState::Alive)
+        .count();
+    let _ = writeln!(
+        out,
+        "\n{alive}/{} alive (as seen by {}; a crashed node is marked down within {:.1} s)",
+        report.nodes.len(),
+        report.node,
+        report.detection_bound_ms as f64 / 1000.0
+    );
+    out
+}
+
+fn row(n: &MemberStatus) -> [String; 10] {
+    let dash = || "-".to_string();
+    let id = if n.is_self {
+        format!("{}*", n.id)
+    } else {
+        n.id.clone()
+    };
+    let capacity = match (n.used_bytes, n.capacity_bytes) {
+        (Some(u), Some(c)) => format!("{}/{}", bytes(u), bytes(c)),
+        _ => dash(),
+    };
+    let heard = match (n.is_self, n.last_heard_ms) {
+        (true, _) => "self".into(),
+        (false, Some(ms)) => format!("{:.1}s ago", ms as f64 / 1000.0),
+        (false, None) => dash(),
+    };
+    let rtt = n
+        .rpc_rtt_us
+        .map(|us| format!("{:.2}ms", us as f64 / 1000.0))
+        .unwrap_or_else(dash);
+    [
+        id,
+        if n.name.is_empty() {
+            dash()
+        } else {
+            n.name.clone()
+        },
+        n.addr.clone(),
+        n.failure_domain.clone().unwrap_or_else(dash),
+        n.state.as_str().into(),
+        n.generation.to_string(),
+        capacity,
+        n.agent_version.clone().unwrap_or_else(dash),
+        heard,
+        rtt,
+    ]
+}
+
+/// Bytes in binary units, one decimal.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n}B")
+    } else {
+        format!("{v:.1}{}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_human_readable() {
+        assert_eq!(bytes(512), "512B");
+        assert_eq!(bytes(1536), "1.5KiB");
+        assert_eq!(bytes(3 << 30), "3.0GiB");
+    }
+}

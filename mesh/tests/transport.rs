@@ -1,0 +1,174 @@
+//! QUIC RPC between real endpoints on loopback: mutual TLS lets cluster members talk and
+//! keeps everyone else out.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+use serde::{Deserialize, Serialize};
+use shoal_mesh::{MeshError, MeshMetrics, NodeId, Rpc, TlsFiles, Transport};
+
+const NAME: &str = "shoal-node";
+
+#[derive(Serialize, Deserialize)]
+struct Echo(String);
+
+impl Rpc for Echo {
+    const ENDPOINT: &'static str = "test/echo";
+    type Response = String;
+}
+
+struct Ca {
+    params: CertificateParams,
+    key: KeyPair,
+    pem: String,
+}
+
+fn new_ca(cn: &str) -> Ca {
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let pem = params.self_signed(&key).expect("self-sign").pem();
+    Ca { params, key, pem }
+}
+
+/// Writes a node certificate signed by `signer` and a trust root of `trust` into `dir`.
+fn node_files(dir: &Path, name: &str, signer: &Ca, trust: &Ca) -> TlsFiles {
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(vec![NAME.to_owned()]).expect("params");
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let issuer = Issuer::from_params(&signer.params, &signer.key);
+    let cert = params.signed_by(&key, &issuer).expect("sign");
+    let files = TlsFiles {
+        ca_cert: dir.join(format!("{name}-ca.pem")),
+        node_cert: dir.join(format!("{name}.pem")),
+        node_key: dir.join(format!("{name}.key")),
+    };
+    std::fs::write(&files.ca_cert, &trust.pem).expect("write");
+    std::fs::write(&files.node_cert, cert.pem()).expect("write");
+    std::fs::write(&files.node_key, key.serialize_pem()).expect("write");
+    files
+}
+
+fn serve(files: &TlsFiles, id: u64, metrics: MeshMetrics) -> std::sync::Arc<Transport> {
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let t = Transport::bind(addr, files, NAME, NodeId(id), metrics).expect("bind");
+    t.register(move |from: NodeId, Echo(text)| async move { Ok(format!("{id}<-{from}: {text}")) });
+    t.serve();
+    t
+}
+
+#[tokio::test]
+async fn members_of_one_cluster_call_each_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let a = serve(
+        &node_files(dir.path(), "a", &ca, &ca),
+        1,
+        MeshMetrics::unregistered(),
+    );
+    let b = serve(
+        &node_files(dir.path(), "b", &ca, &ca),
+        2,
+        MeshMetrics::unregistered(),
+    );
+    let b_addr = b.local_addr().expect("addr");
+    let got = a
+        .call(b_addr, &Echo("hi".into()), Duration::from_secs(5))
+        .await
+        .expect("call");
+    assert_eq!(got, format!("2<-{}: hi", NodeId(1)));
+}
+
+#[tokio::test]
+async fn unknown_endpoint_is_a_remote_error() {
+    #[derive(Serialize, Deserialize)]
+    struct Nobody;
+    impl Rpc for Nobody {
+        const ENDPOINT: &'static str = "test/nobody";
+        type Response = ();
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let a = serve(
+        &node_files(dir.path(), "a", &ca, &ca),
+        1,
+        MeshMetrics::unregistered(),
+    );
+    let b = serve(
+        &node_files(dir.path(), "b", &ca, &ca),
+        2,
+        MeshMetrics::unregistered(),
+    );
+    let err = a
+        .call(
+            b.local_addr().expect("addr"),
+            &Nobody,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect_err("no handler");
+    assert!(matches!(err, MeshError::RpcRemote { .. }), "{err}");
+    assert!(!err.is_retryable());
+}
+
+#[tokio::test]
+async fn client_with_foreign_certificate_is_rejected_and_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let foreign = new_ca("elsewhere");
+    let server_metrics = MeshMetrics::unregistered();
+    let server = serve(
+        &node_files(dir.path(), "s", &ca, &ca),
+        1,
+        server_metrics.clone(),
+    );
+    // Trusts the cluster CA (so it would accept the server) but presents a foreign cert.
+    let files = node_files(dir.path(), "x", &foreign, &foreign);
+    std::fs::write(&files.ca_cert, &ca.pem).expect("write");
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    // Its own start-up check refuses the certificate ...
+    let err = Transport::bind(addr, &files, NAME, NodeId(9), MeshMetrics::unregistered())
+        .err()
+        .expect("foreign node certificate must be refused at bind");
+    assert!(
+        err.to_string().contains("not valid for this cluster"),
+        "{err}"
+    );
+    // ... and a peer that skips the check is refused by the server's TLS.
+    let intruder_files = node_files(dir.path(), "y", &foreign, &foreign);
+    let intruder = serve(&intruder_files, 9, MeshMetrics::unregistered());
+    let res = intruder
+        .call(
+            server.local_addr().expect("addr"),
+            &Echo("let me in".into()),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(res.is_err(), "intruder got an answer");
+    let rejected = || {
+        server_metrics
+            .rpc_connections_rejected
+            .get_or_create(&shoal_mesh::ReasonLabel {
+                reason: "handshake",
+            })
+            .get()
+    };
+    for _ in 0..50 {
+        if rejected() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        rejected() > 0,
+        "server did not count the rejected handshake"
+    );
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole shoal test suite, as CI runs it (.ci/run calls this script).
+#   formatting -> lints -> build -> unit, contract and multi-node tests
+# Set CARGO_TARGET_DIR to keep build outputs between runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo build (the multi-node tests run the built binaries)"
+cargo build --workspace --locked
+echo "== cargo test"
+cargo test --workspace --locked

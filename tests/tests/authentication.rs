@@ -1,0 +1,157 @@
+//! Agents of another cluster are kept out: gossip is authenticated by the cluster key bound
+//! to the cluster CA, RPC by mutual TLS against that CA.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use shoal_tests::{DevCluster, binaries, metric_sum, shoal, wait_for};
+
+/// Writes a config for an outsider agent at 127.0.`subnet`.`host` that tries to join the
+/// cluster `c` through its seeds, with the credentials in `tls`.
+fn outsider_config(c: &DevCluster, host: u8, ca_dir: &str, tls: &str, data: &str) -> String {
+    let seeds: Vec<String> = (1..=c.nodes)
+        .map(|i| format!("\"{}:7946\"", c.ip(i)))
+        .collect();
+    format!(
+        r#"
+[node]
+name = "outsider"
+data_dir = "{data}"
+failure_domain = "fd9"
+[mesh]
+addr = "{ip}"
+seeds = [{seeds}]
+[tls]
+ca_cert = "{ca_dir}/ca.pem"
+node_cert = "{tls}/node.pem"
+node_key = "{tls}/node.key"
+cluster_key = "{ca_dir}/cluster.key"
+[admin]
+socket = "{data}/agent.sock"
+"#,
+        ip = c.ip(host),
+        seeds = seeds.join(", ")
+    )
+}
+
+fn run_ok(args: &[&str]) {
+    let out = shoal(args);
+    assert!(
+        out.status.success(),
+        "shoal {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn agent_of_another_cluster_cannot_join_and_is_counted() {
+    let c = DevCluster::up(3, 24);
+    let other = tempfile::tempdir().expect("tempdir");
+    let p = |s: &str| other.path().join(s).to_str().expect("utf-8").to_owned();
+    std::fs::create_dir_all(p("data")).expect("mkdir");
+    run_ok(&["cert", "init", "--dir", &p("ca")]);
+    run_ok(&[
+        "cert",
+        "issue",
+        "--ca-dir",
+        &p("ca"),
+        "--name",
+        "outsider",
+        "--ip",
+        &c.ip(10).to_string(),
+        "--out",
+        &p("tls"),
+    ]);
+    std::fs::write(
+        p("agent.toml"),
+        outsider_config(&c, 10, &p("ca"), &p("tls"), &p("data")),
+    )
+    .expect("write");
+
+    let log = std::fs::File::create(p("agent.log")).expect("log");
+    let mut outsider = Command::new(binaries().agent)
+        .args(["--config", &p("agent.toml")])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start outsider");
+
+    // The cluster counts the outsider's packets as rejected ...
+    wait_for(
+        Duration::from_secs(20),
+        "rejected gossip counted on node1",
+        || {
+            (metric_sum(
+                &c.metrics(1),
+                "shoal_mesh_gossip_packets_rejected_total",
+                "bad_mac",
+            ) >= 3.0)
+                .then_some(())
+        },
+    );
+    // ... and never lists it; the outsider sees nobody.
+    for i in 1..=3 {
+        let status = c.status(i).expect("status");
+        assert_eq!(
+            status["nodes"].as_array().map(Vec::len),
+            Some(3),
+            "{status}"
+        );
+    }
+    let sock = p("data/agent.sock");
+    let out = shoal(&["status", "--json", "--socket", &sock]);
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).expect("outsider status");
+    assert_eq!(seen["nodes"].as_array().map(Vec::len), Some(1), "{seen}");
+
+    // Rejections are logged once per source, not once per packet.
+    let rejections = c.log(1).matches("rejected gossip packet").count();
+    assert_eq!(rejections, 1, "node1 log:\n{}", c.log(1));
+
+    let _ = outsider.kill();
+    let _ = outsider.wait();
+}
+
+#[test]
+fn agent_with_certificate_of_another_ca_refuses_to_start() {
+    let c = DevCluster::up(1, 25);
+    let other = tempfile::tempdir().expect("tempdir");
+    let p = |s: &str| other.path().join(s).to_str().expect("utf-8").to_owned();
+    std::fs::create_dir_all(p("data")).expect("mkdir");
+    run_ok(&["cert", "init", "--dir", &p("ca")]);
+    run_ok(&[
+        "cert",
+        "issue",
+        "--ca-dir",
+        &p("ca"),
+        "--name",
+        "forger",
+        "--ip",
+        &c.ip(11).to_string(),
+        "--out",
+        &p("tls"),
+    ]);
+    // Trusts the real cluster CA and holds its cluster key, but the certificate is foreign.
+    let real_ca = c.path().join("ca");
+    let config = outsider_config(
+        &c,
+        11,
+        real_ca.to_str().expect("utf-8"),
+        &p("tls"),
+        &p("data"),
+    );
+    std::fs::write(p("agent.toml"), config).expect("write");
+
+    let out = Command::new(binaries().agent)
+        .args(["--config", &p("agent.toml")])
+        .output()
+        .expect("run agent");
+    assert!(
+        !out.status.success(),
+        "agent with a foreign certificate started"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("node certificate") && stderr.contains("not valid for this cluster"),
+        "{stderr}"
+    );
+}

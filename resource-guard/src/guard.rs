@@ -1,0 +1,198 @@
+//! Applying a reservation to the running agent, and undoing it at a clean stop.
+
+use tracing::{info, warn};
+
+use crate::{
+    CgroupFs, CgroupUsage, Enforcement, GuardError, MachineInventory, Reservation,
+    ResourcesConfig, plan,
+};
+
+/// The reservation in force for this process.
+pub struct AppliedGuard {
+    reservation: Reservation,
+    /// `None` when running unconfined under `enforcement = "best-effort"`.
+    fs: Option<Box<dyn CgroupFs>>,
+    /// Why the reservation is not enforced, when it is not.
+    pub unenforced_reason: Option<String>,
+}
+
+impl std::fmt::Debug for AppliedGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppliedGuard")
+            .field("reservation", &self.reservation)
+            .field("enforced", &self.fs.is_some())
+            .finish()
+    }
+}
+
+/// Plans `config` against `machine`, clears a stale group left by a crashed agent, creates
+/// the agent's cgroup and moves process `pid` into it. An impossible reservation is always
+/// refused; one that this machine cannot enforce is refused unless `enforcement` is
+/// `best-effort`.
+pub fn apply(
+    config: &ResourcesConfig,
+    machine: &MachineInventory,
+    fs: Result<Box<dyn CgroupFs>, GuardError>,
+    pid: u32,
+) -> Result<AppliedGuard, GuardError> {
+    let reservation = plan(config, machine)?;
+    let unenforced = |reason: String| -> Result<AppliedGuard, GuardError> {
+        match config.enforcement {
+            Enforcement::Required => Err(GuardError::Unenforceable(format!(
+                "{reason} (set resources.enforcement = \"best-effort\" to run unconfined)"
+            ))),
+            Enforcement::BestEffort => {
+                warn!(%reason, "resource reservation NOT enforced (enforcement = best-effort)");
+                Ok(AppliedGuard {
+                    reservation: reservation.clone(),
+                    fs: None,
+                    unenforced_reason: Some(reason),
+                })
+            }
+        }
+    };
+    let fs = match fs {
+        Ok(fs) => fs,
+        Err(e) => return unenforced(e.to_string()),
+    };
+    let name = reservation.cgroup.as_str();
+    if fs.exists(name) {
+        let others: Vec<u32> = fs
+            .procs(name)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| *p != pid && std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        if let Some(busy) = others.first() {
+            return Err(GuardError::CgroupBusy {
+                group: fs.describe(name),
+                pid: *busy,
+            });
+        }
+        fs.remove(name)?;
+        info!(group = %fs.describe(name), "removed a stale cgroup left by an earlier run");
+    }
+    let limits = reservation.limits(Some(&machine.mems));
+    if let Err(e) = fs.create(name, &limits, &[pid]) {
+        return unenforced(e.to_string());
+    }
+    info!(
+        group = %fs.describe(name),
+        cpus = ?limits.cpus,
+        cpu_quota = ?limits.cpu_quota,
+        memory_bytes = reservation.memory_bytes,
+        training_cores = reservation.training_cores,
+        training_memory_bytes = reservation.training_memory_bytes,
+        "agent confined to its reservation"
+    );
+    Ok(AppliedGuard {
+        reservation,
+        fs: Some(fs),
+        unenforced_reason: None,
+    })
+}
+
+impl AppliedGuard {
+    pub fn reservation(&self) -> &Reservation {
+        &self.reservation
+    }
+
+    pub fn enforced(&self) -> bool {
+        self.fs.is_some()
+    }
+
+    /// Where the cgroup lives, when enforced.
+    pub fn location(&self) -> Option<String> {
+        self.fs.as_ref().map(|fs| fs.describe(&self.reservation.cgroup))
+    }
+
+    /// What the confined processes use now.
+    pub fn usage(&self) -> Option<CgroupUsage> {
+        self.fs.as_ref()?.usage(&self.reservation.cgroup).ok()
+    }
+
+    /// Adds another process (e.g. a `shoal mount`) to the reservation.
+    pub fn attach(&self, pid: u32) -> Result<(), GuardError> {
+        match &self.fs {
+            Some(fs) => fs.attach(&self.reservation.cgroup, pid),
+            None => Ok(()),
+        }
+    }
+
+    /// Moves every confined process back to the parent and removes the cgroup.
+    pub fn release(&self) -> Result<(), GuardError> {
+        match &self.fs {
+            Some(fs) => fs.remove(&self.reservation.cgroup),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CpuList, FakeCgroupV2};
+
+    fn machine() -> MachineInventory {
+        MachineInventory {
+            cpus: CpuList::parse("0-7").expect("cpus"),
+            memory_bytes: 64 << 30,
+            mems: "0".into(),
+        }
+    }
+
+    fn config(enforcement: Enforcement) -> ResourcesConfig {
+        ResourcesConfig {
+            cpus: Some("0-1".into()),
+            cpu_cores: None,
+            memory: "8GiB".into(),
+            min_free_cores: 1.0,
+            min_free_memory: "1GiB".into(),
+            cgroup: "shoal".into(),
+            enforcement,
+        }
+    }
+
+    fn fake() -> Box<dyn CgroupFs> {
+        Box::new(FakeCgroupV2::new("system.slice/shoal-agent.service", &[77], "0-7"))
+    }
+
+    #[test]
+    fn agent_is_moved_into_its_group_with_its_limits_and_released() {
+        let g = apply(&config(Enforcement::Required), &machine(), Ok(fake()), 77).expect("apply");
+        assert!(g.enforced());
+        let fs = g.fs.as_ref().expect("fs");
+        assert_eq!(fs.procs("shoal").expect("procs"), vec![77]);
+        let limits = fs.limits("shoal").expect("limits");
+        assert_eq!(limits.cpus.as_deref(), Some("0-1"));
+        assert_eq!(limits.memory_max, Some(8 << 30));
+        g.release().expect("release");
+        assert!(!g.fs.as_ref().expect("fs").exists("shoal"));
+    }
+
+    #[test]
+    fn unenforceable_reservation_is_refused_unless_best_effort() {
+        let no_fs = || Err(GuardError::Unenforceable("controllers are read-only".into()));
+        let err = apply(&config(Enforcement::Required), &machine(), no_fs(), 77).expect_err("refuse");
+        assert!(err.to_string().contains("best-effort"), "{err}");
+        let g = apply(&config(Enforcement::BestEffort), &machine(), no_fs(), 77).expect("best effort");
+        assert!(!g.enforced());
+        assert!(g.unenforced_reason.as_deref().is_some_and(|r| r.contains("read-only")));
+    }
+
+    #[test]
+    fn impossible_reservation_is_refused_even_best_effort() {
+        let mut c = config(Enforcement::BestEffort);
+        c.memory = "100GiB".into();
+        let err = apply(&c, &machine(), Ok(fake()), 77).expect_err("refuse");
+        assert!(matches!(err, GuardError::Config { key: "resources.memory", .. }), "{err}");
+    }
+
+    #[test]
+    fn stale_group_of_a_dead_agent_is_replaced() {
+        let fs = FakeCgroupV2::new("system.slice/shoal-agent.service", &[], "0-7");
+        fs.create("shoal", &crate::CgroupLimits::default(), &[]).expect("stale group");
+        let g = apply(&config(Enforcement::Required), &machine(), Ok(Box::new(fs)), 77).expect("apply");
+        assert!(g.enforced());
+    }
+}

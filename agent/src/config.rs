@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use shoal_mesh::{MeshConfig, TlsConfig};
+use shoal_resource_guard::ResourcesConfig;
 
 use crate::AgentError;
 
@@ -17,6 +18,9 @@ pub struct AgentConfig {
     pub node: NodeConfig,
     pub mesh: MeshConfig,
     pub tls: TlsConfig,
+    /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
+    #[serde(default)]
+    pub resources: Option<ResourcesConfig>,
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
@@ -155,6 +159,10 @@ impl AgentConfig {
             ));
         }
         self.tls.validate().map_err(AgentError::from_config)?;
+        if let Some(r) = &self.resources {
+            let machine = shoal_resource_guard::MachineInventory::probe()?;
+            shoal_resource_guard::plan(r, &machine).map_err(AgentError::from_guard)?;
+        }
         Ok(())
     }
 

@@ -33,6 +33,12 @@ pub enum AgentError {
         addr: String,
         source: std::io::Error,
     },
+    /// The resource reservation was refused or could not be applied.
+    #[error(transparent)]
+    Guard(#[from] shoal_resource_guard::GuardError),
+    /// Some other local resource (a thread) could not be set up.
+    #[error("{0}")]
+    Io(String),
     /// Membership or transport failed.
     #[error(transparent)]
     Mesh(#[from] shoal_mesh::MeshError),
@@ -40,6 +46,17 @@ pub enum AgentError {
 
 impl AgentError {
     /// Maps a mesh config error to the agent's own, keeping the key name.
+    /// Maps a resource-guard config error to the agent's own, keeping the key name.
+    pub(crate) fn from_guard(e: shoal_resource_guard::GuardError) -> Self {
+        match e {
+            shoal_resource_guard::GuardError::Config { key, reason } => AgentError::ConfigValue {
+                key: key.to_owned(),
+                reason,
+            },
+            other => AgentError::Guard(other),
+        }
+    }
+
     pub(crate) fn from_config(e: shoal_mesh::MeshError) -> Self {
         match e {
             shoal_mesh::MeshError::Config { key, reason } => AgentError::ConfigValue {

@@ -13,6 +13,7 @@ mod error;
 mod identity_store;
 mod metrics_http;
 mod node;
+mod resources;
 mod status;
 mod system_rpc;
 
@@ -20,6 +21,7 @@ pub use config::{AdminConfig, AgentConfig, LogConfig, LogFormat, MetricsConfig, 
 pub use error::AgentError;
 pub use identity_store::NodeIdentity;
 pub use node::Node;
+pub use resources::Resources;
 pub use system_rpc::Ping;
 
 /// This agent's version, as gossiped to peers and shown by `shoal status`.

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::system_rpc::{Ping, Pong};
-use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, admin, metrics_http};
+use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
 
 /// How often the node re-publishes its facts (capacity and use change slowly).
 const FACTS_REFRESH: Duration = Duration::from_secs(30);
@@ -31,6 +31,8 @@ pub struct Node {
     pub gossip: GossipHandle,
     /// QUIC endpoint (mutual TLS) for RPC to and from peers.
     pub transport: Arc<Transport>,
+    /// CPU/RAM reservation, GPU view and background-work governor.
+    pub resources: Arc<Resources>,
     /// Everything exported at `/metrics`.
     pub registry: Arc<Registry>,
     /// Background tasks, aborted at shutdown.
@@ -45,6 +47,29 @@ impl Node {
     pub async fn start(config: AgentConfig) -> Result<Arc<Node>, AgentError> {
         let identity = NodeIdentity::load_or_create(&config.node.data_dir)?;
         let mut registry = Registry::default();
+        // First: everything after this runs inside the reservation.
+        let resources = Resources::start(config.resources.as_ref(), &mut registry).map_err(
+            |e| match e {
+                AgentError::Guard(g) => AgentError::from_guard(g),
+                other => other,
+            },
+        )?;
+        // A start that fails from here on must not leave the cgroup behind.
+        match Self::start_confined(config, identity, registry, resources.clone()).await {
+            Ok(node) => Ok(node),
+            Err(e) => {
+                resources.shutdown();
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_confined(
+        config: AgentConfig,
+        identity: NodeIdentity,
+        mut registry: Registry,
+        resources: Arc<Resources>,
+    ) -> Result<Arc<Node>, AgentError> {
         let mesh_metrics = MeshMetrics::register(&mut registry);
         let info = Gauge::<i64>::default();
         info.set(1);
@@ -110,6 +135,7 @@ impl Node {
             identity,
             gossip,
             transport: transport.clone(),
+            resources,
             registry: Arc::new(registry),
             tasks: Mutex::new(Vec::new()),
         });
@@ -150,6 +176,7 @@ impl Node {
         if let Err(e) = std::fs::remove_file(&self.admin_socket) {
             warn!(path = %self.admin_socket.display(), error = %e, "could not remove admin socket");
         }
+        self.resources.shutdown();
         info!("agent stopped");
     }
 }

@@ -25,7 +25,12 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
             to_status(m, rtt, now)
         })
         .collect();
+    let (background_factor, background) = node.resources.background();
     Ok(StatusReport {
+        resources: node.resources.status(),
+        gpu: node.resources.gpu_status(),
+        background_factor,
+        background,
         node: node.identity.node.to_string(),
         agent_version: AGENT_VERSION.to_owned(),
         detection_bound_ms: node.config.mesh.membership().detection_bound().as_millis() as u64,

@@ -26,6 +26,16 @@ pub struct UpOptions {
     pub failure_domains: u8,
     pub agent_bin: Option<PathBuf>,
     pub timeout: Duration,
+    /// `[resources]` for every node, if any.
+    pub reserve: Option<Reserve>,
+}
+
+/// A reservation for each dev-cluster node (all share the machine, so keep it small).
+pub struct Reserve {
+    pub cpus: Option<String>,
+    pub cpu_cores: Option<f64>,
+    pub memory: String,
+    pub best_effort: bool,
 }
 
 pub fn node_dir(dir: &Path, i: u8) -> PathBuf {
@@ -149,7 +159,7 @@ addr = "{ip}:{metrics}"
 [log]
 format = "text"
 level = "info"
-"#,
+{resources}"#,
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
         rpc = opts.rpc_port,
@@ -160,7 +170,27 @@ level = "info"
         cluster_key = ca.join(cert::CLUSTER_KEY).display(),
         socket = nd.join("agent.sock").display(),
         metrics = opts.metrics_port,
+        resources = opts.reserve.as_ref().map(|r| render_reserve(r, ip)).unwrap_or_default(),
     )
+}
+
+fn render_reserve(r: &Reserve, ip: Ipv4Addr) -> String {
+    let mut text = String::from("\n[resources]\n");
+    if let Some(c) = &r.cpus {
+        text += &format!("cpus = \"{c}\"\n");
+    }
+    if let Some(c) = r.cpu_cores {
+        text += &format!("cpu_cores = {c}\n");
+    }
+    text += &format!("memory = \"{}\"\n", r.memory);
+    // Every dev node shares one machine: the floor is the machine's business, not theirs.
+    text += "min_free_cores = 0.0\nmin_free_memory = \"0\"\n";
+    // Unique per node, so clusters on other addresses never collide.
+    text += &format!("cgroup = \"shoal-dev-{ip}\"\n");
+    if r.best_effort {
+        text += "enforcement = \"best-effort\"\n";
+    }
+    text
 }
 
 /// The agent binary: `--agent-bin`, else `SHOAL_AGENT_BIN`, else next to this executable,

@@ -95,6 +95,18 @@ enum DevClusterCmd {
         /// Seconds to wait for the cluster to converge.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        /// Confine each agent to this memory (e.g. "512MiB"); needs root and cgroups.
+        #[arg(long)]
+        reserve_memory: Option<String>,
+        /// With --reserve-memory: pin each agent to this cpuset (e.g. "0").
+        #[arg(long, requires = "reserve_memory", conflicts_with = "reserve_cpu_cores")]
+        reserve_cpus: Option<String>,
+        /// With --reserve-memory: give each agent this CPU quota in cores (default 0.5).
+        #[arg(long, requires = "reserve_memory")]
+        reserve_cpu_cores: Option<f64>,
+        /// With --reserve-memory: run unconfined (with a warning) where cgroups cannot be written.
+        #[arg(long, requires = "reserve_memory")]
+        best_effort: bool,
     },
     /// Stop the agents of the dev cluster in DIR (data is kept).
     Down {
@@ -141,6 +153,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             failure_domains,
             agent_bin,
             timeout,
+            reserve_memory,
+            reserve_cpus,
+            reserve_cpu_cores,
+            best_effort,
         }) => dev_cluster::up(&dev_cluster::UpOptions {
             nodes,
             dir,
@@ -151,6 +167,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             failure_domains,
             agent_bin,
             timeout: Duration::from_secs(timeout),
+            reserve: reserve_memory.map(|memory| dev_cluster::Reserve {
+                cpu_cores: match (&reserve_cpus, reserve_cpu_cores) {
+                    (None, None) => Some(0.5),
+                    (_, c) => c,
+                },
+                cpus: reserve_cpus,
+                memory,
+                best_effort,
+            }),
         }),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
     }

@@ -49,7 +49,69 @@ pub fn render_table(report: &StatusReport) -> String {
         report.node,
         report.detection_bound_ms as f64 / 1000.0
     );
+    render_node_resources(&mut out, report);
     out
+}
+
+fn render_node_resources(out: &mut String, report: &StatusReport) {
+    match &report.resources {
+        None => {
+            let _ = writeln!(out, "reservation: none ([resources] not configured; the agent is unconfined)");
+        }
+        Some(r) => {
+            let cpu = match &r.cpus {
+                Some(c) => format!("cpus {c}"),
+                None => format!("{:.2} cores", r.reserved_cores),
+            };
+            let used = match (r.memory_used_bytes, r.memory_peak_bytes) {
+                (Some(u), Some(p)) => format!(", using {} (peak {})", bytes(u), bytes(p)),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "reservation: {cpu}, memory {}{used}; training keeps {:.2} cores, {}",
+                bytes(r.memory_limit_bytes),
+                r.training_cores,
+                bytes(r.training_memory_bytes)
+            );
+            match (&r.cgroup, &r.note) {
+                (Some(cg), _) => {
+                    let _ = writeln!(out, "  enforced in {cg}");
+                }
+                (None, Some(note)) => {
+                    let _ = writeln!(out, "  NOT enforced (best-effort): {note}");
+                }
+                (None, None) => {}
+            }
+        }
+    }
+    let gpu = &report.gpu;
+    match (&gpu.note, gpu.utilization_percent) {
+        (Some(note), _) => {
+            let _ = writeln!(out, "gpu: {note}");
+        }
+        (None, util) => {
+            let _ = writeln!(
+                out,
+                "gpu: {} GPU(s), {:.0}% busy, memory {}/{}",
+                gpu.count,
+                util.unwrap_or(0.0),
+                bytes(gpu.memory_used_bytes),
+                bytes(gpu.memory_total_bytes)
+            );
+        }
+    }
+    let budgets: Vec<String> = report
+        .background
+        .iter()
+        .map(|b| format!("{} {}/s x{}", b.class, bytes(b.bytes_per_sec), b.concurrency))
+        .collect();
+    let _ = writeln!(
+        out,
+        "background budget ({:.0}% of idle): {}",
+        report.background_factor * 100.0,
+        budgets.join(", ")
+    );
 }
 
 fn row(n: &MemberStatus) -> [String; 10] {

@@ -70,34 +70,50 @@ pub struct DevCluster {
     pub dir: tempfile::TempDir,
     pub nodes: u8,
     pub subnet: u8,
+    /// Extra `dev-cluster up` arguments (reservations, ...).
+    pub extra: Vec<String>,
 }
 
 impl DevCluster {
     /// Starts `nodes` agents on 127.0.`subnet`.1 .. and waits until they see each other.
     pub fn up(nodes: u8, subnet: u8) -> Self {
+        Self::up_with(nodes, subnet, &[])
+    }
+
+    /// Like [`DevCluster::up`], with extra `dev-cluster up` arguments.
+    pub fn up_with(nodes: u8, subnet: u8, extra: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("shoal-test-")
             .tempdir()
             .expect("tempdir");
-        let c = DevCluster { dir, nodes, subnet };
+        let c = DevCluster {
+            dir,
+            nodes,
+            subnet,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
         c.start();
         c
     }
 
     /// (Re)runs `dev-cluster up`: starts every node that is not running.
     pub fn start(&self) {
-        let out = shoal(&[
+        let nodes = self.nodes.to_string();
+        let base_ip = self.ip(1).to_string();
+        let mut args = vec![
             "dev-cluster",
             "up",
             "--nodes",
-            &self.nodes.to_string(),
+            &nodes,
             "--dir",
             self.path().to_str().expect("utf-8 path"),
             "--base-ip",
-            &self.ip(1).to_string(),
+            &base_ip,
             "--timeout",
             "60",
-        ]);
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        let out = shoal(&args);
         assert!(
             out.status.success(),
             "dev-cluster up failed:\n{}\n{}",
@@ -187,6 +203,25 @@ impl Drop for DevCluster {
             self.path().to_str().unwrap_or(""),
         ]);
     }
+}
+
+/// Whether this process runs as root (cgroup tests need it).
+pub fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+/// The directory of process `pid`'s cgroup in the v1 `controller` hierarchy.
+pub fn v1_cgroup_dir(pid: Pid, controller: &str) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let _ = parts.next()?;
+        let ctrls = parts.next()?;
+        let path = parts.next()?;
+        ctrls.split(',').any(|c| c == controller).then(|| {
+            PathBuf::from(format!("/sys/fs/cgroup/{controller}{}", path))
+        })
+    })
 }
 
 /// Sum of the values of every sample of `name` whose labels contain `label` ("" for any).

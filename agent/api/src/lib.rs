@@ -11,7 +11,9 @@ mod status;
 
 pub use client::AgentClient;
 pub use error::ApiError;
-pub use status::{MemberState, MemberStatus, StatusReport};
+pub use status::{
+    BackgroundBudget, GpuStatus, MemberState, MemberStatus, ResourceStatus, StatusReport,
+};
 
 use serde::{Deserialize, Serialize};
 

@@ -60,4 +60,50 @@ pub struct StatusReport {
     /// this view (no packet loss assumed).
     pub detection_bound_ms: u64,
     pub nodes: Vec<MemberStatus>,
+    /// This node's reservation (None: no `[resources]` section, the agent is unconfined).
+    pub resources: Option<ResourceStatus>,
+    pub gpu: GpuStatus,
+    /// Fraction of the idle background budget in force (1 = GPUs idle or absent).
+    pub background_factor: f64,
+    pub background: Vec<BackgroundBudget>,
+}
+
+/// The agent's CPU/RAM reservation and what it uses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResourceStatus {
+    /// False when running unconfined under `enforcement = "best-effort"`.
+    pub enforced: bool,
+    /// Why the reservation is not enforced, when it is not.
+    pub note: Option<String>,
+    /// Where the agent's cgroup lives.
+    pub cgroup: Option<String>,
+    /// Reserved cpuset, when the reservation is a cpuset.
+    pub cpus: Option<String>,
+    pub reserved_cores: f64,
+    pub memory_limit_bytes: u64,
+    /// What the reservation leaves for training.
+    pub training_cores: f64,
+    pub training_memory_bytes: u64,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub cpu_usage_seconds: Option<f64>,
+}
+
+/// The node's GPUs as NVML reports them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuStatus {
+    pub count: u32,
+    pub utilization_percent: Option<f64>,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// "no GPU (...)" where there is none.
+    pub note: Option<String>,
+}
+
+/// The budget one class of background work has now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackgroundBudget {
+    pub class: String,
+    pub bytes_per_sec: u64,
+    pub concurrency: u32,
 }

@@ -1,0 +1,209 @@
+//! The agent's side of the resource guard: confine the process at start, poll the GPUs,
+//! feed the governor, export reservation, usage and budgets to status and metrics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use shoal_agent_api::{BackgroundBudget, GpuStatus, ResourceStatus};
+use shoal_resource_guard::{
+    AppliedGuard, GpuProbe, GpuSample, Governor, GovernorConfig, MachineInventory, NvmlProbe,
+    ResourcesConfig, WorkClass,
+};
+use tracing::{info, warn};
+
+use crate::AgentError;
+
+/// How often NVML and the cgroup counters are read (NVML calls are synchronous).
+const POLL_EVERY: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabel {
+    class: &'static str,
+}
+
+#[derive(Clone, Default)]
+struct Gauges {
+    reserved_cores: Gauge<f64, std::sync::atomic::AtomicU64>,
+    memory_limit: Gauge,
+    memory_used: Gauge,
+    memory_peak: Gauge,
+    cpu_usage_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    gpu_count: Gauge,
+    gpu_utilization: Gauge<f64, std::sync::atomic::AtomicU64>,
+    background_factor: Gauge<f64, std::sync::atomic::AtomicU64>,
+    budget: Family<ClassLabel, Gauge>,
+}
+
+/// Reservation, GPU view and background budget of this node.
+pub struct Resources {
+    /// The reservation in force (None: no `[resources]` section).
+    pub guard: Option<AppliedGuard>,
+    /// Background-work budget, fed by the GPU poller.
+    pub governor: Arc<Mutex<Governor>>,
+    /// Latest GPU reading.
+    pub gpu: Arc<Mutex<GpuSample>>,
+    gauges: Gauges,
+    stop: Arc<AtomicBool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Resources {
+    /// Confines this process per `config` (refusing an impossible or unenforceable
+    /// reservation) and starts the GPU poller.
+    pub fn start(config: Option<&ResourcesConfig>, registry: &mut Registry) -> Result<Arc<Self>, AgentError> {
+        let guard = match config {
+            Some(c) => {
+                let machine = MachineInventory::probe()?;
+                Some(shoal_resource_guard::apply(
+                    c,
+                    &machine,
+                    shoal_resource_guard::detect(),
+                    std::process::id(),
+                )?)
+            }
+            None => {
+                warn!("no [resources] section: the agent is NOT confined to a reservation");
+                None
+            }
+        };
+        let gauges = register(registry);
+        if let Some(g) = &guard {
+            let r = g.reservation();
+            gauges.reserved_cores.set(r.cores);
+            gauges.memory_limit.set(r.memory_bytes as i64);
+        }
+        let resources = Arc::new(Resources {
+            guard,
+            governor: Arc::new(Mutex::new(Governor::new(GovernorConfig::default(), Instant::now()))),
+            gpu: Arc::new(Mutex::new(GpuSample::default())),
+            gauges,
+            stop: Arc::new(AtomicBool::new(false)),
+        });
+        let poller = resources.clone();
+        std::thread::Builder::new()
+            .name("shoal-gpu-poll".into())
+            .spawn(move || poller.poll_loop(NvmlProbe::init()))
+            .map_err(|e| AgentError::Io(format!("cannot start the GPU poller: {e}")))?;
+        Ok(resources)
+    }
+
+    fn poll_loop(&self, mut probe: impl GpuProbe) {
+        let mut first = true;
+        while !self.stop.load(Ordering::Relaxed) {
+            let sample = probe.sample();
+            if first {
+                match &sample.unavailable {
+                    Some(reason) => info!(%reason, "GPU probe"),
+                    None => info!(gpus = sample.count, "GPU probe: NVML is reading the node's GPUs"),
+                }
+                first = false;
+            }
+            lock(&self.governor).observe(&sample, Instant::now());
+            *lock(&self.gpu) = sample;
+            self.update_gauges();
+            std::thread::sleep(POLL_EVERY);
+        }
+    }
+
+    fn update_gauges(&self) {
+        let g = &self.gauges;
+        if let Some(u) = self.guard.as_ref().and_then(AppliedGuard::usage) {
+            g.memory_used.set(u.memory_bytes as i64);
+            g.memory_peak.set(u.memory_peak_bytes as i64);
+            g.cpu_usage_seconds.set(u.cpu_usage_usec as f64 / 1e6);
+        }
+        let gpu = lock(&self.gpu).clone();
+        g.gpu_count.set(gpu.count as i64);
+        g.gpu_utilization.set(gpu.utilization_percent.unwrap_or(0.0));
+        let gov = lock(&self.governor);
+        g.background_factor.set(gov.factor());
+        for class in WorkClass::ALL {
+            g.budget
+                .get_or_create(&ClassLabel { class: class.name() })
+                .set(gov.budget(class).bytes_per_sec as i64);
+        }
+    }
+
+    /// Status view of the reservation.
+    pub fn status(&self) -> Option<ResourceStatus> {
+        let g = self.guard.as_ref()?;
+        let r = g.reservation();
+        let usage = g.usage();
+        Some(ResourceStatus {
+            enforced: g.enforced(),
+            note: g.unenforced_reason.clone(),
+            cgroup: g.location(),
+            cpus: r.cpus.as_ref().map(|c| c.to_string()),
+            reserved_cores: r.cores,
+            memory_limit_bytes: r.memory_bytes,
+            training_cores: r.training_cores,
+            training_memory_bytes: r.training_memory_bytes,
+            memory_used_bytes: usage.map(|u| u.memory_bytes),
+            memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
+            cpu_usage_seconds: usage.map(|u| u.cpu_usage_usec as f64 / 1e6),
+        })
+    }
+
+    pub fn gpu_status(&self) -> GpuStatus {
+        let s = lock(&self.gpu).clone();
+        GpuStatus {
+            count: s.count,
+            utilization_percent: s.utilization_percent,
+            memory_used_bytes: s.memory_used_bytes,
+            memory_total_bytes: s.memory_total_bytes,
+            note: s.unavailable,
+        }
+    }
+
+    pub fn background(&self) -> (f64, Vec<BackgroundBudget>) {
+        let gov = lock(&self.governor);
+        let budgets = WorkClass::ALL
+            .iter()
+            .map(|c| {
+                let b = gov.budget(*c);
+                BackgroundBudget {
+                    class: c.name().to_owned(),
+                    bytes_per_sec: b.bytes_per_sec,
+                    concurrency: b.concurrency,
+                }
+            })
+            .collect();
+        (gov.factor(), budgets)
+    }
+
+    /// Stops the poller and leaves the cgroup (moving back to the parent and removing it).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(g) = &self.guard {
+            match g.release() {
+                Ok(()) => info!("left and removed the agent's cgroup"),
+                Err(e) => warn!(error = %e, "could not remove the agent's cgroup"),
+            }
+        }
+    }
+}
+
+fn register(registry: &mut Registry) -> Gauges {
+    let g = Gauges::default();
+    let r = registry.sub_registry_with_prefix("shoal_resources");
+    r.register("reserved_cores", "CPU cores reserved for the agent", g.reserved_cores.clone());
+    r.register("memory_limit_bytes", "Memory limit of the agent's cgroup", g.memory_limit.clone());
+    r.register("memory_used_bytes", "Memory the agent's cgroup uses now", g.memory_used.clone());
+    r.register("memory_peak_bytes", "Highest memory use of the agent's cgroup", g.memory_peak.clone());
+    r.register("cpu_usage_seconds", "CPU time used by the agent's cgroup", g.cpu_usage_seconds.clone());
+    let r = registry.sub_registry_with_prefix("shoal_gpu");
+    r.register("count", "GPUs on this node (0 without NVML)", g.gpu_count.clone());
+    r.register("utilization_percent", "Mean GPU utilisation", g.gpu_utilization.clone());
+    let r = registry.sub_registry_with_prefix("shoal_background");
+    r.register("budget_factor", "Fraction of the idle background budget in force", g.background_factor.clone());
+    r.register("budget_bytes_per_second", "Background budget per class of work", g.budget.clone());
+    g
+}

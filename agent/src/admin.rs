@@ -69,7 +69,7 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
 async fn handle(node: &Node, request: Request) -> Response {
     match request {
         Request::Status => match status::report(node).await {
-            Ok(r) => Response::Status(r),
+            Ok(r) => Response::Status(Box::new(r)),
             Err(e) => Response::Error(e.to_string()),
         },
     }

@@ -303,6 +303,31 @@ cluster_key = "/etc/shoal/tls/cluster.key"
     }
 
     #[test]
+    fn shipped_example_resources_section_parses_when_uncommented() {
+        let text = include_str!("../agent.example.toml");
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if rest.starts_with("[resources]") || rest.contains(" = ") => {
+                    // Keep only one of the two CPU forms, as the agent requires.
+                    if rest.starts_with("cpu_cores") {
+                        String::new()
+                    } else {
+                        rest.to_owned()
+                    }
+                }
+                _ => l.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = AgentConfig::parse(&uncommented).expect("uncommented example must parse");
+        let r = c.resources.expect("resources section");
+        assert_eq!(r.cpus.as_deref(), Some("0-3"));
+        assert_eq!(r.memory, "8GiB");
+        assert_eq!(r.enforcement, shoal_resource_guard::Enforcement::Required);
+    }
+
+    #[test]
     fn shipped_example_config_parses_and_validates() {
         let text = include_str!("../agent.example.toml");
         let c = AgentConfig::parse(text).expect("example config must parse");

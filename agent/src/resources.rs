@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use shoal_agent_api::{BackgroundBudget, GpuStatus, ResourceStatus};
 use shoal_resource_guard::{
-    AppliedGuard, GpuProbe, GpuSample, Governor, GovernorConfig, MachineInventory, NvmlProbe,
+    AppliedGuard, Governor, GovernorConfig, GpuProbe, GpuSample, MachineInventory, NvmlProbe,
     ResourcesConfig, WorkClass,
 };
 use tracing::{info, warn};
@@ -58,7 +58,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Resources {
     /// Confines this process per `config` (refusing an impossible or unenforceable
     /// reservation) and starts the GPU poller.
-    pub fn start(config: Option<&ResourcesConfig>, registry: &mut Registry) -> Result<Arc<Self>, AgentError> {
+    pub fn start(
+        config: Option<&ResourcesConfig>,
+        registry: &mut Registry,
+    ) -> Result<Arc<Self>, AgentError> {
         let guard = match config {
             Some(c) => {
                 let machine = MachineInventory::probe()?;
@@ -82,7 +85,10 @@ impl Resources {
         }
         let resources = Arc::new(Resources {
             guard,
-            governor: Arc::new(Mutex::new(Governor::new(GovernorConfig::default(), Instant::now()))),
+            governor: Arc::new(Mutex::new(Governor::new(
+                GovernorConfig::default(),
+                Instant::now(),
+            ))),
             gpu: Arc::new(Mutex::new(GpuSample::default())),
             gauges,
             stop: Arc::new(AtomicBool::new(false)),
@@ -102,7 +108,10 @@ impl Resources {
             if first {
                 match &sample.unavailable {
                     Some(reason) => info!(%reason, "GPU probe"),
-                    None => info!(gpus = sample.count, "GPU probe: NVML is reading the node's GPUs"),
+                    None => info!(
+                        gpus = sample.count,
+                        "GPU probe: NVML is reading the node's GPUs"
+                    ),
                 }
                 first = false;
             }
@@ -122,12 +131,15 @@ impl Resources {
         }
         let gpu = lock(&self.gpu).clone();
         g.gpu_count.set(gpu.count as i64);
-        g.gpu_utilization.set(gpu.utilization_percent.unwrap_or(0.0));
+        g.gpu_utilization
+            .set(gpu.utilization_percent.unwrap_or(0.0));
         let gov = lock(&self.governor);
         g.background_factor.set(gov.factor());
         for class in WorkClass::ALL {
             g.budget
-                .get_or_create(&ClassLabel { class: class.name() })
+                .get_or_create(&ClassLabel {
+                    class: class.name(),
+                })
                 .set(gov.budget(class).bytes_per_sec as i64);
         }
     }
@@ -194,16 +206,52 @@ impl Resources {
 fn register(registry: &mut Registry) -> Gauges {
     let g = Gauges::default();
     let r = registry.sub_registry_with_prefix("shoal_resources");
-    r.register("reserved_cores", "CPU cores reserved for the agent", g.reserved_cores.clone());
-    r.register("memory_limit_bytes", "Memory limit of the agent's cgroup", g.memory_limit.clone());
-    r.register("memory_used_bytes", "Memory the agent's cgroup uses now", g.memory_used.clone());
-    r.register("memory_peak_bytes", "Highest memory use of the agent's cgroup", g.memory_peak.clone());
-    r.register("cpu_usage_seconds", "CPU time used by the agent's cgroup", g.cpu_usage_seconds.clone());
+    r.register(
+        "reserved_cores",
+        "CPU cores reserved for the agent",
+        g.reserved_cores.clone(),
+    );
+    r.register(
+        "memory_limit_bytes",
+        "Memory limit of the agent's cgroup",
+        g.memory_limit.clone(),
+    );
+    r.register(
+        "memory_used_bytes",
+        "Memory the agent's cgroup uses now",
+        g.memory_used.clone(),
+    );
+    r.register(
+        "memory_peak_bytes",
+        "Highest memory use of the agent's cgroup",
+        g.memory_peak.clone(),
+    );
+    r.register(
+        "cpu_usage_seconds",
+        "CPU time used by the agent's cgroup",
+        g.cpu_usage_seconds.clone(),
+    );
     let r = registry.sub_registry_with_prefix("shoal_gpu");
-    r.register("count", "GPUs on this node (0 without NVML)", g.gpu_count.clone());
-    r.register("utilization_percent", "Mean GPU utilisation", g.gpu_utilization.clone());
+    r.register(
+        "count",
+        "GPUs on this node (0 without NVML)",
+        g.gpu_count.clone(),
+    );
+    r.register(
+        "utilization_percent",
+        "Mean GPU utilisation",
+        g.gpu_utilization.clone(),
+    );
     let r = registry.sub_registry_with_prefix("shoal_background");
-    r.register("budget_factor", "Fraction of the idle background budget in force", g.background_factor.clone());
-    r.register("budget_bytes_per_second", "Background budget per class of work", g.budget.clone());
+    r.register(
+        "budget_factor",
+        "Fraction of the idle background budget in force",
+        g.background_factor.clone(),
+    );
+    r.register(
+        "budget_bytes_per_second",
+        "Background budget per class of work",
+        g.budget.clone(),
+    );
     g
 }

@@ -170,7 +170,11 @@ level = "info"
         cluster_key = ca.join(cert::CLUSTER_KEY).display(),
         socket = nd.join("agent.sock").display(),
         metrics = opts.metrics_port,
-        resources = opts.reserve.as_ref().map(|r| render_reserve(r, ip)).unwrap_or_default(),
+        resources = opts
+            .reserve
+            .as_ref()
+            .map(|r| render_reserve(r, ip))
+            .unwrap_or_default(),
     )
 }
 

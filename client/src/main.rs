@@ -99,7 +99,11 @@ enum DevClusterCmd {
         #[arg(long)]
         reserve_memory: Option<String>,
         /// With --reserve-memory: pin each agent to this cpuset (e.g. "0").
-        #[arg(long, requires = "reserve_memory", conflicts_with = "reserve_cpu_cores")]
+        #[arg(
+            long,
+            requires = "reserve_memory",
+            conflicts_with = "reserve_cpu_cores"
+        )]
         reserve_cpus: Option<String>,
         /// With --reserve-memory: give each agent this CPU quota in cores (default 0.5).
         #[arg(long, requires = "reserve_memory")]

@@ -56,7 +56,10 @@ pub fn render_table(report: &StatusReport) -> String {
 fn render_node_resources(out: &mut String, report: &StatusReport) {
     match &report.resources {
         None => {
-            let _ = writeln!(out, "reservation: none ([resources] not configured; the agent is unconfined)");
+            let _ = writeln!(
+                out,
+                "reservation: none ([resources] not configured; the agent is unconfined)"
+            );
         }
         Some(r) => {
             let cpu = match &r.cpus {
@@ -104,7 +107,14 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
     let budgets: Vec<String> = report
         .background
         .iter()
-        .map(|b| format!("{} {}/s x{}", b.class, bytes(b.bytes_per_sec), b.concurrency))
+        .map(|b| {
+            format!(
+                "{} {}/s x{}",
+                b.class,
+                bytes(b.bytes_per_sec),
+                b.concurrency
+            )
+        })
         .collect();
     let _ = writeln!(
         out,

@@ -12,7 +12,9 @@ pub enum GuardError {
     #[error("cgroup {group}: {reason}")]
     Cgroup { group: String, reason: String },
     /// A cgroup with our name exists and holds a live process that is not us.
-    #[error("cgroup {group} is in use by pid {pid} (another agent with the same [resources] cgroup name?)")]
+    #[error(
+        "cgroup {group} is in use by pid {pid} (another agent with the same [resources] cgroup name?)"
+    )]
     CgroupBusy { group: String, pid: u32 },
     /// This machine offers no cgroup controller we can write (e.g. inside a container).
     #[error("cannot enforce the reservation here: {0}")]

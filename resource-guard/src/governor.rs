@@ -152,9 +152,7 @@ impl Governor {
         self.smoothed_util = match (gpu.utilization_percent, self.smoothed_util) {
             (None, _) => None,
             (Some(u), None) => Some(u),
-            (Some(u), Some(prev)) => {
-                Some(prev + self.config.smoothing * (u - prev))
-            }
+            (Some(u), Some(prev)) => Some(prev + self.config.smoothing * (u - prev)),
         };
         self.factor = self.smoothed_util.map_or(1.0, |u| self.factor_for(u));
         for (i, c) in WorkClass::ALL.iter().enumerate() {
@@ -195,7 +193,8 @@ impl Governor {
 
     pub fn budget(&self, class: WorkClass) -> Budget {
         let share = self.config.shares[class.index()];
-        let concurrency = (self.config.idle_concurrency as f64 * share * self.factor).floor() as u32;
+        let concurrency =
+            (self.config.idle_concurrency as f64 * share * self.factor).floor() as u32;
         Budget {
             bytes_per_sec: self.rate(class) as u64,
             concurrency: concurrency.max(1),
@@ -279,7 +278,10 @@ mod tests {
         assert!(g.take(WorkClass::Repair, 1000, t0).is_ok());
         let wait = g.take(WorkClass::Repair, 500, t0).expect_err("must wait");
         assert!((wait.as_secs_f64() - 0.5).abs() < 1e-6, "{wait:?}");
-        assert!(g.take(WorkClass::Repair, 500, t0 + Duration::from_millis(500)).is_ok());
+        assert!(
+            g.take(WorkClass::Repair, 500, t0 + Duration::from_millis(500))
+                .is_ok()
+        );
         // Over 10 s the class moves about 10 s worth of its rate, not more.
         let mut moved = 0;
         let mut now = t0 + Duration::from_millis(500);
@@ -304,6 +306,9 @@ mod tests {
         // Drain the repair bucket.
         while g.take(WorkClass::Repair, 1 << 20, now).is_ok() {}
         assert!(g.take(WorkClass::Repair, 1 << 20, now).is_err());
-        assert!(g.take_last_parity_repair(1 << 20, now).is_ok(), "floor must let it through");
+        assert!(
+            g.take_last_parity_repair(1 << 20, now).is_ok(),
+            "floor must let it through"
+        );
     }
 }

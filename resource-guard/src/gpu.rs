@@ -68,7 +68,9 @@ impl GpuProbe for NvmlProbe {
         let mut used = 0;
         let mut total = 0;
         for i in 0..count {
-            let Ok(dev) = nvml.device_by_index(i) else { continue };
+            let Ok(dev) = nvml.device_by_index(i) else {
+                continue;
+            };
             if let Ok(u) = dev.utilization_rates() {
                 util_sum += u.gpu as f64;
                 util_n += 1;
@@ -117,7 +119,12 @@ mod tests {
         let mut probe = NvmlProbe::init();
         let s = probe.sample();
         if s.count == 0 {
-            assert!(s.unavailable.as_deref().is_some_and(|r| r.contains("no GPU")), "{s:?}");
+            assert!(
+                s.unavailable
+                    .as_deref()
+                    .is_some_and(|r| r.contains("no GPU")),
+                "{s:?}"
+            );
         } else {
             assert!(s.utilization_percent.is_some());
         }

@@ -3,8 +3,8 @@
 use tracing::{info, warn};
 
 use crate::{
-    CgroupFs, CgroupUsage, Enforcement, GuardError, MachineInventory, Reservation,
-    ResourcesConfig, plan,
+    CgroupFs, CgroupUsage, Enforcement, GuardError, MachineInventory, Reservation, ResourcesConfig,
+    plan,
 };
 
 /// The reservation in force for this process.
@@ -103,7 +103,9 @@ impl AppliedGuard {
 
     /// Where the cgroup lives, when enforced.
     pub fn location(&self) -> Option<String> {
-        self.fs.as_ref().map(|fs| fs.describe(&self.reservation.cgroup))
+        self.fs
+            .as_ref()
+            .map(|fs| fs.describe(&self.reservation.cgroup))
     }
 
     /// What the confined processes use now.
@@ -154,7 +156,11 @@ mod tests {
     }
 
     fn fake() -> Box<dyn CgroupFs> {
-        Box::new(FakeCgroupV2::new("system.slice/shoal-agent.service", &[77], "0-7"))
+        Box::new(FakeCgroupV2::new(
+            "system.slice/shoal-agent.service",
+            &[77],
+            "0-7",
+        ))
     }
 
     #[test]
@@ -172,12 +178,22 @@ mod tests {
 
     #[test]
     fn unenforceable_reservation_is_refused_unless_best_effort() {
-        let no_fs = || Err(GuardError::Unenforceable("controllers are read-only".into()));
-        let err = apply(&config(Enforcement::Required), &machine(), no_fs(), 77).expect_err("refuse");
+        let no_fs = || {
+            Err(GuardError::Unenforceable(
+                "controllers are read-only".into(),
+            ))
+        };
+        let err =
+            apply(&config(Enforcement::Required), &machine(), no_fs(), 77).expect_err("refuse");
         assert!(err.to_string().contains("best-effort"), "{err}");
-        let g = apply(&config(Enforcement::BestEffort), &machine(), no_fs(), 77).expect("best effort");
+        let g =
+            apply(&config(Enforcement::BestEffort), &machine(), no_fs(), 77).expect("best effort");
         assert!(!g.enforced());
-        assert!(g.unenforced_reason.as_deref().is_some_and(|r| r.contains("read-only")));
+        assert!(
+            g.unenforced_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("read-only"))
+        );
     }
 
     #[test]
@@ -185,14 +201,30 @@ mod tests {
         let mut c = config(Enforcement::BestEffort);
         c.memory = "100GiB".into();
         let err = apply(&c, &machine(), Ok(fake()), 77).expect_err("refuse");
-        assert!(matches!(err, GuardError::Config { key: "resources.memory", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                GuardError::Config {
+                    key: "resources.memory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn stale_group_of_a_dead_agent_is_replaced() {
         let fs = FakeCgroupV2::new("system.slice/shoal-agent.service", &[], "0-7");
-        fs.create("shoal", &crate::CgroupLimits::default(), &[]).expect("stale group");
-        let g = apply(&config(Enforcement::Required), &machine(), Ok(Box::new(fs)), 77).expect("apply");
+        fs.create("shoal", &crate::CgroupLimits::default(), &[])
+            .expect("stale group");
+        let g = apply(
+            &config(Enforcement::Required),
+            &machine(),
+            Ok(Box::new(fs)),
+            77,
+        )
+        .expect("apply");
         assert!(g.enforced());
     }
 }

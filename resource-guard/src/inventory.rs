@@ -56,7 +56,10 @@ mod tests {
 
     #[test]
     fn mem_total_is_read_in_kib() {
-        assert_eq!(parse_mem_total("MemTotal:       16384 kB\nMemFree: 1 kB\n"), Some(16 << 20));
+        assert_eq!(
+            parse_mem_total("MemTotal:       16384 kB\nMemFree: 1 kB\n"),
+            Some(16 << 20)
+        );
         assert_eq!(parse_mem_total("nothing"), None);
     }
 

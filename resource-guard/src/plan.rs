@@ -26,7 +26,10 @@ impl Reservation {
     pub fn limits(&self, inventory_mems: Option<&str>) -> CgroupLimits {
         CgroupLimits {
             cpus: self.cpus.as_ref().map(|c| c.to_string()),
-            mems: self.cpus.as_ref().map(|_| inventory_mems.unwrap_or("0").to_owned()),
+            mems: self
+                .cpus
+                .as_ref()
+                .map(|_| inventory_mems.unwrap_or("0").to_owned()),
             cpu_quota: match self.cpus {
                 Some(_) => None,
                 None => Some((
@@ -44,7 +47,10 @@ fn invalid(key: &'static str, reason: String) -> GuardError {
 }
 
 /// Checks `config` against `machine` and computes the reservation.
-pub fn plan(config: &ResourcesConfig, machine: &MachineInventory) -> Result<Reservation, GuardError> {
+pub fn plan(
+    config: &ResourcesConfig,
+    machine: &MachineInventory,
+) -> Result<Reservation, GuardError> {
     let machine_cores = machine.cpus.len() as f64;
     let (cpus, cores) = match (&config.cpus, config.cpu_cores) {
         (Some(_), Some(_)) => {
@@ -62,13 +68,21 @@ pub fn plan(config: &ResourcesConfig, machine: &MachineInventory) -> Result<Rese
             ));
         }
         (Some(text), None) => {
-            let list = CpuList::parse(text).filter(|l| !l.is_empty()).ok_or_else(|| {
-                invalid("resources.cpus", format!("{text:?} is not a CPU list such as \"0-3,6\""))
-            })?;
+            let list = CpuList::parse(text)
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| {
+                    invalid(
+                        "resources.cpus",
+                        format!("{text:?} is not a CPU list such as \"0-3,6\""),
+                    )
+                })?;
             if let Some(absent) = list.0.iter().find(|c| !machine.cpus.0.contains(c)) {
                 return Err(invalid(
                     "resources.cpus",
-                    format!("CPU {absent} is not on this machine (online CPUs: {})", machine.cpus),
+                    format!(
+                        "CPU {absent} is not on this machine (online CPUs: {})",
+                        machine.cpus
+                    ),
                 ));
             }
             let n = list.len() as f64;
@@ -76,7 +90,10 @@ pub fn plan(config: &ResourcesConfig, machine: &MachineInventory) -> Result<Rese
         }
         (None, Some(cores)) => {
             if !(cores.is_finite() && cores >= 0.01) {
-                return Err(invalid("resources.cpu_cores", format!("{cores} must be at least 0.01")));
+                return Err(invalid(
+                    "resources.cpu_cores",
+                    format!("{cores} must be at least 0.01"),
+                ));
             }
             if cores > machine_cores {
                 return Err(invalid(
@@ -92,7 +109,10 @@ pub fn plan(config: &ResourcesConfig, machine: &MachineInventory) -> Result<Rese
         .ok_or_else(|| {
             invalid(
                 "resources.memory",
-                format!("{:?} is not a size of at least 64MiB (e.g. \"8GiB\")", config.memory),
+                format!(
+                    "{:?} is not a size of at least 64MiB (e.g. \"8GiB\")",
+                    config.memory
+                ),
             )
         })?;
     if memory_bytes > machine.memory_bytes {
@@ -106,12 +126,18 @@ pub fn plan(config: &ResourcesConfig, machine: &MachineInventory) -> Result<Rese
         ));
     }
     if !(config.min_free_cores.is_finite() && config.min_free_cores >= 0.0) {
-        return Err(invalid("resources.min_free_cores", "must be 0 or more".into()));
+        return Err(invalid(
+            "resources.min_free_cores",
+            "must be 0 or more".into(),
+        ));
     }
     let min_free_memory = parse_bytes(&config.min_free_memory).ok_or_else(|| {
         invalid(
             "resources.min_free_memory",
-            format!("{:?} is not a size (e.g. \"16GiB\")", config.min_free_memory),
+            format!(
+                "{:?} is not a size (e.g. \"16GiB\")",
+                config.min_free_memory
+            ),
         )
     })?;
     let training_cores = machine_cores - cores;
@@ -140,7 +166,9 @@ pub fn plan(config: &ResourcesConfig, machine: &MachineInventory) -> Result<Rese
     let name = config.cgroup.as_str();
     if name.is_empty()
         || name.len() > 200
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         || name.starts_with('.')
     {
         return Err(invalid(
@@ -218,7 +246,10 @@ mod tests {
         c.cpus = Some("6-9".into());
         let (key, reason) = refused_key(&c);
         assert_eq!(key, "resources.cpus");
-        assert!(reason.contains("CPU 8") && reason.contains("0-7"), "{reason}");
+        assert!(
+            reason.contains("CPU 8") && reason.contains("0-7"),
+            "{reason}"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::fmt;
 /// (`K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB`: binary; `KB`, `MB`, `GB`, `TB`: decimal).
 pub fn parse_bytes(text: &str) -> Option<u64> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num.parse().ok()?;
     let mult: f64 = match unit.trim() {
@@ -48,7 +50,12 @@ pub struct CpuList(pub BTreeSet<u32>);
 impl CpuList {
     pub fn parse(text: &str) -> Option<Self> {
         let mut set = BTreeSet::new();
-        for part in text.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in text
+            .trim()
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
             match part.split_once('-') {
                 Some((a, b)) => {
                     let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);

@@ -37,12 +37,18 @@ fn real_cgroup_v1_keeps_the_contract() {
     if let Err(p) = outcome {
         std::panic::resume_unwind(p);
     }
-    assert!(alive, "the test process died while being moved between cgroups");
+    assert!(
+        alive,
+        "the test process died while being moved between cgroups"
+    );
     assert!(!fs.exists(&name));
 }
 
 fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
         .unwrap_or(false)
 }

@@ -218,9 +218,10 @@ pub fn v1_cgroup_dir(pid: Pid, controller: &str) -> Option<PathBuf> {
         let _ = parts.next()?;
         let ctrls = parts.next()?;
         let path = parts.next()?;
-        ctrls.split(',').any(|c| c == controller).then(|| {
-            PathBuf::from(format!("/sys/fs/cgroup/{controller}{}", path))
-        })
+        ctrls
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| PathBuf::from(format!("/sys/fs/cgroup/{controller}{}", path)))
     })
 }
 

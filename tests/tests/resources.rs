@@ -8,7 +8,9 @@ use nix::sys::signal::Signal;
 use shoal_tests::{DevCluster, binaries, is_root, v1_cgroup_dir, wait_for};
 
 fn read(path: &std::path::Path) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default()
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -23,14 +25,25 @@ fn agent_runs_inside_its_reservation_and_removes_its_cgroup_at_stop() {
     let stale = parent.join("shoal-dev-127.0.26.1");
     std::fs::create_dir_all(&stale).expect("create stale cgroup");
 
-    let c = DevCluster::up_with(1, 26, &["--reserve-memory", "512MiB", "--reserve-cpus", "0"]);
+    let c = DevCluster::up_with(
+        1,
+        26,
+        &["--reserve-memory", "512MiB", "--reserve-cpus", "0"],
+    );
     let pid = c.pid(1);
     let mem = v1_cgroup_dir(pid, "memory").expect("agent memory cgroup");
     let cpuset = v1_cgroup_dir(pid, "cpuset").expect("agent cpuset cgroup");
     assert!(mem.ends_with("shoal-dev-127.0.26.1"), "{}", mem.display());
-    assert_eq!(read(&mem.join("memory.limit_in_bytes")), (512u64 << 20).to_string());
+    assert_eq!(
+        read(&mem.join("memory.limit_in_bytes")),
+        (512u64 << 20).to_string()
+    );
     assert_eq!(read(&cpuset.join("cpuset.cpus")), "0");
-    assert!(read(&mem.join("cgroup.procs")).lines().any(|l| l == pid.to_string()));
+    assert!(
+        read(&mem.join("cgroup.procs"))
+            .lines()
+            .any(|l| l == pid.to_string())
+    );
 
     let status = c.status(1).expect("status");
     let r = &status["resources"];
@@ -39,16 +52,35 @@ fn agent_runs_inside_its_reservation_and_removes_its_cgroup_at_stop() {
     assert_eq!(r["cpus"], "0");
     assert!(r["memory_used_bytes"].as_u64().unwrap_or(0) > 0, "{r}");
     // No GPU on the build machines: said plainly.
-    assert!(status["gpu"]["note"].as_str().unwrap_or("").contains("no GPU"), "{status}");
+    assert!(
+        status["gpu"]["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no GPU"),
+        "{status}"
+    );
     assert_eq!(status["background"].as_array().map(Vec::len), Some(5));
 
     let metrics = c.metrics(1);
-    assert!(metrics.contains("shoal_resources_memory_limit_bytes 536870912"), "{metrics}");
+    assert!(
+        metrics.contains("shoal_resources_memory_limit_bytes 536870912"),
+        "{metrics}"
+    );
 
     c.signal(1, Signal::SIGTERM);
-    wait_for(Duration::from_secs(10), "agent exit", || c.exited(1).then_some(()));
-    assert!(!mem.exists(), "memory cgroup left behind: {}", mem.display());
-    assert!(!cpuset.exists(), "cpuset cgroup left behind: {}", cpuset.display());
+    wait_for(Duration::from_secs(10), "agent exit", || {
+        c.exited(1).then_some(())
+    });
+    assert!(
+        !mem.exists(),
+        "memory cgroup left behind: {}",
+        mem.display()
+    );
+    assert!(
+        !cpuset.exists(),
+        "cpuset cgroup left behind: {}",
+        cpuset.display()
+    );
 }
 
 #[test]
@@ -59,12 +91,29 @@ fn impossible_reservation_is_refused_naming_the_key_and_leaves_no_cgroup() {
     }
     let c = DevCluster::up(1, 27);
     let base = std::fs::read_to_string(c.node_dir(1).join("agent.toml")).expect("config");
-    shoal_tests::shoal(&["dev-cluster", "down", "--dir", c.path().to_str().expect("utf-8")]);
+    shoal_tests::shoal(&[
+        "dev-cluster",
+        "down",
+        "--dir",
+        c.path().to_str().expect("utf-8"),
+    ]);
     let parent = v1_cgroup_dir(nix::unistd::Pid::this(), "memory").expect("memory cgroup");
     let cases = [
-        ("cpus = \"0-63\"\nmemory = \"256MiB\"", "resources.cpus", "online CPUs"),
-        ("cpu_cores = 0.5\nmemory = \"100TiB\"", "resources.memory", "more than this machine"),
-        ("cpu_cores = 0.5\nmemory = \"256MiB\"\nmin_free_memory = \"100TiB\"", "resources.min_free_memory", "leaves"),
+        (
+            "cpus = \"0-63\"\nmemory = \"256MiB\"",
+            "resources.cpus",
+            "online CPUs",
+        ),
+        (
+            "cpu_cores = 0.5\nmemory = \"100TiB\"",
+            "resources.memory",
+            "more than this machine",
+        ),
+        (
+            "cpu_cores = 0.5\nmemory = \"256MiB\"\nmin_free_memory = \"100TiB\"",
+            "resources.min_free_memory",
+            "leaves",
+        ),
     ];
     for (resources, key, words) in cases {
         let config = format!("{base}\n[resources]\n{resources}\ncgroup = \"shoal-refused-test\"\n");
@@ -77,7 +126,13 @@ fn impossible_reservation_is_refused_naming_the_key_and_leaves_no_cgroup() {
             .expect("run agent");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "agent accepted {resources}");
-        assert!(stderr.contains(key) && stderr.contains(words), "{resources}: {stderr}");
-        assert!(!parent.join("shoal-refused-test").exists(), "cgroup left behind");
+        assert!(
+            stderr.contains(key) && stderr.contains(words),
+            "{resources}: {stderr}"
+        );
+        assert!(
+            !parent.join("shoal-refused-test").exists(),
+            "cgroup left behind"
+        );
     }
 }

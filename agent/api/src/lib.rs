@@ -38,7 +38,7 @@ pub enum Request {
 /// The agent's answer to one [`Request`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Response {
-    Status(StatusReport),
+    Status(Box<StatusReport>),
     /// The request was understood but failed; the text is for the operator.
     Error(String),
 }

@@ -68,7 +68,8 @@ pub fn joined_process_is_listed_and_moved_out_on_remove(s: &Subject) {
         memory_max: Some(256 << 20),
         ..CgroupLimits::default()
     };
-    s.fs.create(&s.name, &limits, &[s.pid]).expect("create and join");
+    s.fs.create(&s.name, &limits, &[s.pid])
+        .expect("create and join");
     let procs = s.fs.procs(&s.name).expect("procs");
     assert!(procs.contains(&s.pid), "pid {} not in {procs:?}", s.pid);
     s.fs.remove(&s.name).expect("remove with a process inside");
@@ -85,9 +86,18 @@ pub fn second_create_fails_and_keeps_the_first(s: &Subject) {
         memory_max: Some(512 << 20),
         ..CgroupLimits::default()
     };
-    assert!(s.fs.create(&s.name, &other, &[]).is_err(), "second create succeeded");
-    assert!(s.fs.exists(&s.name), "failed second create removed the first");
-    assert_eq!(s.fs.limits(&s.name).expect("limits").memory_max, Some(256 << 20));
+    assert!(
+        s.fs.create(&s.name, &other, &[]).is_err(),
+        "second create succeeded"
+    );
+    assert!(
+        s.fs.exists(&s.name),
+        "failed second create removed the first"
+    );
+    assert_eq!(
+        s.fs.limits(&s.name).expect("limits").memory_max,
+        Some(256 << 20)
+    );
     cleanup(s);
 }
 
@@ -98,8 +108,14 @@ pub fn impossible_limits_leave_nothing_behind(s: &Subject) {
         memory_max: Some(256 << 20),
         cpu_quota: None,
     };
-    assert!(s.fs.create(&s.name, &bad, &[s.pid]).is_err(), "absent CPUs accepted");
-    assert!(!s.fs.exists(&s.name), "a failed create left the group behind");
+    assert!(
+        s.fs.create(&s.name, &bad, &[s.pid]).is_err(),
+        "absent CPUs accepted"
+    );
+    assert!(
+        !s.fs.exists(&s.name),
+        "a failed create left the group behind"
+    );
 }
 
 pub fn removing_a_missing_group_is_not_an_error(s: &Subject) {
@@ -137,7 +153,10 @@ mod tests {
         assert!(err.to_string().contains("Delegate=yes"), "{err}");
         assert!(!fs.exists("shoal"));
         // The agent went back where it was.
-        let procs = fs.tree().read("system.slice/x.service/cgroup.procs").expect("read");
+        let procs = fs
+            .tree()
+            .read("system.slice/x.service/cgroup.procs")
+            .expect("read");
         assert!(procs.contains('1'), "{procs}");
     }
 }

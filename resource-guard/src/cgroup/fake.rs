@@ -42,9 +42,17 @@ impl FakeCgroupV2 {
         for part in parent.split('/').filter(|p| !p.is_empty()) {
             // As systemd does for a delegated service: every ancestor enables the
             // controllers for its children.
-            let control = if path.is_empty() { "cgroup.subtree_control".to_owned() } else { format!("{path}/cgroup.subtree_control") };
+            let control = if path.is_empty() {
+                "cgroup.subtree_control".to_owned()
+            } else {
+                format!("{path}/cgroup.subtree_control")
+            };
             let _ = tree.write(&control, "+cpu +cpuset +memory");
-            path = if path.is_empty() { part.to_owned() } else { format!("{path}/{part}") };
+            path = if path.is_empty() {
+                part.to_owned()
+            } else {
+                format!("{path}/{part}")
+            };
             let _ = tree.mkdir(&path);
         }
         for pid in procs {
@@ -76,7 +84,11 @@ fn parent_of(dir: &str) -> Option<String> {
     if dir.is_empty() {
         return None;
     }
-    Some(dir.rsplit_once('/').map(|(p, _)| p.to_owned()).unwrap_or_default())
+    Some(
+        dir.rsplit_once('/')
+            .map(|(p, _)| p.to_owned())
+            .unwrap_or_default(),
+    )
 }
 
 impl MemTree {
@@ -88,7 +100,10 @@ impl MemTree {
     fn available(nodes: &BTreeMap<String, Node>, dir: &str) -> BTreeSet<String> {
         match parent_of(dir) {
             None => CONTROLLERS.iter().map(|c| c.to_string()).collect(),
-            Some(p) => nodes.get(&p).map(|n| n.subtree_control.clone()).unwrap_or_default(),
+            Some(p) => nodes
+                .get(&p)
+                .map(|n| n.subtree_control.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -142,7 +157,9 @@ impl V2Tree for MemTree {
                 let pid: u32 = value.trim().parse().map_err(|_| invalid("pid"))?;
                 let is_root = dir.is_empty();
                 if !is_root && !nodes[&dir].subtree_control.is_empty() {
-                    return Err(busy("no internal processes: this cgroup enables controllers for its children"));
+                    return Err(busy(
+                        "no internal processes: this cgroup enables controllers for its children",
+                    ));
                 }
                 for n in nodes.values_mut() {
                     n.procs.remove(&pid);
@@ -183,9 +200,9 @@ impl V2Tree for MemTree {
                 let v = value.trim();
                 let ok = match f {
                     "memory.max" => v == "max" || v.parse::<u64>().is_ok(),
-                    "cpu.max" => v
-                        .split_once(' ')
-                        .is_some_and(|(q, p)| (q == "max" || q.parse::<u64>().is_ok()) && p.parse::<u64>().is_ok()),
+                    "cpu.max" => v.split_once(' ').is_some_and(|(q, p)| {
+                        (q == "max" || q.parse::<u64>().is_ok()) && p.parse::<u64>().is_ok()
+                    }),
                     "cpuset.cpus" => {
                         let parent = parent_of(&dir).unwrap_or_default();
                         let allowed = CpuList::parse(&self.effective_cpus(&nodes, &parent));

@@ -96,8 +96,14 @@ mod tests {
     fn proc_cgroup_lines_parse_for_v1_and_v2() {
         let text = "4:memory:/process_api/abc\n2:cpu,cpuacct:/\n0::/system.slice/shoal.service\n";
         let parsed = parse_proc_cgroup(text);
-        assert_eq!(parsed[0], (vec!["memory".to_string()], "/process_api/abc".to_string()));
+        assert_eq!(
+            parsed[0],
+            (vec!["memory".to_string()], "/process_api/abc".to_string())
+        );
         assert_eq!(parsed[1].0, vec!["cpu".to_string(), "cpuacct".to_string()]);
-        assert_eq!(parsed[2], (vec![], "/system.slice/shoal.service".to_string()));
+        assert_eq!(
+            parsed[2],
+            (vec![], "/system.slice/shoal.service".to_string())
+        );
     }
 }

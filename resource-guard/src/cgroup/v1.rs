@@ -28,8 +28,9 @@ pub struct CgroupV1 {
 
 impl CgroupV1 {
     pub fn for_current_process() -> Result<Self, GuardError> {
-        let text = std::fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| GuardError::Unenforceable(format!("cannot read /proc/self/cgroup: {e}")))?;
+        let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| {
+            GuardError::Unenforceable(format!("cannot read /proc/self/cgroup: {e}"))
+        })?;
         let mut parents = HashMap::new();
         for (controllers, path) in parse_proc_cgroup(&text) {
             for c in controllers {
@@ -44,16 +45,27 @@ impl CgroupV1 {
             }
             let dir = PathBuf::from("/sys/fs/cgroup").join(c);
             if !dir.is_dir() {
-                return Err(GuardError::Unenforceable(format!("{} is not mounted", dir.display())));
+                return Err(GuardError::Unenforceable(format!(
+                    "{} is not mounted",
+                    dir.display()
+                )));
             }
         }
         Ok(CgroupV1 { parents })
     }
 
     fn path(&self, controller: &str, name: &str) -> String {
-        let parent = self.parents.get(controller).map(String::as_str).unwrap_or("/");
+        let parent = self
+            .parents
+            .get(controller)
+            .map(String::as_str)
+            .unwrap_or("/");
         let parent = parent.trim_matches('/');
-        if parent.is_empty() { name.to_owned() } else { format!("{parent}/{name}") }
+        if parent.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{parent}/{name}")
+        }
     }
 
     fn group(&self, controller: &str, name: &str) -> Cgroup {
@@ -90,13 +102,15 @@ impl CgroupV1 {
         if let Some(cpus) = &limits.cpus {
             let g = self.group(CPUSET, name);
             let cs: &CpuSetController = g.controller_of().ok_or_else(|| missing(name, CPUSET))?;
-            cs.set_mems(limits.mems.as_deref().unwrap_or("0")).map_err(err)?;
+            cs.set_mems(limits.mems.as_deref().unwrap_or("0"))
+                .map_err(err)?;
             cs.set_cpus(cpus).map_err(err)?;
         }
         if let Some((quota, period)) = limits.cpu_quota {
             let g = self.group(CPU, name);
             let cpu: &CpuController = g.controller_of().ok_or_else(|| missing(name, CPU))?;
-            cpu.set_cfs_quota_and_period(Some(quota), Some(period)).map_err(err)?;
+            cpu.set_cfs_quota_and_period(Some(quota), Some(period))
+                .map_err(err)?;
         }
         if let Some(max) = limits.memory_max {
             let g = self.group(MEMORY, name);
@@ -108,12 +122,21 @@ impl CgroupV1 {
 }
 
 fn missing(name: &str, controller: &str) -> GuardError {
-    GuardError::cgroup(name, format!("the {controller} controller is not available"))
+    GuardError::cgroup(
+        name,
+        format!("the {controller} controller is not available"),
+    )
 }
 
 fn ranges(r: &[(u64, u64)]) -> String {
     r.iter()
-        .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -124,7 +147,10 @@ impl CgroupFs for CgroupV1 {
     }
 
     fn describe(&self, name: &str) -> String {
-        format!("/sys/fs/cgroup/{{cpu,cpuacct,cpuset,memory}}/…/{name} (memory: /{})", self.path(MEMORY, name))
+        format!(
+            "/sys/fs/cgroup/{{cpu,cpuacct,cpuset,memory}}/…/{name} (memory: /{})",
+            self.path(MEMORY, name)
+        )
     }
 
     fn exists(&self, name: &str) -> bool {
@@ -146,12 +172,10 @@ impl CgroupFs for CgroupV1 {
     fn limits(&self, name: &str) -> Result<CgroupLimits, GuardError> {
         let mut out = CgroupLimits::default();
         let g = self.group(CPUSET, name);
-        if g.exists() {
-            if let Some(cs) = g.controller_of::<CpuSetController>() {
-                let set = cs.cpuset();
-                out.cpus = Some(ranges(&set.cpus));
-                out.mems = Some(ranges(&set.mems));
-            }
+        if let Some(cs) = g.controller_of::<CpuSetController>().filter(|_| g.exists()) {
+            let set = cs.cpuset();
+            out.cpus = Some(ranges(&set.cpus));
+            out.mems = Some(ranges(&set.mems));
         }
         let g = self.group(CPU, name);
         if let Some(cpu) = g.controller_of::<CpuController>() {
@@ -209,7 +233,8 @@ impl CgroupFs for CgroupV1 {
                 // A process that exited meanwhile is fine.
                 let _ = g.move_task_to_parent_by_tgid(pid);
             }
-            g.delete().map_err(|e| GuardError::cgroup(&self.describe(name), e))?;
+            g.delete()
+                .map_err(|e| GuardError::cgroup(&self.describe(name), e))?;
         }
         Ok(())
     }

@@ -61,13 +61,16 @@ pub struct CgroupV2<T: V2Tree = SysTree> {
 
 impl CgroupV2<SysTree> {
     pub fn for_current_process() -> Result<Self, GuardError> {
-        let text = std::fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| GuardError::Unenforceable(format!("cannot read /proc/self/cgroup: {e}")))?;
+        let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| {
+            GuardError::Unenforceable(format!("cannot read /proc/self/cgroup: {e}"))
+        })?;
         let parent = parse_proc_cgroup(&text)
             .into_iter()
             .find(|(controllers, _)| controllers.is_empty())
             .map(|(_, p)| p)
-            .ok_or_else(|| GuardError::Unenforceable("this process has no cgroup v2 path".into()))?;
+            .ok_or_else(|| {
+                GuardError::Unenforceable("this process has no cgroup v2 path".into())
+            })?;
         Ok(Self::with_tree(
             SysTree {
                 root: PathBuf::from("/sys/fs/cgroup"),
@@ -90,7 +93,11 @@ impl<T: V2Tree> CgroupV2<T> {
     }
 
     fn path(&self, name: &str) -> String {
-        if self.parent.is_empty() { name.to_owned() } else { format!("{}/{name}", self.parent) }
+        if self.parent.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.parent)
+        }
     }
 
     fn file(&self, name: &str, file: &str) -> String {
@@ -98,7 +105,11 @@ impl<T: V2Tree> CgroupV2<T> {
     }
 
     fn parent_file(&self, file: &str) -> String {
-        if self.parent.is_empty() { file.to_owned() } else { format!("{}/{file}", self.parent) }
+        if self.parent.is_empty() {
+            file.to_owned()
+        } else {
+            format!("{}/{file}", self.parent)
+        }
     }
 
     fn err(&self, name: &str, what: &str, e: io::Error) -> GuardError {
@@ -116,7 +127,10 @@ impl<T: V2Tree> CgroupV2<T> {
         if limits.cpus.is_some() {
             wanted.push("+cpuset");
         }
-        let enabled = self.tree.read(&self.parent_file("cgroup.subtree_control")).unwrap_or_default();
+        let enabled = self
+            .tree
+            .read(&self.parent_file("cgroup.subtree_control"))
+            .unwrap_or_default();
         for c in wanted {
             if !enabled.split_whitespace().any(|e| e == &c[1..]) {
                 self.tree
@@ -150,7 +164,12 @@ impl<T: V2Tree> CgroupV2<T> {
     }
 
     fn read_u64(&self, name: &str, file: &str) -> Option<u64> {
-        self.tree.read(&self.file(name, file)).ok()?.trim().parse().ok()
+        self.tree
+            .read(&self.file(name, file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 }
 
@@ -180,9 +199,17 @@ impl<T: V2Tree> CgroupFs for CgroupV2<T> {
         if !self.exists(name) {
             return Err(GuardError::cgroup(&self.describe(name), "does not exist"));
         }
-        let read = |f: &str| self.tree.read(&self.file(name, f)).ok().map(|s| s.trim().to_owned());
+        let read = |f: &str| {
+            self.tree
+                .read(&self.file(name, f))
+                .ok()
+                .map(|s| s.trim().to_owned())
+        };
         let cpus = read("cpuset.cpus").filter(|s| !s.is_empty());
-        let mems = cpus.as_ref().and(read("cpuset.mems")).filter(|s| !s.is_empty());
+        let mems = cpus
+            .as_ref()
+            .and(read("cpuset.mems"))
+            .filter(|s| !s.is_empty());
         let cpu_quota = read("cpu.max").and_then(|s| {
             let (q, p) = s.split_once(' ')?;
             Some((q.parse().ok()?, p.parse().ok()?))
@@ -236,12 +263,16 @@ impl<T: V2Tree> CgroupFs for CgroupV2<T> {
             // A cgroup that enables controllers for its children may hold no processes; we
             // are the parent's only child under Delegate=yes, so turn them off first.
             for c in ["-cpuset", "-cpu", "-memory"] {
-                let _ = self.tree.write(&self.parent_file("cgroup.subtree_control"), c);
+                let _ = self
+                    .tree
+                    .write(&self.parent_file("cgroup.subtree_control"), c);
             }
         }
         for pid in pids {
             // Back to the parent; a process that exited meanwhile is fine.
-            let _ = self.tree.write(&self.parent_file("cgroup.procs"), &pid.to_string());
+            let _ = self
+                .tree
+                .write(&self.parent_file("cgroup.procs"), &pid.to_string());
         }
         self.tree
             .rmdir(&self.path(name))

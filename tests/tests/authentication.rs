@@ -43,9 +43,9 @@ fn run_ok(args: &[&str]) {
     );
 }
 
-#[test]
-fn agent_of_another_cluster_cannot_join_and_is_counted() {
-    let c = DevCluster::up(3, 24);
+/// A temp dir holding a CA of its own (`ca/`), a node certificate for `name` at `ip` signed
+/// by it (`tls/`), and an empty `data/`.
+fn foreign_credentials(name: &str, ip: &str) -> tempfile::TempDir {
     let other = tempfile::tempdir().expect("tempdir");
     let p = |s: &str| other.path().join(s).to_str().expect("utf-8").to_owned();
     std::fs::create_dir_all(p("data")).expect("mkdir");
@@ -56,12 +56,20 @@ fn agent_of_another_cluster_cannot_join_and_is_counted() {
         "--ca-dir",
         &p("ca"),
         "--name",
-        "outsider",
+        name,
         "--ip",
-        &c.ip(10).to_string(),
+        ip,
         "--out",
         &p("tls"),
     ]);
+    other
+}
+
+#[test]
+fn agent_of_another_cluster_cannot_join_and_is_counted() {
+    let c = DevCluster::up(3, 24);
+    let other = foreign_credentials("outsider", &c.ip(10).to_string());
+    let p = |s: &str| other.path().join(s).to_str().expect("utf-8").to_owned();
     std::fs::write(
         p("agent.toml"),
         outsider_config(&c, 10, &p("ca"), &p("tls"), &p("data")),
@@ -114,22 +122,8 @@ fn agent_of_another_cluster_cannot_join_and_is_counted() {
 #[test]
 fn agent_with_certificate_of_another_ca_refuses_to_start() {
     let c = DevCluster::up(1, 25);
-    let other = tempfile::tempdir().expect("tempdir");
+    let other = foreign_credentials("forger", &c.ip(11).to_string());
     let p = |s: &str| other.path().join(s).to_str().expect("utf-8").to_owned();
-    std::fs::create_dir_all(p("data")).expect("mkdir");
-    run_ok(&["cert", "init", "--dir", &p("ca")]);
-    run_ok(&[
-        "cert",
-        "issue",
-        "--ca-dir",
-        &p("ca"),
-        "--name",
-        "forger",
-        "--ip",
-        &c.ip(11).to_string(),
-        "--out",
-        &p("tls"),
-    ]);
     // Trusts the real cluster CA and holds its cluster key, but the certificate is foreign.
     let real_ca = c.path().join("ca");
     let config = outsider_config(

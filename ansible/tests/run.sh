@@ -1,0 +1,336 @@
+#!/bin/bash
+# ansible/tests/run.sh [BIN_DIR] - the whole check of the Ansible rollout (issue 6).
+#
+# Run as root from anywhere, on a machine like CI's (no systemd as PID 1 needed):
+#   ansible/tests/run.sh target/debug      # BIN_DIR: relative to the repo root, or absolute
+# BIN_DIR holds the built `shoal-agent` and `shoal` (default target/debug, or $SHOAL_BIN_DIR).
+#
+# 1. static: ansible-lint (production profile) and --syntax-check of every playbook; the
+#    config template still renders the committed tests/rendered-agent.toml;
+# 2. the lab (lab/lab.sh, 3 systemd-nspawn nodes in 3 failure domains):
+#    converge site.yml -> every agent alive and seeing every other; hardened unit;
+#    re-run -> changed=0; change one variable -> only the config changes, agents restart one
+#    at a time (generation +1 each) with never more than one node out; invalid variables ->
+#    the play stops before touching any node; a config the agent refuses never replaces the
+#    good one; rolling_upgrade.yml replaces the binary node by node; drain.yml;
+# 3. the lab is torn down, also on failure (trap).
+# Prints every check; exits non-zero on the first failure. The Python venv with ansible-core
+# and ansible-lint is kept in $SHOAL_ANSIBLE_VENV (default /var/tmp/shoal-ansible-venv) and
+# reused while it matches tests/requirements.txt; the nodes' base rootfs is kept by lab.sh.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ANS=$REPO/ansible
+LAB=$ANS/lab/lab.sh
+N=3
+BIN_DIR=${1:-${SHOAL_BIN_DIR:-target/debug}}
+case $BIN_DIR in /*) ;; *) BIN_DIR=$REPO/$BIN_DIR;; esac
+VENV=${SHOAL_ANSIBLE_VENV:-/var/tmp/shoal-ansible-venv}
+export STATE=${STATE:-$REPO/.lab}   # shared with lab.sh: ssh key, CA, logs (git-ignored)
+OUT=$STATE/test                     # this run's logs and scratch files
+START=$SECONDS
+PASS=0
+LAST_LOG=
+
+say() { echo "[$(date +%T) +$((SECONDS - START))s] $*"; }
+ok() { PASS=$((PASS + 1)); echo "  ok: $*"; }
+fail() {
+  echo "  FAIL: $*" >&2
+  if [ -n "$LAST_LOG" ] && [ -f "$LAST_LOG" ]; then
+    echo "  --- last 40 lines of $LAST_LOG" >&2; tail -40 "$LAST_LOG" >&2
+  fi
+  exit 1
+}
+check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+
+cleanup() {
+  local rc=$?
+  [ -n "${POLLER:-}" ] && kill "$POLLER" 2>/dev/null
+  if [ -n "${LAB_UP:-}" ]; then say "tearing the lab down"; "$LAB" down $N || true; fi
+  echo
+  if [ $rc -eq 0 ]; then echo "ansible: $PASS passed, 0 failed"; else echo "ansible: $PASS passed, 1 failed"; fi
+  say "done (rc=$rc)"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ "$(id -u)" = 0 ] || fail "run as root (the lab creates namespaces, mounts and cgroups)"
+for b in shoal-agent shoal; do
+  [ -x "$BIN_DIR/$b" ] || fail "$BIN_DIR/$b is missing: build first (cargo build --workspace)"
+done
+rm -rf "$OUT"; mkdir -p "$OUT"
+# The plays install this snapshot, so a rebuild in BIN_DIR during the run changes nothing.
+mkdir -p "$OUT/bin"; cp "$BIN_DIR/shoal-agent" "$BIN_DIR/shoal" "$OUT/bin/"
+BIN=$OUT/bin
+
+# ---------------------------------------------------------------------------------------
+say "Python venv with ansible-core and ansible-lint ($VENV)"
+REQ=$ANS/tests/requirements.txt
+if ! cmp -s "$REQ" "$VENV/.shoal-requirements.txt"; then
+  PY=/usr/bin/python3; [ -x $PY ] || PY=$(command -v python3)
+  if ! $PY -c 'import ensurepip' 2>/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+  rm -rf "$VENV"
+  $PY -m venv "$VENV"
+  timeout 600 "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ"
+  cp "$REQ" "$VENV/.shoal-requirements.txt"
+fi
+export PATH=$VENV/bin:$PATH
+ansible-playbook --version | head -1
+
+# Everything Ansible writes goes to the lab's state folder, and the output is plain.
+export ANSIBLE_HOME=$STATE/ansible-home ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
+export ANSIBLE_PRIVATE_KEY_FILE=$STATE/id_ed25519 ANSIBLE_HOST_KEY_CHECKING=False
+# Node host keys are new at every `lab.sh up`: remember none of them.
+export ANSIBLE_SSH_COMMON_ARGS="-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+cd "$ANS"   # ansible.cfg is read from here
+
+# ---------------------------------------------------------------------------------------
+say "static checks"
+LAST_LOG=$OUT/lint.log
+check "ansible-lint --profile production" \
+  timeout 300 ansible-lint --project-dir . --profile production --nocolor >"$LAST_LOG" 2>&1
+for pb in site.yml rolling_upgrade.yml drain.yml; do
+  LAST_LOG=$OUT/syntax-$pb.log
+  check "ansible-playbook --syntax-check $pb" \
+    timeout 120 ansible-playbook -i inventory.example --syntax-check "$pb" >"$LAST_LOG" 2>&1
+done
+LAST_LOG=$OUT/render.log
+timeout 120 ansible-playbook tests/render-sample.yml -e "shoal_sample_out=$OUT/rendered-agent.toml" \
+  >"$LAST_LOG" 2>&1 || fail "rendering the sample config"
+check "the template renders tests/rendered-agent.toml (the file the Rust test checks)" \
+  diff -u tests/rendered-agent.toml "$OUT/rendered-agent.toml"
+
+# ---------------------------------------------------------------------------------------
+say "lab: $N systemd nodes"
+"$LAB" down $N       # leftovers of a killed run (/run is on disk here); safe when clean
+LAB_UP=1
+timeout 600 "$LAB" base
+timeout 120 "$LAB" up $N
+rm -rf "$STATE/ca"   # a new lab is a new cluster
+
+# play LOGNAME PLAYBOOK [ARGS...]: ansible-playbook inside the lab's network namespace, with
+# the lab inventory (or $INV).
+play() {
+  LAST_LOG=$OUT/$1; shift
+  timeout 300 "$LAB" ctl ansible-playbook -i "${INV:-lab/inventory.yml}" \
+    -e "shoal_build_dir=$BIN" -e "shoal_ca_dir=$STATE/ca" "$@" >"$LAST_LOG" 2>&1
+}
+on() { local i=$1; shift; timeout 30 "$LAB" exec "$i" "$@"; }   # run a command in node I
+status() { "$VENV/bin/python" "$ANS/tests/lab_status.py" "$@"; }   # see that file
+
+# Every node's own view lists exactly the lab's nodes, all alive.
+views_all_alive() {
+  local i
+  for i in $(seq 1 $N); do
+    on "$i" shoal status --json 2>/dev/null | status all-alive "$i" $N || return 1
+  done
+}
+wait_all_alive() {  # up to 20 s
+  for _ in $(seq 1 40); do views_all_alive && return 0; sleep 0.5; done
+  return 1
+}
+# "node1=G node2=G ..." from each node's own entry.
+generations() {
+  local i
+  for i in $(seq 1 $N); do
+    printf 'node%s=%s ' "$i" "$(on "$i" shoal status --json | status generation)"
+  done
+}
+# Checksums of everything the play manages on every node.
+snapshot() {
+  local i
+  for i in $(seq 1 $N); do
+    on "$i" sh -c 'cd / && sha256sum etc/shoal/agent.toml etc/shoal/tls/* \
+      etc/systemd/system/shoal-agent.service usr/local/bin/shoal-agent usr/local/bin/shoal' |
+      sed "s/^/node$i /"
+  done
+}
+# changed=N of every host in the PLAY RECAP of a log, e.g. "node1=0 node2=0 node3=0".
+recap_changed() {
+  sed -n 's/^\(node[0-9]*\) *: .*changed=\([0-9]*\).*/\1=\2/p' "$1" | sort | tr '\n' ' ' | sed 's/ $//'
+}
+# "TASK NAME|HOST" for every changed result in a log (handlers included).
+changed_tasks() {
+  awk '/^(TASK|RUNNING HANDLER) \[/ { t = $0; sub(/^[A-Z ]+\[([a-z_]+ : )?/, "", t); sub(/\] \**$/, "", t) }
+       /^changed: \[/ { h = $2; gsub(/[\[\]]/, "", h); print t "|" h }' "$1" | sort -u
+}
+# Background poller: every ~0.3 s, every node's `shoal status --json` (or "none"), one line
+# per answer: "EPOCH OBSERVER JSON". Bounded to 5 minutes.
+poll_start() {
+  rm -f "$OUT/poll.stop"
+  ( end=$((SECONDS + 300))
+    while [ $SECONDS -lt $end ] && [ ! -f "$OUT/poll.stop" ]; do
+      for i in $(seq 1 $N); do
+        js=$(on "$i" shoal status --json 2>/dev/null | tr -d '\n') || js=none
+        echo "$(date +%s.%N) node$i ${js:-none}"
+      done
+      sleep 0.3
+    done ) >"$OUT/$1" 2>&1 &
+  POLLER=$!
+}
+poll_stop() { touch "$OUT/poll.stop"; wait "$POLLER" || true; POLLER=; }
+# From a poll log: never more than one node out in any polling round (lab_status.py).
+rolling_ok() { status rolling "$OUT/$1" $N; }
+# From the nodes' journals since epoch $1: the agents' restart windows (Stopping -> Started),
+# in node order, do not overlap.
+restarts_serial() {
+  local i
+  for i in $(seq 1 $N); do
+    on "$i" journalctl -u shoal-agent -o short-unix --no-pager --since "@$1" |
+      awk -v n="node$i" '/Stopping shoal-agent/ && !s { s = $1 } /Started shoal-agent/ { e = $1 }
+                         END { print n, s, e }'
+  done | status windows
+}
+
+# ---------------------------------------------------------------------------------------
+say "converge: site.yml on a fresh cluster"
+play converge.log site.yml || fail "site.yml did not converge"
+ok "site.yml converged ($(recap_changed "$LAST_LOG"))"
+check "every agent is alive and sees every other (shoal status --json on each node)" wait_all_alive
+GEN0=$(generations)
+check "every agent started exactly once (generation 1 everywhere: $GEN0)" \
+  test "$GEN0" = "$(for i in $(seq 1 $N); do printf 'node%s=1 ' "$i"; done)"
+unit_ok() {
+  local i props
+  for i in $(seq 1 $N); do
+    [ "$(on "$i" systemctl is-enabled shoal-agent)" = enabled ] || return 1
+    props=$(on "$i" systemctl show shoal-agent -p Delegate -p ProtectSystem -p NoNewPrivileges \
+      -p PrivateTmp -p Restart -p ActiveState)
+    for p in Delegate=yes ProtectSystem=strict NoNewPrivileges=yes PrivateTmp=yes \
+      Restart=on-failure ActiveState=active; do
+      grep -qx "$p" <<<"$props" || { echo "    node$i: $p missing in: $props"; return 1; }
+    done
+    # No capabilities at all in the running agent.
+    on "$i" sh -c 'grep -q "^CapEff:[[:space:]]*0*$" /proc/$(systemctl show -p MainPID --value shoal-agent)/status' ||
+      return 1
+  done
+}
+check "unit enabled, active, hardened (Delegate, ProtectSystem=strict, NoNewPrivileges, PrivateTmp, no capabilities)" unit_ok
+CA0=$(sha256sum "$STATE/ca/ca.pem" "$STATE/ca/ca.key" "$STATE/ca/cluster.key")
+no_ca_key() {
+  local i
+  for i in $(seq 1 $N); do ! on "$i" test -e /etc/shoal/tls/ca.key || return 1; done
+}
+check "the CA key stays on the control node (not in any node's /etc/shoal/tls)" no_ca_key
+
+# ---------------------------------------------------------------------------------------
+say "idempotence: site.yml again"
+SNAP0=$(snapshot)
+play idempotent.log site.yml || fail "second site.yml run failed"
+check "second run reports changed=0 on every node ($(recap_changed "$LAST_LOG"))" \
+  test "$(recap_changed "$LAST_LOG")" = "node1=0 node2=0 node3=0"
+check "second run restarted nothing (generations unchanged)" test "$(generations)" = "$GEN0"
+
+# ---------------------------------------------------------------------------------------
+say "one variable changed (shoal_log_level=debug): rolling restart, one failure domain at a time"
+SINCE=$(date +%s)
+poll_start poll-restart.log
+play var-change.log site.yml -e shoal_log_level=debug || { poll_stop; fail "site.yml with a changed variable failed"; }
+poll_stop
+expected=$(for i in $(seq 1 $N); do echo "Render /etc/shoal/agent.toml|node$i"; echo "Restart shoal-agent|node$i"; done | sort)
+check "only the config changed and each agent was restarted once" \
+  test "$(changed_tasks "$LAST_LOG")" = "$expected"
+# The handlers' order in the log: a restart, then the gate, per failure domain.
+order=$(awk '/^RUNNING HANDLER \[shoal_agent : Restart/ { r = 1; next }
+             r && /^changed: \[/ { printf "restart:%s ", $2; r = 0 }
+             /^RUNNING HANDLER \[shoal_agent : Poll/ { printf "gate " }' "$LAST_LOG")
+check "restarts were serial, each followed by the all-alive gate ($order)" \
+  test "$order" = "restart:[node1] gate restart:[node2] gate restart:[node3] gate "
+GEN1=$(generations)
+check "every generation went up by exactly one ($GEN0-> $GEN1)" \
+  test "$GEN1" = "$(for i in $(seq 1 $N); do printf 'node%s=2 ' "$i"; done)"
+check "the agents' restarts did not overlap (systemd journals)" restarts_serial "$SINCE"
+check "the cluster stayed available: never more than one node out (polled from every node)" \
+  rolling_ok poll-restart.log
+new_config() {
+  local i
+  for i in $(seq 1 $N); do on "$i" grep -qx 'level = "debug"' /etc/shoal/agent.toml || return 1; done
+}
+check "every node has the new config (level = \"debug\")" new_config
+check "every agent is alive and sees every other afterwards" wait_all_alive
+
+# ---------------------------------------------------------------------------------------
+say "invalid variables: the play stops before touching any node"
+SNAP1=$(snapshot)
+# Each case also asks for a config change (shoal_log_level=warn) that a run getting past the
+# checks would make, so an unchanged node proves the run stopped early.
+invalid_case() {  # NAME EXPECTED-MESSAGE EXTRA-ARGS...
+  local name=$1 msg=$2; shift 2
+  if play "invalid-$name.log" site.yml -e shoal_log_level=warn "$@"; then
+    fail "$name: the play succeeded"
+  fi
+  check "$name: fails with \"$msg\"" grep -qF "$msg" "$LAST_LOG"
+  check "$name: stopped in the checks (no CA or node task ran, changed=0: $(recap_changed "$LAST_LOG"))" \
+    sh -c "! grep -q '^PLAY \[Cluster CA' '$LAST_LOG' && ! grep -q '^changed:' '$LAST_LOG'"
+  check "$name: every node's files unchanged (checksums)" test "$(snapshot)" = "$SNAP1"
+}
+# A host without a failure domain: the lab inventory minus node2's domain (with its group_vars).
+mkdir -p "$OUT/inv-nodomain"
+cp -r lab/group_vars "$OUT/inv-nodomain/"
+grep -v 'shoal_failure_domain: rack-b' lab/inventory.yml > "$OUT/inv-nodomain/hosts.yml"
+INV=$OUT/inv-nodomain/hosts.yml invalid_case no-failure-domain "node2: shoal_failure_domain is not set"
+# A data dir that does not exist on node3 (a second inventory source overrides host variables).
+printf 'all:\n  hosts:\n    node3:\n      shoal_data_dir: /srv/nvme1/shoal\n' > "$OUT/inv-nodatadir.yml"
+invalid_case missing-data-dir "node3: shoal_data_dir /srv/nvme1/shoal does not exist" -i "$OUT/inv-nodatadir.yml"
+# A reservation larger than node1's memory.
+printf 'all:\n  hosts:\n    node1:\n      shoal_reserved_memory: 64T\n' > "$OUT/inv-bigmem.yml"
+invalid_case reservation-too-big "node1: shoal_reserved_memory is 64T, but this node has" -i "$OUT/inv-bigmem.yml"
+check "the checks did not restart any agent" test "$(generations)" = "$GEN1"
+
+say "a value only the agent can refuse: its --check-config keeps the good config"
+if play bad-render.log site.yml -e 'shoal_log_level=info,['; then fail "the play accepted an invalid log filter"; fi
+check "the template task failed on the first node with the agent's message (log.level)" \
+  grep -qF "log.level" "$LAST_LOG"
+check "every node's files unchanged (checksums)" test "$(snapshot)" = "$SNAP1"
+check "no agent restarted (generations $GEN1)" test "$(generations)" = "$GEN1"
+
+# ---------------------------------------------------------------------------------------
+VERSION=$("$BIN/shoal-agent" --version | awk '{print $2}')
+say "rolling_upgrade.yml -e shoal_version=$VERSION+lab (a rebuilt shoal-agent, node by node)"
+# A "release" whose shoal-agent differs from the installed one: the same program with bytes
+# appended (ignored by the loader), so the upgrade really replaces the file and restarts.
+REL=$OUT/releases/$VERSION+lab
+mkdir -p "$REL"
+cp "$BIN/shoal" "$REL/shoal"
+cp "$BIN/shoal-agent" "$REL/shoal-agent"; printf '\nshoal-lab-upgrade\n' >> "$REL/shoal-agent"
+NEW_SUM=$(sha256sum < "$REL/shoal-agent" | cut -d' ' -f1)
+SINCE=$(date +%s)
+poll_start poll-upgrade.log
+play upgrade.log rolling_upgrade.yml -e "shoal_version=$VERSION+lab" -e "shoal_release_dir=$OUT/releases" ||
+  { poll_stop; fail "rolling_upgrade.yml failed"; }
+poll_stop
+expected=$(for i in $(seq 1 $N); do echo "Install shoal-agent|node$i"; echo "Restart shoal-agent|node$i"; done | sort)
+check "only shoal-agent was replaced and each agent restarted once" \
+  test "$(changed_tasks "$LAST_LOG")" = "$expected"
+runs_new_binary() {
+  local i
+  for i in $(seq 1 $N); do
+    on "$i" sha256sum /usr/local/bin/shoal-agent | grep -q "^$NEW_SUM " || return 1
+  done
+}
+check "every node has the new binary" runs_new_binary
+GEN2=$(generations)
+check "every generation went up by exactly one ($GEN1-> $GEN2)" \
+  test "$GEN2" = "$(for i in $(seq 1 $N); do printf 'node%s=3 ' "$i"; done)"
+check "the agents' restarts did not overlap (systemd journals)" restarts_serial "$SINCE"
+check "the cluster stayed available during the upgrade: never more than one node out" \
+  rolling_ok poll-upgrade.log
+check "every agent is alive and sees every other afterwards" wait_all_alive
+
+# ---------------------------------------------------------------------------------------
+say "drain.yml -e node=node2"
+if "$BIN/shoal" drain --help >/dev/null 2>&1; then
+  play drain.log drain.yml -e node=node2 || fail "drain.yml failed"
+  ok "drain.yml ran shoal drain"
+else
+  if play drain.log drain.yml -e node=node2; then fail "drain.yml succeeded without a drain CLI"; fi
+  check "without \`shoal drain\`, drain.yml stops with \"drain is not available in this shoal version\"" \
+    grep -qF "node2: drain is not available in this shoal version" "$LAST_LOG"
+fi
+
+check "the cluster CA was never regenerated" test "$(sha256sum "$STATE/ca/ca.pem" "$STATE/ca/ca.key" "$STATE/ca/cluster.key")" = "$CA0"
+LAST_LOG=
+say "all Ansible checks passed"

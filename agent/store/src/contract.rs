@@ -1,0 +1,112 @@
+//! The contract every [`ShardStore`] keeps; run against [`crate::DiskStore`] and
+//! [`crate::MemStore`]. Each check panics with what broke. The store passed in must be empty
+//! and have a limit of [`LIMIT`] bytes.
+
+use bytes::Bytes;
+
+use crate::{HEADER_LEN, ShardKey, ShardStore, StoreError};
+
+/// The fill limit the suite expects the store under test to have.
+pub const LIMIT: u64 = 1 << 20;
+
+fn key(stripe: u128, index: u8) -> ShardKey {
+    ShardKey { stripe, index }
+}
+
+fn bytes(n: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<_>>(),
+    )
+}
+
+pub async fn run_all<S: ShardStore>(s: &S) {
+    put_then_get_returns_the_bytes(s).await;
+    ranges_and_bad_ranges(s).await;
+    same_bytes_twice_is_accepted_other_bytes_refused(s).await;
+    delete_removes(s).await;
+    full_store_refuses_and_keeps_what_it_has(s).await;
+}
+
+pub async fn put_then_get_returns_the_bytes<S: ShardStore>(s: &S) {
+    let data = bytes(70_000, 1);
+    s.put(key(1, 0), data.clone()).await.expect("put");
+    assert_eq!(s.get(key(1, 0), 0, None).await.expect("get"), data);
+    assert!(matches!(
+        s.get(key(1, 1), 0, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(s.list(), vec![(key(1, 0), 70_000)]);
+    assert_eq!(s.usage().shards, 1);
+    assert_eq!(s.usage().used_bytes, 70_000 + HEADER_LEN as u64);
+}
+
+pub async fn ranges_and_bad_ranges<S: ShardStore>(s: &S) {
+    let data = bytes(70_000, 1);
+    assert_eq!(
+        s.get(key(1, 0), 100, Some(50)).await.expect("range"),
+        data.slice(100..150)
+    );
+    assert_eq!(
+        s.get(key(1, 0), 69_990, None).await.expect("tail"),
+        data.slice(69_990..)
+    );
+    assert!(matches!(
+        s.get(key(1, 0), 69_990, Some(11)).await,
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.get(key(1, 0), u64::MAX, Some(2)).await,
+        Err(StoreError::OutOfRange { .. })
+    ));
+}
+
+pub async fn same_bytes_twice_is_accepted_other_bytes_refused<S: ShardStore>(s: &S) {
+    s.put(key(1, 0), bytes(70_000, 1))
+        .await
+        .expect("idempotent put");
+    assert!(matches!(
+        s.put(key(1, 0), bytes(70_000, 2)).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        s.get(key(1, 0), 0, None).await.expect("get"),
+        bytes(70_000, 1)
+    );
+}
+
+pub async fn delete_removes<S: ShardStore>(s: &S) {
+    assert!(s.delete(key(1, 0)).await.expect("delete"));
+    assert!(!s.delete(key(1, 0)).await.expect("second delete"));
+    assert!(matches!(
+        s.get(key(1, 0), 0, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(s.usage().used_bytes, 0);
+    assert!(s.list().is_empty());
+}
+
+pub async fn full_store_refuses_and_keeps_what_it_has<S: ShardStore>(s: &S) {
+    let chunk = 200_000;
+    let mut stored = Vec::new();
+    for i in 0..10u128 {
+        match s.put(key(100 + i, 0), bytes(chunk, i as u8)).await {
+            Ok(()) => stored.push(i),
+            Err(StoreError::Full { limit, .. }) => {
+                assert_eq!(limit, LIMIT);
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(stored.len(), 5, "1 MiB holds five 200 kB shards");
+    assert!(s.usage().used_bytes <= LIMIT);
+    for i in stored {
+        let got = s
+            .get(key(100 + i, 0), 0, None)
+            .await
+            .expect("intact after full");
+        assert_eq!(got, bytes(chunk, i as u8));
+    }
+}

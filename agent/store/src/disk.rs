@@ -1,0 +1,368 @@
+//! The real shard store: `ROOT/shards/<stripe>.<index>` files written through the ring
+//! thread, and `ROOT/index.redb` mapping each shard to its length and checksum.
+//!
+//! A write goes to `<name>.tmp`, is fsync'd, renamed into place, the directory fsync'd, and
+//! only then indexed. Start-up recovery discards `.tmp` files (a crash mid-write), indexes
+//! valid shard files the index missed (a crash between rename and index commit), removes
+//! damaged unindexed files, and drops index entries whose file is gone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tracing::warn;
+
+use crate::header::{HEADER_LEN, ShardHeader};
+use crate::{Ring, ShardKey, ShardStore, StoreError, StoreUsage, slice};
+
+/// (stripe, index) → (data length, data crc32c).
+const SHARDS: TableDefinition<(u128, u8), (u64, u32)> = TableDefinition::new("shards");
+
+/// What start-up recovery found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Half-written shard files discarded.
+    pub discarded_partial: Vec<String>,
+    /// Complete shard files the index had missed, now indexed.
+    pub reindexed: u64,
+    /// Damaged unindexed files removed.
+    pub removed_corrupt: Vec<String>,
+    /// Index entries whose file was gone, removed.
+    pub dropped_index_entries: u64,
+}
+
+#[derive(Default)]
+struct State {
+    index: BTreeMap<ShardKey, (u64, u32)>,
+    used: u64,
+    /// Bytes of writes in progress, counted against the limit.
+    reserved: u64,
+    writing: BTreeSet<ShardKey>,
+}
+
+pub struct DiskStore {
+    shards: PathBuf,
+    db: Arc<Database>,
+    ring: Ring,
+    limit: u64,
+    state: Mutex<State>,
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn index_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Index(e.to_string())
+}
+
+fn file_size(data_len: u64) -> u64 {
+    HEADER_LEN as u64 + data_len
+}
+
+fn parse_name(name: &str) -> Option<ShardKey> {
+    let (stripe, index) = name.split_once('.')?;
+    if stripe.len() != 32 {
+        return None;
+    }
+    Some(ShardKey {
+        stripe: u128::from_str_radix(stripe, 16).ok()?,
+        index: index.parse().ok()?,
+    })
+}
+
+impl DiskStore {
+    /// Opens (creating if needed) the store under `root`, refusing writes past `limit`
+    /// bytes, and recovers from a crash.
+    pub async fn open(root: &Path, limit: u64, ring: Ring) -> Result<(Self, Recovery), StoreError> {
+        let root = root.to_owned();
+        tokio::task::spawn_blocking(move || Self::open_blocking(&root, limit, ring))
+            .await
+            .map_err(|e| StoreError::Index(format!("open task failed: {e}")))?
+    }
+
+    fn open_blocking(root: &Path, limit: u64, ring: Ring) -> Result<(Self, Recovery), StoreError> {
+        let shards = root.join("shards");
+        std::fs::create_dir_all(&shards).map_err(io_err("create", &shards))?;
+        let db = Database::create(root.join("index.redb")).map_err(index_err)?;
+        let mut index = BTreeMap::new();
+        {
+            let tx = db.begin_write().map_err(index_err)?;
+            tx.open_table(SHARDS).map_err(index_err)?;
+            tx.commit().map_err(index_err)?;
+            let tx = db.begin_read().map_err(index_err)?;
+            let table = tx.open_table(SHARDS).map_err(index_err)?;
+            for row in table.iter().map_err(index_err)? {
+                let (k, v) = row.map_err(index_err)?;
+                let (stripe, idx) = k.value();
+                index.insert(ShardKey { stripe, index: idx }, v.value());
+            }
+        }
+        let mut recovery = Recovery::default();
+        let mut on_disk = BTreeSet::new();
+        let mut add = Vec::new();
+        for entry in std::fs::read_dir(&shards).map_err(io_err("list", &shards))? {
+            let entry = entry.map_err(io_err("list", &shards))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.ends_with(".tmp") {
+                std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
+                warn!(file = %name, "discarded a shard half-written at crash");
+                recovery.discarded_partial.push(name);
+                continue;
+            }
+            let Some(key) = parse_name(&name) else {
+                continue;
+            };
+            on_disk.insert(key);
+            if index.contains_key(&key) {
+                continue;
+            }
+            let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+            match check(key, &bytes) {
+                Ok(h) => {
+                    add.push((key, (h.data_len, h.data_crc)));
+                    recovery.reindexed += 1;
+                }
+                Err(reason) => {
+                    std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
+                    warn!(file = %name, %reason, "removed a damaged unindexed shard file");
+                    recovery.removed_corrupt.push(name);
+                }
+            }
+        }
+        let gone: Vec<ShardKey> = index
+            .keys()
+            .filter(|k| !on_disk.contains(k))
+            .copied()
+            .collect();
+        recovery.dropped_index_entries = gone.len() as u64;
+        if !add.is_empty() || !gone.is_empty() {
+            let tx = db.begin_write().map_err(index_err)?;
+            {
+                let mut table = tx.open_table(SHARDS).map_err(index_err)?;
+                for (k, v) in &add {
+                    table.insert((k.stripe, k.index), *v).map_err(index_err)?;
+                }
+                for k in &gone {
+                    table.remove((k.stripe, k.index)).map_err(index_err)?;
+                }
+            }
+            tx.commit().map_err(index_err)?;
+            for k in &gone {
+                warn!(shard = %k, "dropped an index entry whose shard file is gone");
+            }
+        }
+        for (k, v) in add {
+            index.insert(k, v);
+        }
+        for k in gone {
+            index.remove(&k);
+        }
+        let used = index.values().map(|(len, _)| file_size(*len)).sum();
+        let store = DiskStore {
+            shards,
+            db: Arc::new(db),
+            ring,
+            limit,
+            state: Mutex::new(State {
+                index,
+                used,
+                ..State::default()
+            }),
+        };
+        Ok((store, recovery))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn path(&self, key: ShardKey) -> PathBuf {
+        self.shards.join(key.to_string())
+    }
+
+    async fn index_update(
+        &self,
+        key: ShardKey,
+        value: Option<(u64, u32)>,
+    ) -> Result<(), StoreError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_write().map_err(index_err)?;
+            {
+                let mut table = tx.open_table(SHARDS).map_err(index_err)?;
+                match value {
+                    Some(v) => {
+                        table
+                            .insert((key.stripe, key.index), v)
+                            .map_err(index_err)?;
+                    }
+                    None => {
+                        table.remove((key.stripe, key.index)).map_err(index_err)?;
+                    }
+                }
+            }
+            tx.commit().map_err(index_err)
+        })
+        .await
+        .map_err(|e| StoreError::Index(format!("index task failed: {e}")))?
+    }
+
+    async fn write_file(&self, key: ShardKey, data: &[u8]) -> Result<(), StoreError> {
+        let tmp = self.shards.join(format!("{key}.tmp"));
+        let file = File::options()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&tmp)
+            .map_err(io_err("create", &tmp))?;
+        let file = Arc::new(file);
+        let mut buf = Vec::with_capacity(HEADER_LEN + data.len());
+        buf.extend_from_slice(&ShardHeader::for_data(key, data).encode());
+        buf.extend_from_slice(data);
+        let res = async {
+            self.ring
+                .write_all(file.clone(), buf, 0)
+                .await
+                .map_err(io_err("write", &tmp))?;
+            self.ring.fsync(file).await.map_err(io_err("fsync", &tmp))?;
+            let dest = self.path(key);
+            std::fs::rename(&tmp, &dest).map_err(io_err("rename", &dest))?;
+            let dir = File::open(&self.shards).map_err(io_err("open", &self.shards))?;
+            dir.sync_all().map_err(io_err("fsync", &self.shards))
+        }
+        .await;
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        res
+    }
+}
+
+/// Decodes and verifies a whole shard file.
+fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
+    let h = ShardHeader::decode(bytes)?;
+    if h.key != key {
+        return Err(format!("header names shard {}", h.key));
+    }
+    let data = &bytes[HEADER_LEN..];
+    if data.len() as u64 != h.data_len {
+        return Err(format!(
+            "{} data bytes, header says {}",
+            data.len(),
+            h.data_len
+        ));
+    }
+    if crc32c::crc32c(data) != h.data_crc {
+        return Err("data checksum mismatch".into());
+    }
+    Ok(h)
+}
+
+impl ShardStore for DiskStore {
+    async fn put(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
+        let size = file_size(data.len() as u64);
+        let crc = crc32c::crc32c(&data);
+        {
+            let mut st = self.lock();
+            if let Some(&(len, known)) = st.index.get(&key) {
+                return if len == data.len() as u64 && known == crc {
+                    Ok(())
+                } else {
+                    Err(StoreError::Conflict(key))
+                };
+            }
+            if st.writing.contains(&key) {
+                return Err(StoreError::Conflict(key));
+            }
+            let committed = st.used + st.reserved;
+            if committed + size > self.limit {
+                return Err(StoreError::Full {
+                    need: size,
+                    used: committed,
+                    limit: self.limit,
+                });
+            }
+            st.reserved += size;
+            st.writing.insert(key);
+        }
+        let res = match self.write_file(key, &data).await {
+            Ok(()) => self.index_update(key, Some((data.len() as u64, crc))).await,
+            Err(e) => Err(e),
+        };
+        let mut st = self.lock();
+        st.reserved -= size;
+        st.writing.remove(&key);
+        if res.is_ok() {
+            st.index.insert(key, (data.len() as u64, crc));
+            st.used += size;
+        }
+        res
+    }
+
+    async fn get(&self, key: ShardKey, offset: u64, len: Option<u64>) -> Result<Bytes, StoreError> {
+        let (data_len, crc) = *self
+            .lock()
+            .index
+            .get(&key)
+            .ok_or(StoreError::NotFound(key))?;
+        let path = self.path(key);
+        let file = Arc::new(File::open(&path).map_err(io_err("open", &path))?);
+        let bytes = self
+            .ring
+            .read(file, file_size(data_len) as usize, 0)
+            .await
+            .map_err(io_err("read", &path))?;
+        let corrupt = |reason: String| StoreError::Corrupt { key, reason };
+        let h = check(key, &bytes).map_err(corrupt)?;
+        if h.data_len != data_len || h.data_crc != crc {
+            return Err(corrupt("shard differs from its index entry".into()));
+        }
+        let mut data = Bytes::from(bytes);
+        let data = data.split_off(HEADER_LEN);
+        slice(key, data, offset, len)
+    }
+
+    async fn delete(&self, key: ShardKey) -> Result<bool, StoreError> {
+        let Some((len, _)) = self.lock().index.get(&key).copied() else {
+            return Ok(false);
+        };
+        self.index_update(key, None).await?;
+        let path = self.path(key);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove", &path)(e)),
+        }
+        let mut st = self.lock();
+        if st.index.remove(&key).is_some() {
+            st.used -= file_size(len);
+        }
+        Ok(true)
+    }
+
+    fn list(&self) -> Vec<(ShardKey, u64)> {
+        self.lock()
+            .index
+            .iter()
+            .map(|(k, (len, _))| (*k, *len))
+            .collect()
+    }
+
+    fn usage(&self) -> StoreUsage {
+        let st = self.lock();
+        StoreUsage {
+            shards: st.index.len() as u64,
+            used_bytes: st.used,
+            limit_bytes: self.limit,
+        }
+    }
+}

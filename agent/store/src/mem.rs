@@ -1,0 +1,84 @@
+//! An in-memory shard store with the same contract, for unit tests of callers.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use crate::header::HEADER_LEN;
+use crate::{ShardKey, ShardStore, StoreError, StoreUsage, slice};
+
+pub struct MemStore {
+    limit: u64,
+    shards: Mutex<BTreeMap<ShardKey, Bytes>>,
+}
+
+impl MemStore {
+    pub fn new(limit: u64) -> Self {
+        MemStore {
+            limit,
+            shards: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardKey, Bytes>> {
+        self.shards.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn used(map: &BTreeMap<ShardKey, Bytes>) -> u64 {
+        map.values().map(|d| (HEADER_LEN + d.len()) as u64).sum()
+    }
+}
+
+impl ShardStore for MemStore {
+    async fn put(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
+        let mut map = self.lock();
+        if let Some(existing) = map.get(&key) {
+            return if *existing == data {
+                Ok(())
+            } else {
+                Err(StoreError::Conflict(key))
+            };
+        }
+        let used = Self::used(&map);
+        let need = (HEADER_LEN + data.len()) as u64;
+        if used + need > self.limit {
+            return Err(StoreError::Full {
+                need,
+                used,
+                limit: self.limit,
+            });
+        }
+        map.insert(key, data);
+        Ok(())
+    }
+
+    async fn get(&self, key: ShardKey, offset: u64, len: Option<u64>) -> Result<Bytes, StoreError> {
+        let data = self
+            .lock()
+            .get(&key)
+            .cloned()
+            .ok_or(StoreError::NotFound(key))?;
+        slice(key, data, offset, len)
+    }
+
+    async fn delete(&self, key: ShardKey) -> Result<bool, StoreError> {
+        Ok(self.lock().remove(&key).is_some())
+    }
+
+    fn list(&self) -> Vec<(ShardKey, u64)> {
+        self.lock()
+            .iter()
+            .map(|(k, d)| (*k, d.len() as u64))
+            .collect()
+    }
+
+    fn usage(&self) -> StoreUsage {
+        let map = self.lock();
+        StoreUsage {
+            shards: map.len() as u64,
+            used_bytes: Self::used(&map),
+            limit_bytes: self.limit,
+        }
+    }
+}

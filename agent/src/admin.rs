@@ -72,5 +72,17 @@ async fn handle(node: &Node, request: Request) -> Response {
             Ok(r) => Response::Status(Box::new(r)),
             Err(e) => Response::Error(e.to_string()),
         },
+        Request::WriteStripe { data, ec } => match node.stripes.write(data, ec).await {
+            Ok(r) => Response::StripeWritten(r),
+            Err(e) => Response::Error(e.to_string()),
+        },
+        Request::ReadStripe {
+            record,
+            offset,
+            len,
+        } => match node.stripes.read(&record, offset, len).await {
+            Ok(r) => Response::StripeRead(r),
+            Err(e) => Response::Error(e.to_string()),
+        },
     }
 }

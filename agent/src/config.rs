@@ -18,6 +18,8 @@ pub struct AgentConfig {
     pub node: NodeConfig,
     pub mesh: MeshConfig,
     pub tls: TlsConfig,
+    #[serde(default)]
+    pub storage: StorageConfig,
     /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
     #[serde(default)]
     pub resources: Option<ResourcesConfig>,
@@ -40,6 +42,61 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Failure domain (rack, power feed, ...): shards of one stripe are spread across them.
     pub failure_domain: String,
+}
+
+/// `[storage]`: this node's shard store and the default erasure-coding profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Fill limit of the shard store: a size ("500GiB") or a share of the data dir's
+    /// filesystem ("90%"). Writes that would cross it fail with "node full".
+    #[serde(default = "default_capacity")]
+    pub capacity: String,
+    /// Erasure-coding profile of new stripes, "K+M".
+    #[serde(default = "default_ec")]
+    pub ec: shoal_placement::EcProfile,
+}
+
+fn default_capacity() -> String {
+    "90%".into()
+}
+fn default_ec() -> shoal_placement::EcProfile {
+    shoal_placement::EcProfile { k: 4, m: 2 }
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            capacity: default_capacity(),
+            ec: default_ec(),
+        }
+    }
+}
+
+impl StorageConfig {
+    /// The fill limit in bytes for a filesystem of `fs_bytes`.
+    pub fn limit_bytes(&self, fs_bytes: u64) -> Result<u64, AgentError> {
+        let text = self.capacity.trim();
+        let bad = || {
+            invalid(
+                "storage.capacity",
+                format!("{text:?} is neither a size (\"500GiB\") nor a share (\"90%\")"),
+            )
+        };
+        if let Some(pct) = text.strip_suffix('%') {
+            let pct: f64 = pct.trim().parse().map_err(|_| bad())?;
+            if !(pct > 0.0 && pct <= 100.0) {
+                return Err(invalid(
+                    "storage.capacity",
+                    format!("{pct}% must be above 0 and at most 100"),
+                ));
+            }
+            return Ok((fs_bytes as f64 * pct / 100.0) as u64);
+        }
+        shoal_resource_guard::parse_bytes(text)
+            .filter(|b| *b > 0)
+            .ok_or_else(bad)
+    }
 }
 
 /// `[admin]`: the local control socket used by `shoal` and `shoal mount`.
@@ -191,6 +248,11 @@ impl AgentConfig {
                 "must be permission bits (at most 0o777)",
             ));
         }
+        self.storage.limit_bytes(u64::MAX / 4)?;
+        self.storage
+            .ec
+            .validate()
+            .map_err(|e| invalid("storage.ec", e.to_string()))?;
         if self.metrics.addr.is_some_and(|a| a.port() == 0) {
             return Err(invalid("metrics.addr", "must name a fixed port"));
         }

@@ -39,6 +39,12 @@ pub enum AgentError {
     /// Some other local resource (a thread) could not be set up.
     #[error("{0}")]
     Io(String),
+    /// A stripe could not be written or read.
+    #[error("{0}")]
+    Stripe(String),
+    /// The shard store failed to open.
+    #[error(transparent)]
+    Store(#[from] shoal_store::StoreError),
     /// Membership or transport failed.
     #[error(transparent)]
     Mesh(#[from] shoal_mesh::MeshError),

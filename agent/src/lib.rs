@@ -9,15 +9,20 @@
 
 mod admin;
 mod config;
+mod erasure;
 mod error;
 mod identity_store;
 mod metrics_http;
 mod node;
 mod resources;
+mod shard_rpc;
 mod status;
+mod stripes;
 mod system_rpc;
 
-pub use config::{AdminConfig, AgentConfig, LogConfig, LogFormat, MetricsConfig, NodeConfig};
+pub use config::{
+    AdminConfig, AgentConfig, LogConfig, LogFormat, MetricsConfig, NodeConfig, StorageConfig,
+};
 pub use error::AgentError;
 pub use identity_store::NodeIdentity;
 pub use node::Node;

@@ -15,8 +15,12 @@ use shoal_mesh::{
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::shard_rpc::ShardRequest;
+use crate::stripes::Stripes;
 use crate::system_rpc::{Ping, Pong};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
+use shoal_placement::NodeId;
+use shoal_store::{DiskStore, Recovery, Ring};
 
 /// How often the node re-publishes its facts (capacity and use change slowly).
 const FACTS_REFRESH: Duration = Duration::from_secs(30);
@@ -31,6 +35,10 @@ pub struct Node {
     pub gossip: GossipHandle,
     /// QUIC endpoint (mutual TLS) for RPC to and from peers.
     pub transport: Arc<Transport>,
+    /// This node's shard store (io_uring, checksummed files, redb index).
+    pub store: Arc<DiskStore>,
+    /// Stripe write/read coordination (erasure coding across the cluster).
+    pub stripes: Arc<Stripes>,
     /// CPU/RAM reservation, GPU view and background-work governor.
     pub resources: Arc<Resources>,
     /// Everything exported at `/metrics`.
@@ -120,6 +128,29 @@ impl Node {
         let (gossip, gossip_task) =
             GossipDriver::start(membership, key, config.mesh.seeds.clone(), mesh_metrics).await?;
 
+        let limit = config.storage.limit_bytes(capacity_bytes)?;
+        let ring =
+            Ring::start(256).map_err(|e| AgentError::Io(format!("cannot start io_uring: {e}")))?;
+        let (store, recovery) =
+            DiskStore::open(&config.node.data_dir.join("store"), limit, ring).await?;
+        if recovery != Recovery::default() {
+            warn!(?recovery, "shard store recovered from an unclean stop");
+        }
+        let store = Arc::new(store);
+        let stripes = Arc::new(Stripes::new(
+            NodeId(identity.node.0),
+            store.clone(),
+            transport.clone(),
+            gossip.clone(),
+            config.storage.ec,
+            &mut registry,
+        ));
+        let handler = stripes.clone();
+        transport.register(move |_from, req: ShardRequest| {
+            let handler = handler.clone();
+            async move { Ok(handler.serve_shard(req).await) }
+        });
+
         info!(
             node = %identity.node,
             generation = identity.generation,
@@ -134,6 +165,8 @@ impl Node {
             identity,
             gossip,
             transport: transport.clone(),
+            store,
+            stripes,
             resources,
             registry: Arc::new(registry),
             tasks: Mutex::new(Vec::new()),

@@ -28,6 +28,8 @@ pub struct UpOptions {
     pub timeout: Duration,
     /// `[resources]` for every node, if any.
     pub reserve: Option<Reserve>,
+    /// `[storage] capacity` of every node (the shard store's fill limit), if given.
+    pub store_capacity: Option<String>,
 }
 
 /// A reservation for each dev-cluster node (all share the machine, so keep it small).
@@ -159,7 +161,7 @@ addr = "{ip}:{metrics}"
 [log]
 format = "text"
 level = "info"
-{resources}"#,
+{storage}{resources}"#,
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
         rpc = opts.rpc_port,
@@ -174,6 +176,11 @@ level = "info"
             .reserve
             .as_ref()
             .map(|r| render_reserve(r, ip))
+            .unwrap_or_default(),
+        storage = opts
+            .store_capacity
+            .as_ref()
+            .map(|c| format!("\n[storage]\ncapacity = \"{c}\"\n"))
             .unwrap_or_default(),
     )
 }
@@ -287,7 +294,7 @@ async fn alive_count(sock: &Path) -> Option<usize> {
                 .filter(|n| n.state == MemberState::Alive)
                 .count(),
         ),
-        Response::Error(_) => None,
+        _ => None,
     }
 }
 

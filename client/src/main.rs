@@ -1,5 +1,6 @@
 //! `shoal`: the operator CLI. It speaks `shoal-agent-api` to the local agent only.
 
+mod bench;
 mod cert;
 mod dev_cluster;
 mod status;
@@ -35,12 +36,48 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmarks through the local agent.
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// Create the cluster CA and node certificates.
     #[command(subcommand)]
     Cert(CertCmd),
     /// Run a local multi-node cluster on 127.0.0.x (for trying shoal and for tests).
     #[command(subcommand, name = "dev-cluster")]
     DevCluster(DevClusterCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Write erasure-coded stripes, read them back and verify every byte.
+    Stripes {
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Total data to write, e.g. 256MiB or 2GiB.
+        #[arg(long, default_value = "256MiB", value_parser = bench::parse_size)]
+        size: u64,
+        /// Bytes per stripe (default: k × 1 MiB, a full stripe).
+        #[arg(long, value_parser = bench::parse_size)]
+        stripe_size: Option<u64>,
+        /// EC profile, e.g. 4+2 (default: the agent's `storage.ec`).
+        #[arg(long)]
+        ec: Option<shoal_agent_api::EcProfile>,
+        /// Concurrent writers (and readers).
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        /// Where the written stripes' records are kept for `--read-only`.
+        #[arg(long, default_value = "shoal-bench-stripes.json")]
+        records: PathBuf,
+        /// Skip writing: read back and verify the stripes in --records.
+        #[arg(long)]
+        read_only: bool,
+        /// Accepted for clarity: every read is verified.
+        #[arg(long)]
+        verify: bool,
+        /// Print the numbers as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -111,6 +148,9 @@ enum DevClusterCmd {
         /// With --reserve-memory: run unconfined (with a warning) where cgroups cannot be written.
         #[arg(long, requires = "reserve_memory")]
         best_effort: bool,
+        /// Fill limit of each node's shard store, e.g. "64MiB" or "50%".
+        #[arg(long)]
+        store_capacity: Option<String>,
     },
     /// Stop the agents of the dev cluster in DIR (data is kept).
     Down {
@@ -132,6 +172,31 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Status { socket, json } => status_cmd(socket, json),
+        Cmd::Bench(BenchCmd::Stripes {
+            socket,
+            size,
+            stripe_size,
+            ec,
+            writers,
+            records,
+            read_only,
+            verify: _,
+            json,
+        }) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(bench::run(bench::BenchOptions {
+                socket,
+                size,
+                stripe_size,
+                ec,
+                writers,
+                records,
+                read_only,
+                json,
+            }))
+        }
         Cmd::Cert(CertCmd::Init { dir, cluster_name }) => {
             cert::init(&dir, &cluster_name)?;
             println!("cluster CA and gossip key written to {}", dir.display());
@@ -161,6 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             reserve_cpus,
             reserve_cpu_cores,
             best_effort,
+            store_capacity,
         }) => dev_cluster::up(&dev_cluster::UpOptions {
             nodes,
             dir,
@@ -180,6 +246,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 memory,
                 best_effort,
             }),
+            store_capacity,
         }),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
     }
@@ -196,6 +263,7 @@ fn status_cmd(socket: PathBuf, json: bool) -> anyhow::Result<()> {
     let report = match response {
         Response::Status(r) => r,
         Response::Error(e) => anyhow::bail!("agent: {e}"),
+        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
     };
     if json {
         println!(

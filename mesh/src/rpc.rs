@@ -324,10 +324,17 @@ impl Transport {
     }
 
     async fn connection(&self, peer: SocketAddr) -> Result<quinn::Connection, MeshError> {
-        let mut conns = self.connections.lock().await;
-        if let Some(c) = conns.get(&peer).filter(|c| c.close_reason().is_none()) {
+        if let Some(c) = self
+            .connections
+            .lock()
+            .await
+            .get(&peer)
+            .filter(|c| c.close_reason().is_none())
+        {
             return Ok(c.clone());
         }
+        // Dial without holding the table: a dead peer's handshake must not stall calls to
+        // every other peer.
         let connect_err = |reason: String| MeshError::RpcConnect { peer, reason };
         let connecting = self
             .endpoint
@@ -343,8 +350,15 @@ impl Transport {
                 return Err(connect_err(e.to_string()));
             }
         };
-        conns.insert(peer, conn.clone());
-        Ok(conn)
+        let mut conns = self.connections.lock().await;
+        match conns.get(&peer).filter(|c| c.close_reason().is_none()) {
+            // Another call connected meanwhile: use one connection per peer.
+            Some(existing) => Ok(existing.clone()),
+            None => {
+                conns.insert(peer, conn.clone());
+                Ok(conn)
+            }
+        }
     }
 
     async fn forget_peer(&self, peer: SocketAddr) {

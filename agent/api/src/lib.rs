@@ -8,12 +8,15 @@ mod client;
 mod error;
 pub mod frame;
 mod status;
+mod stripe;
 
 pub use client::AgentClient;
 pub use error::ApiError;
+pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, ResourceStatus, StatusReport,
 };
+pub use stripe::{ShardLocation, StripeRead, StripeRecord};
 
 use serde::{Deserialize, Serialize};
 
@@ -33,12 +36,27 @@ pub const SOCKET_ENV: &str = "SHOAL_SOCKET";
 pub enum Request {
     /// Cluster membership as this agent sees it.
     Status,
+    /// Erasure-code `data` into one stripe across the cluster (`ec`: e.g. "4+2"; the agent's
+    /// default when None). Answered once every shard is durable.
+    WriteStripe {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        ec: Option<shoal_placement::EcProfile>,
+    },
+    /// Read `len` bytes at `offset` of a stripe written before.
+    ReadStripe {
+        record: StripeRecord,
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// The agent's answer to one [`Request`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Response {
     Status(Box<StatusReport>),
+    StripeWritten(StripeRecord),
+    StripeRead(StripeRead),
     /// The request was understood but failed; the text is for the operator.
     Error(String),
 }

@@ -1,0 +1,445 @@
+//! The stripe coordinator: write = encode, place, send k+m shards in parallel, answer once
+//! all are durable; read = fetch just the needed ranges of data shards, and on a missing,
+//! slow or corrupt shard fetch any k whole shards and decode.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use shoal_agent_api::{ShardLocation, StripeRead, StripeRecord};
+use shoal_mesh::{GossipHandle, MemberState, Transport};
+use shoal_placement::{
+    DEFAULT_SHARD_SIZE, EcProfile, Layout, LayoutNode, NodeId, StripeGeometry, StripeId, place,
+};
+use shoal_store::{DiskStore, ShardKey, ShardStore};
+use tokio::task::JoinSet;
+use tracing::warn;
+
+use crate::AgentError;
+use crate::erasure;
+use crate::shard_rpc::{ShardFailure, ShardRequest, ShardResponse, failure};
+
+const PUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A data shard slower than this is read around (degraded read).
+const RANGE_TIMEOUT: Duration = Duration::from_secs(2);
+const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Default)]
+struct StripeMetrics {
+    written: Counter,
+    read: Counter,
+    degraded_reads: Counter,
+    corrupt_shards: Counter,
+}
+
+/// Who can hold shards now, and how to reach them.
+struct Peers {
+    layout: Layout,
+    addrs: HashMap<NodeId, SocketAddr>,
+    names: HashMap<NodeId, String>,
+}
+
+pub struct Stripes {
+    me: NodeId,
+    store: Arc<DiskStore>,
+    transport: Arc<Transport>,
+    gossip: GossipHandle,
+    default_ec: EcProfile,
+    metrics: StripeMetrics,
+}
+
+fn stripe_err(msg: impl Into<String>) -> AgentError {
+    AgentError::Stripe(msg.into())
+}
+
+impl Stripes {
+    pub fn new(
+        me: NodeId,
+        store: Arc<DiskStore>,
+        transport: Arc<Transport>,
+        gossip: GossipHandle,
+        default_ec: EcProfile,
+        registry: &mut Registry,
+    ) -> Self {
+        let metrics = StripeMetrics::default();
+        let r = registry.sub_registry_with_prefix("shoal_stripes");
+        r.register(
+            "written",
+            "Stripes written by this coordinator",
+            metrics.written.clone(),
+        );
+        r.register(
+            "read",
+            "Stripe reads served by this coordinator",
+            metrics.read.clone(),
+        );
+        r.register(
+            "degraded_reads",
+            "Stripe reads that had to decode",
+            metrics.degraded_reads.clone(),
+        );
+        registry.register(
+            "shoal_store_corrupt_shards",
+            "Shards found not to match their checksum (on this node's store or seen by this coordinator)",
+            metrics.corrupt_shards.clone(),
+        );
+        Stripes {
+            me,
+            store,
+            transport,
+            gossip,
+            default_ec,
+            metrics,
+        }
+    }
+
+    async fn peers(&self) -> Result<Peers, AgentError> {
+        let members = self.gossip.members().await?;
+        let mut nodes = Vec::new();
+        let mut addrs = HashMap::new();
+        let mut names = HashMap::new();
+        for m in members
+            .into_iter()
+            .filter(|m| m.state == MemberState::Alive)
+        {
+            let Some(f) = m.facts else { continue };
+            let id = NodeId(m.id.node.0);
+            nodes.push(LayoutNode::active(
+                id,
+                f.failure_domain.as_str(),
+                f.capacity_bytes.max(1),
+            ));
+            addrs.insert(id, f.rpc_addr);
+            names.insert(id, f.name);
+        }
+        // The layout moves into Raft with the metadata service; until then it is derived
+        // from gossip, epoch 0.
+        let layout = Layout::new(0, nodes).map_err(|e| stripe_err(e.to_string()))?;
+        Ok(Peers {
+            layout,
+            addrs,
+            names,
+        })
+    }
+
+    /// Serves one shard request against this node's store (local or from a peer).
+    pub async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
+        match req {
+            ShardRequest::Put {
+                stripe,
+                index,
+                data,
+            } => {
+                match self
+                    .store
+                    .put(ShardKey { stripe, index }, Bytes::from(data))
+                    .await
+                {
+                    Ok(()) => ShardResponse::Stored,
+                    Err(e) => failure(&e),
+                }
+            }
+            ShardRequest::Get {
+                stripe,
+                index,
+                offset,
+                len,
+            } => {
+                match self
+                    .store
+                    .get(ShardKey { stripe, index }, offset, len)
+                    .await
+                {
+                    Ok(b) => ShardResponse::Data(b.to_vec()),
+                    Err(e) => {
+                        if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
+                            self.metrics.corrupt_shards.inc();
+                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node");
+                        }
+                        failure(&e)
+                    }
+                }
+            }
+            ShardRequest::Delete { stripe, index } => {
+                match self.store.delete(ShardKey { stripe, index }).await {
+                    Ok(existed) => ShardResponse::Deleted(existed),
+                    Err(e) => failure(&e),
+                }
+            }
+        }
+    }
+
+    async fn call(
+        self: &Arc<Self>,
+        node: NodeId,
+        addr: Option<SocketAddr>,
+        req: ShardRequest,
+        timeout: Duration,
+    ) -> ShardResponse {
+        if node == self.me {
+            return match tokio::time::timeout(timeout, self.serve_shard(req)).await {
+                Ok(r) => r,
+                Err(_) => ShardResponse::Failed {
+                    kind: ShardFailure::Other,
+                    message: "local store timed out".into(),
+                },
+            };
+        }
+        let Some(addr) = addr else {
+            return ShardResponse::Failed {
+                kind: ShardFailure::Other,
+                message: format!("node {node} is not alive"),
+            };
+        };
+        match self.transport.call(addr, &req, timeout).await {
+            Ok(r) => r,
+            Err(e) => ShardResponse::Failed {
+                kind: ShardFailure::Other,
+                message: e.to_string(),
+            },
+        }
+    }
+
+    /// Writes one stripe; returns its record once every shard is durable.
+    pub async fn write(
+        self: &Arc<Self>,
+        data: Vec<u8>,
+        ec: Option<EcProfile>,
+    ) -> Result<StripeRecord, AgentError> {
+        let ec = ec.unwrap_or(self.default_ec);
+        ec.validate().map_err(|e| stripe_err(e.to_string()))?;
+        let geometry = StripeGeometry::with_default_shard_size(data.len() as u64, ec.k)
+            .map_err(|e| stripe_err(e.to_string()))?;
+        let peers = self.peers().await?;
+        let id = StripeId(rand::random());
+        let targets = place(&peers.layout, id, ec).map_err(|e| stripe_err(e.to_string()))?;
+        let shards = tokio::task::spawn_blocking(move || erasure::encode(&data, ec, &geometry))
+            .await
+            .map_err(|e| stripe_err(e.to_string()))?
+            .map_err(stripe_err)?;
+        let crcs: Vec<u32> = shards.iter().map(|s| crc32c::crc32c(s)).collect();
+        let mut set = JoinSet::new();
+        for (i, (shard, node)) in shards.into_iter().zip(targets.iter().copied()).enumerate() {
+            let this = self.clone();
+            let addr = peers.addrs.get(&node).copied();
+            let req = ShardRequest::Put {
+                stripe: id.0,
+                index: i as u8,
+                data: shard,
+            };
+            set.spawn(
+                async move { (i as u8, node, this.call(node, addr, req, PUT_TIMEOUT).await) },
+            );
+        }
+        let mut failed = Vec::new();
+        let mut stored = Vec::new();
+        for (index, node, resp) in set.join_all().await {
+            match resp {
+                ShardResponse::Stored => stored.push((index, node)),
+                ShardResponse::Failed { kind, message } => {
+                    failed.push((index, node, kind, message))
+                }
+                other => failed.push((
+                    index,
+                    node,
+                    ShardFailure::Other,
+                    format!("unexpected answer {other:?}"),
+                )),
+            }
+        }
+        if !failed.is_empty() {
+            // Nothing references these shards: remove them rather than leave orphans.
+            for (index, node) in stored {
+                let req = ShardRequest::Delete {
+                    stripe: id.0,
+                    index,
+                };
+                let _ = self
+                    .call(node, peers.addrs.get(&node).copied(), req, PUT_TIMEOUT)
+                    .await;
+            }
+            let detail: Vec<String> = failed
+                .iter()
+                .map(|(index, node, kind, message)| {
+                    let name = peers.names.get(node).cloned().unwrap_or_default();
+                    let what = if *kind == ShardFailure::Full {
+                        "node full"
+                    } else {
+                        "failed"
+                    };
+                    format!("shard {index} on {name} ({node}): {what}: {message}")
+                })
+                .collect();
+            return Err(stripe_err(format!(
+                "stripe write failed: {}",
+                detail.join("; ")
+            )));
+        }
+        self.metrics.written.inc();
+        let mut shards: Vec<ShardLocation> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, node)| ShardLocation {
+                index: i as u8,
+                node: *node,
+                crc32c: crcs[i],
+            })
+            .collect();
+        shards.sort_by_key(|s| s.index);
+        Ok(StripeRecord {
+            id,
+            len: geometry.len(),
+            ec,
+            shard_len: geometry.shard_len(),
+            epoch: peers.layout.epoch(),
+            shards,
+        })
+    }
+
+    /// Reads `[offset, offset+len)` of a stripe.
+    pub async fn read(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        offset: u64,
+        len: u64,
+    ) -> Result<StripeRead, AgentError> {
+        let ec = record.ec;
+        let geometry = StripeGeometry::new(record.len, ec.k, DEFAULT_SHARD_SIZE)
+            .map_err(|e| stripe_err(e.to_string()))?;
+        if geometry.shard_len() != record.shard_len || record.shards.len() != ec.total() {
+            return Err(stripe_err("stripe record does not match its geometry"));
+        }
+        let slices = geometry
+            .shards_for_range(offset, len)
+            .map_err(|e| stripe_err(e.to_string()))?;
+        let peers = self.peers().await?;
+        self.metrics.read.inc();
+        let mut set = JoinSet::new();
+        for (n, s) in slices.iter().enumerate() {
+            let loc = &record.shards[s.shard_index as usize];
+            let this = self.clone();
+            let addr = peers.addrs.get(&loc.node).copied();
+            let req = ShardRequest::Get {
+                stripe: record.id.0,
+                index: s.shard_index,
+                offset: s.offset_in_shard,
+                len: Some(s.len),
+            };
+            let node = loc.node;
+            set.spawn(async move { (n, this.call(node, addr, req, RANGE_TIMEOUT).await) });
+        }
+        let mut parts: Vec<Option<Vec<u8>>> = vec![None; slices.len()];
+        let mut bad = Vec::new();
+        for (n, resp) in set.join_all().await {
+            match resp {
+                ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
+                other => {
+                    self.note_bad(record, slices[n].shard_index, &other);
+                    bad.push(slices[n].shard_index);
+                }
+            }
+        }
+        if bad.is_empty() {
+            let data = parts.into_iter().flatten().flatten().collect();
+            return Ok(StripeRead {
+                data,
+                decoded: false,
+                bad_shards: vec![],
+            });
+        }
+        self.metrics.degraded_reads.inc();
+        self.degraded(record, &peers, bad, offset, len).await
+    }
+
+    fn note_bad(&self, record: &StripeRecord, index: u8, resp: &ShardResponse) {
+        match resp {
+            ShardResponse::Failed {
+                kind: ShardFailure::Corrupt,
+                message,
+            } => {
+                self.metrics.corrupt_shards.inc();
+                warn!(stripe = %record.id, shard = index, %message, "corrupt shard; reading around it");
+            }
+            other => {
+                warn!(stripe = %record.id, shard = index, answer = ?short(other), "shard unavailable; reading around it")
+            }
+        }
+    }
+
+    async fn degraded(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        peers: &Peers,
+        mut bad: Vec<u8>,
+        offset: u64,
+        len: u64,
+    ) -> Result<StripeRead, AgentError> {
+        let mut set = JoinSet::new();
+        for loc in record.shards.iter().filter(|l| !bad.contains(&l.index)) {
+            let this = self.clone();
+            let addr = peers.addrs.get(&loc.node).copied();
+            let req = ShardRequest::Get {
+                stripe: record.id.0,
+                index: loc.index,
+                offset: 0,
+                len: None,
+            };
+            let (node, index, crc) = (loc.node, loc.index, loc.crc32c);
+            set.spawn(async move { (index, crc, this.call(node, addr, req, WHOLE_TIMEOUT).await) });
+        }
+        let mut have: Vec<Option<Vec<u8>>> = vec![None; record.shards.len()];
+        let mut got = 0;
+        // Any k shards will do: stop waiting for slow or dead holders once k have answered.
+        while let Some(joined) = set.join_next().await {
+            let Ok((index, crc, resp)) = joined else {
+                continue;
+            };
+            match resp {
+                ShardResponse::Data(d) if crc32c::crc32c(&d) == crc => {
+                    have[index as usize] = Some(d);
+                    got += 1;
+                    if got == record.ec.k as usize {
+                        set.abort_all();
+                        break;
+                    }
+                }
+                other => {
+                    self.note_bad(record, index, &other);
+                    bad.push(index);
+                }
+            }
+        }
+        let ec = record.ec;
+        let shard_len = record.shard_len as usize;
+        let data_shards =
+            tokio::task::spawn_blocking(move || erasure::decode(ec, shard_len, &have))
+                .await
+                .map_err(|e| stripe_err(e.to_string()))?
+                .map_err(|e| stripe_err(format!("stripe {} unreadable: {e}", record.id)))?;
+        let joined = data_shards.concat();
+        let end = (offset + len) as usize;
+        let data = joined
+            .get(offset as usize..end)
+            .ok_or_else(|| stripe_err("range outside the stripe"))?
+            .to_vec();
+        bad.sort_unstable();
+        bad.dedup();
+        Ok(StripeRead {
+            data,
+            decoded: true,
+            bad_shards: bad,
+        })
+    }
+}
+
+fn short(r: &ShardResponse) -> String {
+    match r {
+        ShardResponse::Failed { kind, message } => format!("{kind:?}: {message}"),
+        ShardResponse::Data(d) => format!("{} bytes (wrong length or checksum)", d.len()),
+        other => format!("{other:?}"),
+    }
+}

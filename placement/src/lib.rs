@@ -1,0 +1,27 @@
+//! Where shards belong. This crate owns the cluster layout (nodes, failure domains,
+//! weights, states, epoch), the erasure-coding profile (`k+m`), the geometry of a stripe
+//! (how its bytes are cut into shards) and the placement function
+//! `(layout, stripe id, profile) -> ordered targets`, by weighted rendezvous hashing with
+//! failure-domain spreading.
+//!
+//! Read first: [`place`], [`Layout`], [`StripeGeometry`]. The hash behind `place` is
+//! part of the on-disk contract (it decides where data lives): see the `hash` module.
+//!
+//! Pure: no tokio, no filesystem, no clock, no randomness of its own — only `serde` and
+//! `thiserror`. A CI check fails if `cargo tree -e normal` shows an I/O crate here.
+#![forbid(unsafe_code)]
+
+mod error;
+mod geometry;
+mod hash;
+mod ids;
+mod layout;
+mod profile;
+mod rendezvous;
+
+pub use error::PlacementError;
+pub use geometry::{DEFAULT_SHARD_SIZE, SHARD_ALIGN, ShardSlice, StripeGeometry};
+pub use ids::{NodeId, StripeId};
+pub use layout::{FailureDomain, Layout, LayoutNode, NodeState};
+pub use profile::{EcProfile, MAX_SHARDS};
+pub use rendezvous::place;

@@ -65,8 +65,8 @@ pub fn decode(
     }
     let restored = dec.decode().map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(k);
-    for i in 0..k {
-        match &have[i] {
+    for (i, shard) in have[..k].iter().enumerate() {
+        match shard {
             Some(s) => out.push(s.clone()),
             None => out.push(
                 restored

@@ -143,6 +143,7 @@ impl Node {
             transport.clone(),
             gossip.clone(),
             config.storage.ec,
+            stripe_buffer_budget(&resources),
             &mut registry,
         ));
         let handler = stripes.clone();
@@ -211,6 +212,15 @@ impl Node {
         self.resources.shutdown();
         info!("agent stopped");
     }
+}
+
+/// Bytes of stripe buffers allowed in flight: a quarter of the memory reservation (the rest
+/// is for the runtime, the store's index and caches), or 256 MiB for an unconfined agent.
+fn stripe_buffer_budget(resources: &Resources) -> u64 {
+    resources
+        .guard
+        .as_ref()
+        .map_or(256 << 20, |g| g.reservation().memory_bytes / 4)
 }
 
 /// Size and use of the filesystem holding the data dir.

@@ -16,6 +16,7 @@ use shoal_placement::{
     DEFAULT_SHARD_SIZE, EcProfile, Layout, LayoutNode, NodeId, StripeGeometry, StripeId, place,
 };
 use shoal_store::{DiskStore, ShardKey, ShardStore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::warn;
 
@@ -45,6 +46,10 @@ struct Peers {
 
 pub struct Stripes {
     me: NodeId,
+    /// Bytes of stripe buffers in flight, in MiB permits: writes and reads wait here instead
+    /// of growing the agent past its memory reservation.
+    buffers: Arc<Semaphore>,
+    buffer_permits: u32,
     store: Arc<DiskStore>,
     transport: Arc<Transport>,
     gossip: GossipHandle,
@@ -63,8 +68,10 @@ impl Stripes {
         transport: Arc<Transport>,
         gossip: GossipHandle,
         default_ec: EcProfile,
+        buffer_budget_bytes: u64,
         registry: &mut Registry,
     ) -> Self {
+        let buffer_permits = (buffer_budget_bytes >> 20).clamp(16, u32::MAX as u64 >> 4) as u32;
         let metrics = StripeMetrics::default();
         let r = registry.sub_registry_with_prefix("shoal_stripes");
         r.register(
@@ -89,6 +96,8 @@ impl Stripes {
         );
         Stripes {
             me,
+            buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
+            buffer_permits,
             store,
             transport,
             gossip,
@@ -204,6 +213,19 @@ impl Stripes {
         }
     }
 
+    /// Waits until `bytes` of buffer fit in the budget (back-pressure, never unbounded growth).
+    async fn reserve_buffers(
+        &self,
+        bytes: u64,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, AgentError> {
+        let permits = (bytes.div_ceil(1 << 20) as u32).clamp(1, self.buffer_permits);
+        self.buffers
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| stripe_err("agent is shutting down"))
+    }
+
     /// Writes one stripe; returns its record once every shard is durable.
     pub async fn write(
         self: &Arc<Self>,
@@ -212,6 +234,9 @@ impl Stripes {
     ) -> Result<StripeRecord, AgentError> {
         let ec = ec.unwrap_or(self.default_ec);
         ec.validate().map_err(|e| stripe_err(e.to_string()))?;
+        // The data, its k+m shards and their RPC copies.
+        let in_flight = data.len() as u64 * (2 * ec.total() as u64 + ec.k as u64) / ec.k as u64;
+        let _buffers = self.reserve_buffers(in_flight).await?;
         let geometry = StripeGeometry::with_default_shard_size(data.len() as u64, ec.k)
             .map_err(|e| stripe_err(e.to_string()))?;
         let peers = self.peers().await?;
@@ -316,6 +341,10 @@ impl Stripes {
         let slices = geometry
             .shards_for_range(offset, len)
             .map_err(|e| stripe_err(e.to_string()))?;
+        // Enough for a degraded read: every shard whole, plus the answer.
+        let _buffers = self
+            .reserve_buffers(record.shard_len * ec.total() as u64 * 2 + len)
+            .await?;
         let peers = self.peers().await?;
         self.metrics.read.inc();
         let mut set = JoinSet::new();

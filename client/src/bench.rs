@@ -53,7 +53,7 @@ struct Report {
 }
 
 /// Deterministic bench content for stripe `i`: a splitmix64 stream.
-fn content(seed: u64, i: usize, len: u64) -> Vec<u8> {
+pub(crate) fn content(seed: u64, i: usize, len: u64) -> Vec<u8> {
     let mut x = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut out = Vec::with_capacity(len as usize + 8);
     while (out.len() as u64) < len {

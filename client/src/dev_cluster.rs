@@ -33,6 +33,7 @@ pub struct UpOptions {
 }
 
 /// A reservation for each dev-cluster node (all share the machine, so keep it small).
+#[derive(Clone)]
 pub struct Reserve {
     pub cpus: Option<String>,
     pub cpu_cores: Option<f64>,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cert;
+mod coexist;
 mod dev_cluster;
 mod status;
 
@@ -49,6 +50,28 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// Training-proxy step time alone, beside storage load unconfined, and with the
+    /// reservation (needs root for the cgroups).
+    Coexist {
+        /// Scratch directory for the two dev clusters (127.0.90.x).
+        #[arg(long, default_value = "/tmp/shoal-coexist")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        nodes: u8,
+        /// Training steps per run.
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        /// CPUs reserved for storage in the confined run, e.g. 0 or 0,1.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        storage_cpus: Vec<usize>,
+        /// Memory reserved per agent in the confined run.
+        #[arg(long, default_value = "512MiB")]
+        memory: String,
+        #[arg(long)]
+        agent_bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write erasure-coded stripes, read them back and verify every byte.
     Stripes {
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
@@ -172,6 +195,23 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Status { socket, json } => status_cmd(socket, json),
+        Cmd::Bench(BenchCmd::Coexist {
+            dir,
+            nodes,
+            steps,
+            storage_cpus,
+            memory,
+            agent_bin,
+            json,
+        }) => coexist::run(coexist::CoexistOptions {
+            dir,
+            nodes,
+            steps,
+            storage_cpus,
+            memory,
+            agent_bin,
+            json,
+        }),
         Cmd::Bench(BenchCmd::Stripes {
             socket,
             size,

@@ -12,7 +12,8 @@
 #    re-run -> changed=0; change one variable -> only the config changes, agents restart one
 #    at a time (generation +1 each) with never more than one node out; invalid variables ->
 #    the play stops before touching any node; a config the agent refuses never replaces the
-#    good one; rolling_upgrade.yml replaces the binary node by node; drain.yml;
+#    good one; rolling_upgrade.yml replaces the binary node by node; with one agent down a
+#    rolling restart stops at the gate after the first failure domain; drain.yml;
 # 3. the lab is torn down, also on failure (trap).
 # Prints every check; exits non-zero on the first failure. The Python venv with ansible-core
 # and ansible-lint is kept in $SHOAL_ANSIBLE_VENV (default /var/tmp/shoal-ansible-venv) and
@@ -91,7 +92,7 @@ cd "$ANS"   # ansible.cfg is read from here
 say "static checks"
 LAST_LOG=$OUT/lint.log
 check "ansible-lint --profile production" \
-  timeout 300 ansible-lint --project-dir . --profile production --nocolor >"$LAST_LOG" 2>&1
+  timeout 300 ansible-lint --offline --project-dir . --profile production --nocolor >"$LAST_LOG" 2>&1
 for pb in site.yml rolling_upgrade.yml drain.yml; do
   LAST_LOG=$OUT/syntax-$pb.log
   check "ansible-playbook --syntax-check $pb" \
@@ -139,13 +140,14 @@ generations() {
     printf 'node%s=%s ' "$i" "$(on "$i" shoal status --json | status generation)"
   done
 }
-# Checksums of everything the play manages on every node.
+# What the play manages on every node: checksums of the small files; inode, size and mtime
+# of the binaries (the copy module writes a changed file anew; hashing 60 MB costs time).
 snapshot() {
   local i
   for i in $(seq 1 $N); do
     on "$i" sh -c 'cd / && sha256sum etc/shoal/agent.toml etc/shoal/tls/* \
-      etc/systemd/system/shoal-agent.service usr/local/bin/shoal-agent usr/local/bin/shoal' |
-      sed "s/^/node$i /"
+      etc/systemd/system/shoal-agent.service &&
+      stat -c "%n %i %s %Y" usr/local/bin/shoal-agent usr/local/bin/shoal' | sed "s/^/node$i /"
   done
 }
 # changed=N of every host in the PLAY RECAP of a log, e.g. "node1=0 node2=0 node3=0".
@@ -233,10 +235,11 @@ poll_stop
 expected=$(for i in $(seq 1 $N); do echo "Render /etc/shoal/agent.toml|node$i"; echo "Restart shoal-agent|node$i"; done | sort)
 check "only the config changed and each agent was restarted once" \
   test "$(changed_tasks "$LAST_LOG")" = "$expected"
-# The handlers' order in the log: a restart, then the gate, per failure domain.
-order=$(awk '/^RUNNING HANDLER \[shoal_agent : Restart/ { r = 1; next }
+# The order in the log: a restart, then the gate, per failure domain (before the final check).
+order=$(awk '/^PLAY \[Check every node sees every other/ { exit }
+             /^RUNNING HANDLER \[shoal_agent : Restart/ { r = 1; next }
              r && /^changed: \[/ { printf "restart:%s ", $2; r = 0 }
-             /^RUNNING HANDLER \[shoal_agent : Poll/ { printf "gate " }' "$LAST_LOG")
+             /^TASK \[shoal_agent : Poll/ { printf "gate " }' "$LAST_LOG")
 check "restarts were serial, each followed by the all-alive gate ($order)" \
   test "$order" = "restart:[node1] gate restart:[node2] gate restart:[node3] gate "
 GEN1=$(generations)
@@ -319,6 +322,21 @@ check "the agents' restarts did not overlap (systemd journals)" restarts_serial 
 check "the cluster stayed available during the upgrade: never more than one node out" \
   rolling_ok poll-upgrade.log
 check "every agent is alive and sees every other afterwards" wait_all_alive
+
+# ---------------------------------------------------------------------------------------
+say "the gate holds: with node3's agent stopped, a rolling restart stops after the first domain"
+on 3 systemctl stop shoal-agent
+SNAP2=$(snapshot)
+if play gate-blocks.log site.yml -e shoal_log_level=warn -e shoal_gate_retries=3; then
+  fail "the rolling restart went on with node3 down"
+fi
+check "the play stopped at the gate after node1 with \"did not report every node alive\"" \
+  grep -qF "did not report every node alive" "$LAST_LOG"
+only_node1_changed() {  # node1 has the new config; node2 and node3 kept theirs
+  on 1 grep -qx 'level = "warn"' /etc/shoal/agent.toml &&
+    test "$(snapshot | grep -v '^node1 ')" = "$(grep -v '^node1 ' <<<"$SNAP2")"
+}
+check "only the first failure domain (node1) was changed; node2 and node3 untouched" only_node1_changed
 
 # ---------------------------------------------------------------------------------------
 say "drain.yml -e node=node2"

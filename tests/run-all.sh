@@ -9,6 +9,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== placement stays pure (no I/O crate among its normal dependencies)"
+if cargo tree -p shoal-placement -e normal --prefix none --locked \
+    | grep -Eiw '^(tokio|mio|libc|nix|rustix|io-uring|redb|socket2|quinn|rand|getrandom)'; then
+  echo "shoal-placement must not depend on the crates above"; exit 1
+fi
 echo "== cargo build (the multi-node tests run the built binaries)"
 cargo build --workspace --locked
 echo "== cargo test"

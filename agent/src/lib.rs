@@ -9,7 +9,7 @@
 
 mod admin;
 mod config;
-mod erasure;
+pub mod erasure;
 mod error;
 mod identity_store;
 mod metrics_http;

@@ -26,7 +26,8 @@ fn main() {
         let iters = 200;
         for round in 0..3 {
             let raw = rate(len, iters, || {
-                let out = reed_solomon_simd::encode(k as usize, m as usize, shards.iter()).expect("encode");
+                let out = reed_solomon_simd::encode(k as usize, m as usize, shards.iter())
+                    .expect("encode");
                 std::hint::black_box(out);
             });
             let ours = rate(len, iters, || {

@@ -99,6 +99,10 @@ impl Node {
             })
         });
 
+        let bulk_task = match config.mesh.bulk_addr() {
+            Some(addr) => transport.start_bulk(addr, config.mesh.bulk).await?,
+            None => None,
+        };
         let admin_listener = admin::bind(&config.admin)?;
         let metrics_listener = match config.metrics.addr {
             Some(addr) => Some(metrics_http::bind(addr).await?),
@@ -118,6 +122,7 @@ impl Node {
             name: config.node_name(),
             failure_domain: config.node.failure_domain.clone(),
             rpc_addr: config.mesh.rpc_addr(),
+            bulk_addr: config.mesh.bulk_addr(),
             capacity_bytes,
             used_bytes,
             role: NodeRole::Active,
@@ -173,6 +178,7 @@ impl Node {
             tasks: Mutex::new(Vec::new()),
         });
         let mut tasks = vec![gossip_task, transport.serve()];
+        tasks.extend(bulk_task);
         tasks.push(tokio::spawn(admin::serve(admin_listener, node.clone())));
         if let Some(listener) = metrics_listener {
             tasks.push(tokio::spawn(metrics_http::serve(

@@ -37,10 +37,17 @@ struct StripeMetrics {
     corrupt_shards: Counter,
 }
 
+/// How to reach a node: QUIC for control, the bulk lane (when it runs one) for payloads.
+#[derive(Clone, Copy)]
+struct Addrs {
+    rpc: SocketAddr,
+    bulk: Option<SocketAddr>,
+}
+
 /// Who can hold shards now, and how to reach them.
 struct Peers {
     layout: Layout,
-    addrs: HashMap<NodeId, SocketAddr>,
+    addrs: HashMap<NodeId, Addrs>,
     names: HashMap<NodeId, String>,
 }
 
@@ -122,7 +129,13 @@ impl Stripes {
                 f.failure_domain.as_str(),
                 f.capacity_bytes.max(1),
             ));
-            addrs.insert(id, f.rpc_addr);
+            addrs.insert(
+                id,
+                Addrs {
+                    rpc: f.rpc_addr,
+                    bulk: f.bulk_addr,
+                },
+            );
             names.insert(id, f.name);
         }
         // The layout moves into Raft with the metadata service; until then it is derived
@@ -185,7 +198,7 @@ impl Stripes {
     async fn call(
         self: &Arc<Self>,
         node: NodeId,
-        addr: Option<SocketAddr>,
+        addr: Option<Addrs>,
         req: ShardRequest,
         timeout: Duration,
     ) -> ShardResponse {
@@ -204,7 +217,16 @@ impl Stripes {
                 message: format!("node {node} is not alive"),
             };
         };
-        match self.transport.call(addr, &req, timeout).await {
+        // Shard payloads take the bulk lane when both ends run one; deletes stay on QUIC.
+        let res = match (addr.bulk, &req) {
+            (Some(bulk), ShardRequest::Put { .. } | ShardRequest::Get { .. })
+                if self.transport.has_bulk() =>
+            {
+                self.transport.call_bulk(bulk, &req, timeout).await
+            }
+            _ => self.transport.call(addr.rpc, &req, timeout).await,
+        };
+        match res {
             Ok(r) => r,
             Err(e) => ShardResponse::Failed {
                 kind: ShardFailure::Other,

@@ -163,6 +163,8 @@ fn beside_storage(
         timeout: Duration::from_secs(60),
         reserve: reserve.clone(),
         store_capacity: None,
+        bulk: "secure".into(),
+        bulk_port: 7948,
     };
     dev_cluster::up(&up)?;
     let socket = dev_cluster::node_dir(&dir, 1).join("agent.sock");

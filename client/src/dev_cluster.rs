@@ -30,6 +30,9 @@ pub struct UpOptions {
     pub reserve: Option<Reserve>,
     /// `[storage] capacity` of every node (the shard store's fill limit), if given.
     pub store_capacity: Option<String>,
+    /// `mesh.bulk`: "secure", "crc" or "off".
+    pub bulk: String,
+    pub bulk_port: u16,
 }
 
 /// A reservation for each dev-cluster node (all share the machine, so keep it small).
@@ -145,6 +148,8 @@ failure_domain = "fd{domain}"
 addr = "{ip}"
 gossip_port = {gossip}
 rpc_port = {rpc}
+bulk_port = {bulk_port}
+bulk = "{bulk}"
 seeds = [{seeds}]
 
 [tls]
@@ -166,6 +171,8 @@ level = "info"
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
         rpc = opts.rpc_port,
+        bulk_port = opts.bulk_port,
+        bulk = opts.bulk,
         seeds = seeds.join(", "),
         ca_cert = ca.join(cert::CA_CERT).display(),
         node_cert = tls.join(cert::NODE_CERT).display(),

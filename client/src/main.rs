@@ -174,6 +174,12 @@ enum DevClusterCmd {
         /// Fill limit of each node's shard store, e.g. "64MiB" or "50%".
         #[arg(long)]
         store_capacity: Option<String>,
+        /// How shard payloads travel: secure (TLS over TCP), crc (authenticated, checksummed,
+        /// unencrypted TCP) or off (QUIC only).
+        #[arg(long, default_value = "secure", value_parser = ["secure", "crc", "off"])]
+        bulk: String,
+        #[arg(long, default_value_t = 7948)]
+        bulk_port: u16,
     },
     /// Stop the agents of the dev cluster in DIR (data is kept).
     Down {
@@ -267,6 +273,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             reserve_cpu_cores,
             best_effort,
             store_capacity,
+            bulk,
+            bulk_port,
         }) => dev_cluster::up(&dev_cluster::UpOptions {
             nodes,
             dir,
@@ -287,6 +295,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 best_effort,
             }),
             store_capacity,
+            bulk,
+            bulk_port,
         }),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
     }

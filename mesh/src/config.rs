@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::MeshError;
+use crate::bulk::BulkMode;
 use crate::membership::MembershipConfig;
 use crate::tls::TlsFiles;
 
@@ -21,6 +22,14 @@ pub struct MeshConfig {
     /// UDP port of the QUIC RPC endpoint.
     #[serde(default = "default_rpc_port")]
     pub rpc_port: u16,
+    /// TCP port of the bulk lane for shard payloads.
+    #[serde(default = "default_bulk_port")]
+    pub bulk_port: u16,
+    /// How shard payloads travel between nodes: `secure` (TCP inside TLS), `crc` (TCP
+    /// authenticated by a TLS handshake, then crc32c-checked plaintext frames; for a trusted
+    /// storage network) or `off` (QUIC only). A cluster setting: every node must agree.
+    #[serde(default = "default_bulk")]
+    pub bulk: BulkMode,
     /// Gossip addresses (`ip:port`) of nodes to join through. This node's own address may
     /// be listed (it is skipped), so every node can share one list.
     #[serde(default)]
@@ -56,6 +65,12 @@ fn default_gossip_port() -> u16 {
 fn default_rpc_port() -> u16 {
     7947
 }
+fn default_bulk_port() -> u16 {
+    7948
+}
+fn default_bulk() -> BulkMode {
+    BulkMode::Secure
+}
 fn default_probe_period_ms() -> u64 {
     1000
 }
@@ -80,6 +95,8 @@ impl MeshConfig {
             addr,
             gossip_port: default_gossip_port(),
             rpc_port: default_rpc_port(),
+            bulk_port: default_bulk_port(),
+            bulk: default_bulk(),
             seeds: Vec::new(),
             probe_period_ms: default_probe_period_ms(),
             probe_rtt_ms: default_probe_rtt_ms(),
@@ -152,6 +169,11 @@ impl MeshConfig {
 
     pub fn rpc_addr(&self) -> SocketAddr {
         SocketAddr::new(self.addr, self.rpc_port)
+    }
+
+    /// The bulk lane's address, when it is on.
+    pub fn bulk_addr(&self) -> Option<SocketAddr> {
+        (self.bulk != BulkMode::Off).then(|| SocketAddr::new(self.addr, self.bulk_port))
     }
 
     pub fn membership(&self) -> MembershipConfig {

@@ -33,6 +33,8 @@ pub struct NodeFacts {
     pub failure_domain: String,
     /// Where this node's QUIC RPC endpoint listens.
     pub rpc_addr: SocketAddr,
+    /// Where this node's TCP bulk lane listens, if it runs one.
+    pub bulk_addr: Option<SocketAddr>,
     /// Size of the filesystem holding the data dir, in bytes.
     pub capacity_bytes: u64,
     /// Bytes in use on that filesystem.
@@ -138,6 +140,7 @@ mod tests {
             name: "n9".into(),
             failure_domain: "rack-a".into(),
             rpc_addr: "127.0.0.9:7947".parse().expect("addr"),
+            bulk_addr: None,
             capacity_bytes: 100,
             used_bytes: 10,
             role: NodeRole::Active,

@@ -11,6 +11,7 @@
 //! The mesh knows nothing about files, stripes or placement; it must never depend on the
 //! agent's storage or metadata crates.
 
+mod bulk;
 mod config;
 pub mod envelope;
 mod error;
@@ -22,6 +23,7 @@ mod metrics;
 mod rpc;
 mod tls;
 
+pub use bulk::BulkMode;
 pub use config::{MeshConfig, TlsConfig};
 pub use error::MeshError;
 pub use facts::{NodeFacts, NodeRole};

@@ -24,6 +24,7 @@ fn facts_for(id: MemberId) -> NodeFacts {
         name: format!("node{}", id.node.0),
         failure_domain: format!("fd{}", id.node.0 % 3),
         rpc_addr: SocketAddr::new(id.addr.ip(), 7947),
+        bulk_addr: None,
         capacity_bytes: 1 << 40,
         used_bytes: 1 << 30,
         role: NodeRole::Active,

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::MeshError;
+use crate::bulk::{self, Bulk, BulkMode};
 use crate::identity::NodeId;
 use crate::metrics::{EndpointLabel, MeshMetrics, ReasonLabel, RpcLabel};
 use crate::tls::TlsFiles;
@@ -62,6 +63,21 @@ pub struct Transport {
     connections: tokio::sync::Mutex<HashMap<SocketAddr, quinn::Connection>>,
     metrics: MeshMetrics,
     logged_sources: Mutex<HashSet<IpAddr>>,
+    tls: TlsFiles,
+    /// The TCP bulk lane, once started.
+    bulk: std::sync::OnceLock<Arc<Bulk>>,
+}
+
+enum QuicFailure {
+    Connect(MeshError),
+    Stream(String),
+}
+
+/// Which way a request travels.
+#[derive(Clone, Copy)]
+enum Lane {
+    Quic,
+    Bulk,
 }
 
 impl Transport {
@@ -86,7 +102,37 @@ impl Transport {
             connections: tokio::sync::Mutex::new(HashMap::new()),
             metrics,
             logged_sources: Mutex::new(HashSet::new()),
+            tls: tls.clone(),
+            bulk: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Starts the TCP bulk lane at `addr` in `mode` (nothing for [`BulkMode::Off`]).
+    pub async fn start_bulk(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        mode: BulkMode,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, MeshError> {
+        if mode == BulkMode::Off {
+            return Ok(None);
+        }
+        let bulk = Arc::new(Bulk::new(mode, &self.tls.load()?, &self.server_name)?);
+        let listener = bulk::bind(addr).await?;
+        let _ = self.bulk.set(bulk.clone());
+        let (this, rejecter) = (self.clone(), self.clone());
+        let dispatch = move |request: Vec<u8>| {
+            let this = this.clone();
+            async move { this.answer(&request).await }
+        };
+        let on_reject = move |remote: SocketAddr, reason: String| rejecter.reject(remote, &reason);
+        Ok(Some(tokio::spawn(bulk::serve(
+            listener, bulk, dispatch, on_reject,
+        ))))
+    }
+
+    /// Whether the bulk lane is running.
+    pub fn has_bulk(&self) -> bool {
+        self.bulk.get().is_some()
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -177,7 +223,19 @@ impl Transport {
                 return;
             }
         };
-        let (status, body, endpoint) = self.dispatch(&request).await;
+        let frame = self.answer(&request).await;
+        if let Err(e) = send.write_all(&frame).await {
+            debug!(error = %e, "response write failed");
+            return;
+        }
+        let _ = send.finish();
+        // Wait for the peer to read the response before the stream is dropped.
+        let _ = send.stopped().await;
+    }
+
+    /// Serves one framed request: dispatch, count, and frame the response.
+    async fn answer(&self, request: &[u8]) -> Vec<u8> {
+        let (status, body, endpoint) = self.dispatch(request).await;
         if let Some(endpoint) = endpoint {
             let outcome = if status == STATUS_OK { "ok" } else { "error" };
             self.metrics
@@ -192,13 +250,7 @@ impl Transport {
         let mut frame = Vec::with_capacity(body.len() + 2);
         frame.extend_from_slice(&[RPC_VERSION, status]);
         frame.extend_from_slice(&body);
-        if let Err(e) = send.write_all(&frame).await {
-            debug!(error = %e, "response write failed");
-            return;
-        }
-        let _ = send.finish();
-        // Wait for the peer to read the response before the stream is dropped.
-        let _ = send.stopped().await;
+        frame
     }
 
     async fn dispatch(&self, request: &[u8]) -> (u8, Vec<u8>, Option<&'static str>) {
@@ -232,15 +284,42 @@ impl Transport {
         }
     }
 
-    /// Sends `msg` to the peer at `peer` and waits up to `timeout` for its response.
+    /// Sends `msg` over QUIC to the peer at `peer` and waits up to `timeout` for its
+    /// response.
     pub async fn call<M: Rpc>(
         &self,
         peer: SocketAddr,
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
+        self.call_on(Lane::Quic, peer, msg, timeout).await
+    }
+
+    /// Like [`Transport::call`], over the TCP bulk lane to the peer's bulk address (QUIC
+    /// when this node runs no bulk lane).
+    pub async fn call_bulk<M: Rpc>(
+        &self,
+        peer: SocketAddr,
+        msg: &M,
+        timeout: Duration,
+    ) -> Result<M::Response, MeshError> {
+        let lane = if self.has_bulk() {
+            Lane::Bulk
+        } else {
+            Lane::Quic
+        };
+        self.call_on(lane, peer, msg, timeout).await
+    }
+
+    async fn call_on<M: Rpc>(
+        &self,
+        lane: Lane,
+        peer: SocketAddr,
+        msg: &M,
+        timeout: Duration,
+    ) -> Result<M::Response, MeshError> {
         let started = Instant::now();
-        let res = match tokio::time::timeout(timeout, self.call_inner(peer, msg)).await {
+        let res = match tokio::time::timeout(timeout, self.call_inner(lane, peer, msg)).await {
             Ok(r) => r,
             Err(_) => Err(MeshError::RpcTimeout {
                 endpoint: M::ENDPOINT,
@@ -253,7 +332,14 @@ impl Transport {
         ) {
             // The peer may have restarted behind a connection that has not timed out yet:
             // the next call dials afresh.
-            self.forget_peer(peer).await;
+            match lane {
+                Lane::Quic => self.forget_peer(peer).await,
+                Lane::Bulk => {
+                    if let Some(b) = self.bulk.get() {
+                        b.forget(peer).await;
+                    }
+                }
+            }
         }
         let outcome = if res.is_ok() { "ok" } else { "error" };
         self.metrics
@@ -277,6 +363,7 @@ impl Transport {
 
     async fn call_inner<M: Rpc>(
         &self,
+        lane: Lane,
         peer: SocketAddr,
         msg: &M,
     ) -> Result<M::Response, MeshError> {
@@ -292,23 +379,19 @@ impl Transport {
         };
         let mut request = postcard::to_allocvec(&head).map_err(|e| stream_err(e.to_string()))?;
         request.extend(postcard::to_allocvec(msg).map_err(|e| stream_err(e.to_string()))?);
-
-        let conn = self.connection(peer).await?;
-        let (mut send, mut recv) = match conn.open_bi().await {
-            Ok(s) => s,
-            Err(e) => {
-                self.forget(peer, &conn).await;
-                return Err(stream_err(e.to_string()));
-            }
+        let response = match (lane, self.bulk.get()) {
+            (Lane::Bulk, Some(bulk)) => bulk
+                .exchange(peer, &request)
+                .await
+                .map_err(|e| stream_err(e.to_string()))?,
+            _ => self
+                .exchange_quic(peer, &request)
+                .await
+                .map_err(|e| match e {
+                    QuicFailure::Connect(e) => e,
+                    QuicFailure::Stream(reason) => stream_err(reason),
+                })?,
         };
-        send.write_all(&request)
-            .await
-            .map_err(|e| stream_err(e.to_string()))?;
-        send.finish().map_err(|e| stream_err(e.to_string()))?;
-        let response = recv
-            .read_to_end(MAX_MESSAGE)
-            .await
-            .map_err(|e| stream_err(e.to_string()))?;
         match response.as_slice() {
             [RPC_VERSION, STATUS_OK, body @ ..] => {
                 postcard::from_bytes(body).map_err(|e| MeshError::RpcDecode(e.to_string()))
@@ -321,6 +404,30 @@ impl Transport {
             [v, ..] => Err(MeshError::RpcDecode(format!("unsupported RPC version {v}"))),
             [] => Err(MeshError::RpcDecode("empty response".into())),
         }
+    }
+
+    /// One request on a fresh bidirectional stream of the pooled connection to `peer`.
+    async fn exchange_quic(
+        &self,
+        peer: SocketAddr,
+        request: &[u8],
+    ) -> Result<Vec<u8>, QuicFailure> {
+        let conn = self.connection(peer).await.map_err(QuicFailure::Connect)?;
+        let (mut send, mut recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(e) => {
+                self.forget(peer, &conn).await;
+                return Err(QuicFailure::Stream(e.to_string()));
+            }
+        };
+        send.write_all(request)
+            .await
+            .map_err(|e| QuicFailure::Stream(e.to_string()))?;
+        send.finish()
+            .map_err(|e| QuicFailure::Stream(e.to_string()))?;
+        recv.read_to_end(MAX_MESSAGE)
+            .await
+            .map_err(|e| QuicFailure::Stream(e.to_string()))
     }
 
     async fn connection(&self, peer: SocketAddr) -> Result<quinn::Connection, MeshError> {

@@ -124,6 +124,18 @@ impl TlsMaterial {
 
     pub(crate) fn server_config(&self) -> Result<quinn::ServerConfig, MeshError> {
         let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
+        let crypto = self.rustls_server(ALPN)?;
+        let quic = QuicServerConfig::try_from(crypto).map_err(|e| tls(&e))?;
+        let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+        config.transport_config(transport_config());
+        Ok(config)
+    }
+
+    /// rustls server side: TLS 1.3, client certificates required and verified against the
+    /// cluster CA, no session tickets (the bulk lane's `crc` mode takes the TCP stream back
+    /// after the handshake and must find nothing queued behind it).
+    pub(crate) fn rustls_server(&self, alpn: &[u8]) -> Result<rustls::ServerConfig, MeshError> {
+        let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
         let verifier = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider())
             .build()
             .map_err(|e| tls(&e))?;
@@ -133,14 +145,22 @@ impl TlsMaterial {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| tls(&e))?;
-        crypto.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = QuicServerConfig::try_from(crypto).map_err(|e| tls(&e))?;
-        let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+        crypto.alpn_protocols = vec![alpn.to_vec()];
+        crypto.send_tls13_tickets = 0;
+        Ok(crypto)
+    }
+
+    pub(crate) fn client_config(&self) -> Result<quinn::ClientConfig, MeshError> {
+        let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
+        let crypto = self.rustls_client(ALPN)?;
+        let quic = QuicClientConfig::try_from(crypto).map_err(|e| tls(&e))?;
+        let mut config = quinn::ClientConfig::new(Arc::new(quic));
         config.transport_config(transport_config());
         Ok(config)
     }
 
-    pub(crate) fn client_config(&self) -> Result<quinn::ClientConfig, MeshError> {
+    /// rustls client side: TLS 1.3, trusts only the cluster CA, presents the node cert.
+    pub(crate) fn rustls_client(&self, alpn: &[u8]) -> Result<rustls::ClientConfig, MeshError> {
         let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
         let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -148,11 +168,9 @@ impl TlsMaterial {
             .with_root_certificates(self.roots.clone())
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| tls(&e))?;
-        crypto.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = QuicClientConfig::try_from(crypto).map_err(|e| tls(&e))?;
-        let mut config = quinn::ClientConfig::new(Arc::new(quic));
-        config.transport_config(transport_config());
-        Ok(config)
+        crypto.alpn_protocols = vec![alpn.to_vec()];
+        crypto.resumption = rustls::client::Resumption::disabled();
+        Ok(crypto)
     }
 }
 

@@ -172,3 +172,89 @@ async fn client_with_foreign_certificate_is_rejected_and_counted() {
         "server did not count the rejected handshake"
     );
 }
+
+async fn serve_bulk(
+    files: &TlsFiles,
+    id: u64,
+    mode: shoal_mesh::BulkMode,
+) -> (std::sync::Arc<Transport>, SocketAddr) {
+    let t = serve(files, id, MeshMetrics::unregistered());
+    // Find a free TCP port on loopback for the bulk lane.
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+    let addr = probe.local_addr().expect("addr");
+    drop(probe);
+    t.start_bulk(addr, mode).await.expect("bulk lane");
+    (t, addr)
+}
+
+#[tokio::test]
+async fn bulk_lane_carries_calls_in_secure_and_crc_modes() {
+    for mode in [shoal_mesh::BulkMode::Secure, shoal_mesh::BulkMode::Crc] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = new_ca("cluster");
+        let (a, _) = serve_bulk(&node_files(dir.path(), "a", &ca, &ca), 1, mode).await;
+        let (_b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", &ca, &ca), 2, mode).await;
+        let big = "x".repeat(3 << 20);
+        for _ in 0..3 {
+            // Several calls: the second and third reuse the pooled connection.
+            let got = a
+                .call_bulk(b_bulk, &Echo(big.clone()), Duration::from_secs(10))
+                .await
+                .expect("bulk call");
+            assert_eq!(
+                got.len(),
+                big.len() + format!("2<-{}: ", NodeId(1)).len(),
+                "{mode:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn bulk_lane_refuses_a_peer_of_another_cluster() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let foreign = new_ca("elsewhere");
+    let (_server, bulk_addr) = serve_bulk(
+        &node_files(dir.path(), "s", &ca, &ca),
+        1,
+        shoal_mesh::BulkMode::Crc,
+    )
+    .await;
+    let (intruder, _) = serve_bulk(
+        &node_files(dir.path(), "y", &foreign, &foreign),
+        9,
+        shoal_mesh::BulkMode::Crc,
+    )
+    .await;
+    let res = intruder
+        .call_bulk(bulk_addr, &Echo("let me in".into()), Duration::from_secs(5))
+        .await;
+    assert!(res.is_err(), "intruder got through the bulk lane");
+}
+
+#[tokio::test]
+async fn bulk_lane_refuses_a_peer_in_another_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let (_server, bulk_addr) = serve_bulk(
+        &node_files(dir.path(), "s", &ca, &ca),
+        1,
+        shoal_mesh::BulkMode::Secure,
+    )
+    .await;
+    let (client, _) = serve_bulk(
+        &node_files(dir.path(), "c", &ca, &ca),
+        2,
+        shoal_mesh::BulkMode::Crc,
+    )
+    .await;
+    let res = client
+        .call_bulk(
+            bulk_addr,
+            &Echo("plaintext please".into()),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(res.is_err(), "a crc client talked to a secure-mode server");
+}

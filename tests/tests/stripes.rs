@@ -50,7 +50,8 @@ fn is_data_shard(p: &Path) -> bool {
 
 #[test]
 fn six_nodes_4_2_read_back_every_byte_with_two_nodes_killed() {
-    let c = DevCluster::up(6, 31);
+    // Shards travel the crc bulk lane here; the other tests use the default (secure).
+    let c = DevCluster::up_with(6, 31, &["--bulk", "crc"]);
     let (ok, report, err) = bench(&c, &["--size", "48MiB", "--ec", "4+2"]);
     assert!(ok, "{err}\n{report}");
     assert_eq!(report["write"]["stripes"], 12, "{report}");

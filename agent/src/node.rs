@@ -19,7 +19,6 @@ use crate::shard_rpc::ShardRequest;
 use crate::stripes::Stripes;
 use crate::system_rpc::{Ping, Pong};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
-use shoal_placement::NodeId;
 use shoal_store::{DiskStore, Recovery, Ring};
 
 /// How often the node re-publishes its facts (capacity and use change slowly).
@@ -143,7 +142,7 @@ impl Node {
         }
         let store = Arc::new(store);
         let stripes = Arc::new(Stripes::new(
-            NodeId(identity.node.0),
+            identity.node,
             store.clone(),
             transport.clone(),
             gossip.clone(),

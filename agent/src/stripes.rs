@@ -123,7 +123,7 @@ impl Stripes {
             .filter(|m| m.state == MemberState::Alive)
         {
             let Some(f) = m.facts else { continue };
-            let id = NodeId(m.id.node.0);
+            let id = m.id.node;
             nodes.push(LayoutNode::active(
                 id,
                 f.failure_domain.as_str(),

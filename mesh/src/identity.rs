@@ -1,25 +1,9 @@
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// A node's stable identity, generated once and kept in its data dir.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct NodeId(pub u64);
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl FromStr for NodeId {
-    type Err = std::num::ParseIntError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        u64::from_str_radix(s.trim(), 16).map(NodeId)
-    }
-}
+/// A node's stable identity (owned by `placement`, shared here).
+pub use shoal_placement::NodeId;
 
 /// One life of a node in the SWIM protocol: the stable id, where it gossips, and a
 /// generation that grows with every restart (and every rejoin after being declared

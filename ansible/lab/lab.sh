@@ -37,11 +37,16 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 log() { echo "[lab $(date +%T)] $*" >&2; }
 
 deps() {
-  if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null; then
-    log "installing systemd-container and mmdebstrap"
+  local missing=
+  command -v systemd-nspawn >/dev/null || missing+=" systemd-container"
+  command -v mmdebstrap >/dev/null || missing+=" mmdebstrap"
+  command -v ssh-keygen >/dev/null || missing+=" openssh-client"   # keys; Ansible's transport
+  command -v pgrep >/dev/null || missing+=" procps"
+  if [ -n "$missing" ]; then
+    log "installing$missing"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      systemd-container mmdebstrap >/dev/null
+    # shellcheck disable=SC2086  # one word per package
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
   fi
 }
 
@@ -155,7 +160,7 @@ node_wait() {  # $1 = index; until `systemctl is-system-running` says running/de
 }
 
 node_down() {  # $1 = index; safe when the node was never started
-  local i=$1 loop pid cg
+  local i=$1 loop pid
   loop=$(cat "$RUN/node$i.loop.pid" 2>/dev/null || true)
   if [ -n "$loop" ] && kill -0 "$loop" 2>/dev/null; then
     pid=$(nspawn_pid "$i" || true)
@@ -171,9 +176,8 @@ node_down() {  # $1 = index; safe when the node was never started
   umount "$MACHINES/shoal-node$i" 2>/dev/null || true
   rmdir "$MACHINES/shoal-node$i" 2>/dev/null || true
   # Remove the node's cgroups in every hierarchy (deepest first).
-  for cg in $(find /sys/fs/cgroup/ -mindepth 2 -maxdepth 6 -type d -name "shoal-lab-node$i" 2>/dev/null); do
-    find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
-  done
+  find /sys/fs/cgroup/ -mindepth 2 -maxdepth 6 -type d -name "shoal-lab-node$i" 2>/dev/null |
+    while read -r cg; do find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true; done
   [ -n "${KEEP_OVERLAY:-}" ] || rm -rf "${OV:?}/node$i"
   rm -f "$RUN/node$i.loop.pid"
 }

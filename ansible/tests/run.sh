@@ -225,6 +225,7 @@ play idempotent.log site.yml || fail "second site.yml run failed"
 check "second run reports changed=0 on every node ($(recap_changed "$LAST_LOG"))" \
   test "$(recap_changed "$LAST_LOG")" = "node1=0 node2=0 node3=0"
 check "second run restarted nothing (generations unchanged)" test "$(generations)" = "$GEN0"
+check "second run left every managed file as it was (checksums)" test "$(snapshot)" = "$SNAP0"
 
 # ---------------------------------------------------------------------------------------
 say "one variable changed (shoal_log_level=debug): rolling restart, one failure domain at a time"

@@ -31,7 +31,7 @@ SUITE=${SUITE:-bookworm}
 # The node rootfs needs: systemd as init, dbus (hostnamectl/facts), python3 (Ansible
 # modules), sshd (Ansible's transport), iproute2 (facts about addresses).
 PKGS=systemd,systemd-sysv,dbus,python3,openssh-server,iproute2
-MIRROR=${MIRROR:-$(sed -n 's/^URIs: //p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
+MIRROR=${MIRROR:-$(sed -n 's/^URIs: //p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | sed -n 1p)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 
 log() { echo "[lab $(date +%T)] $*" >&2; }
@@ -143,8 +143,8 @@ node_up() {  # $1 = index, $2 = number of nodes; boots the node in the backgroun
   echo $! > "$RUN/$n.loop.pid"
 }
 
-nspawn_pid() { pgrep -P "$(cat "$RUN/node$1.loop.pid")" -x systemd-nspawn | head -1; }
-leader() { pgrep -P "$(nspawn_pid "$1")" | head -1; }
+nspawn_pid() { pgrep -P "$(cat "$RUN/node$1.loop.pid")" -x systemd-nspawn | sed -n 1p; }
+leader() { pgrep -P "$(nspawn_pid "$1")" | sed -n 1p; }
 
 node_wait() {  # $1 = index; until `systemctl is-system-running` says running/degraded (60 s)
   local i=$1 st=none L

@@ -79,7 +79,7 @@ if ! cmp -s "$REQ" "$VENV/.shoal-requirements.txt"; then
   cp "$REQ" "$VENV/.shoal-requirements.txt"
 fi
 export PATH=$VENV/bin:$PATH
-ansible-playbook --version | head -1
+ansible-playbook --version | sed -n 1p   # (sed reads it all: no broken pipe)
 
 # Everything Ansible writes goes to the lab's state folder, and the output is plain.
 export ANSIBLE_HOME=$STATE/ansible-home ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0

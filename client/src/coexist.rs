@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use nix::sched::{CpuSet, sched_setaffinity};
 use nix::unistd::Pid;
 use serde::Serialize;
-use shoal_agent_api::{AgentClient, Request, Response};
+use shoal_agent_api::{AgentClient, EcProfile, Request, Response};
 
 use crate::dev_cluster::{self, Reserve, UpOptions};
 
@@ -88,10 +88,11 @@ fn stats(mut t: Vec<Duration>) -> (f64, f64) {
     (at(0.5), at(0.9))
 }
 
-/// Writes 4 MiB stripes through `socket` from a thread pinned to `cpus` (all CPUs when
+/// Writes full stripes through `socket` from a thread pinned to `cpus` (all CPUs when
 /// None) until `stop`; returns bytes written.
 fn storage_load(
     socket: PathBuf,
+    ec: EcProfile,
     cpus: Option<Vec<usize>>,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<anyhow::Result<u64>> {
@@ -107,16 +108,20 @@ fn storage_load(
             let mut tasks = tokio::task::JoinSet::new();
             for w in 0..4 {
                 let (socket, stop, written) = (socket.clone(), stop.clone(), written.clone());
+                // Full stripes: k × 1 MiB.
+                let stripe = u64::from(ec.k) << 20;
                 tasks.spawn(async move {
                     let mut client = AgentClient::connect(&socket).await?;
                     let mut i = w;
                     while !stop.load(Ordering::Relaxed) {
-                        let data = crate::bench::content(7, i, 4 << 20);
-                        if let Response::StripeWritten(_) = client
-                            .call(&Request::WriteStripe { data, ec: None })
-                            .await?
-                        {
-                            written.fetch_add(4 << 20, Ordering::Relaxed);
+                        let data = crate::bench::content(7, i, stripe);
+                        let request = Request::WriteStripe { data, ec: Some(ec) };
+                        match client.call(&request).await? {
+                            Response::StripeWritten(_) => {
+                                written.fetch_add(stripe, Ordering::Relaxed);
+                            }
+                            Response::Error(e) => bail!("storage load failed: {e}"),
+                            other => bail!("unexpected answer {other:?}"),
                         }
                         i += 4;
                     }
@@ -170,7 +175,13 @@ fn beside_storage(
     let socket = dev_cluster::node_dir(&dir, 1).join("agent.sock");
     let stop = Arc::new(AtomicBool::new(false));
     let load_cpus = reserve.as_ref().map(|_| o.storage_cpus.clone());
-    let load = storage_load(socket.clone(), load_cpus, stop.clone());
+    // Shards of a stripe on distinct nodes: k+m = the cluster size, parity 1 or 2.
+    let m = if o.nodes >= 5 { 2 } else { 1 };
+    let ec = EcProfile {
+        k: o.nodes.saturating_sub(m).max(1),
+        m,
+    };
+    let load = storage_load(socket.clone(), ec, load_cpus, stop.clone());
     // Let the load reach steady state.
     std::thread::sleep(Duration::from_secs(2));
     let t = Instant::now();

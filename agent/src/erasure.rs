@@ -1,7 +1,20 @@
 //! Reed-Solomon encode/decode of stripes on the blocking pool (never on async workers).
 
+use std::cell::RefCell;
+
 use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
 use shoal_placement::{EcProfile, StripeGeometry};
+
+thread_local! {
+    // One encoder and one decoder per blocking-pool thread, reset for each stripe: their
+    // work buffers are allocated once, not per stripe.
+    static ENCODER: RefCell<Option<ReedSolomonEncoder>> = const { RefCell::new(None) };
+    static DECODER: RefCell<Option<ReedSolomonDecoder>> = const { RefCell::new(None) };
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
 
 /// Cuts `data` into k zero-padded data shards of the geometry's shard length and appends
 /// m parity shards: k+m shards, data first.
@@ -10,7 +23,7 @@ pub fn encode(
     ec: EcProfile,
     geometry: &StripeGeometry,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let k = ec.k as usize;
+    let (k, m) = (ec.k as usize, ec.m as usize);
     let shard_len = geometry.shard_len() as usize;
     let mut shards: Vec<Vec<u8>> = (0..k)
         .map(|i| {
@@ -21,15 +34,24 @@ pub fn encode(
             s
         })
         .collect();
-    if ec.m > 0 {
-        let mut enc =
-            ReedSolomonEncoder::new(k, ec.m as usize, shard_len).map_err(|e| e.to_string())?;
-        for s in &shards {
-            enc.add_original_shard(s).map_err(|e| e.to_string())?;
-        }
-        let out = enc.encode().map_err(|e| e.to_string())?;
-        shards.extend(out.recovery_iter().map(<[u8]>::to_vec));
+    if m == 0 {
+        return Ok(shards);
     }
+    let parity = ENCODER.with_borrow_mut(|slot| -> Result<Vec<Vec<u8>>, String> {
+        let enc = match slot {
+            Some(enc) => {
+                enc.reset(k, m, shard_len).map_err(err)?;
+                enc
+            }
+            None => slot.insert(ReedSolomonEncoder::new(k, m, shard_len).map_err(err)?),
+        };
+        for s in &shards {
+            enc.add_original_shard(s).map_err(err)?;
+        }
+        let out = enc.encode().map_err(err)?;
+        Ok(out.recovery_iter().map(<[u8]>::to_vec).collect())
+    })?;
+    shards.extend(parity);
     Ok(shards)
 }
 
@@ -40,7 +62,7 @@ pub fn decode(
     shard_len: usize,
     have: &[Option<Vec<u8>>],
 ) -> Result<Vec<Vec<u8>>, String> {
-    let k = ec.k as usize;
+    let (k, m) = (ec.k as usize, ec.m as usize);
     let present = have.iter().filter(|s| s.is_some()).count();
     if present < k {
         return Err(format!(
@@ -51,29 +73,39 @@ pub fn decode(
     if have[..k].iter().all(Option::is_some) {
         return Ok(have[..k].iter().flatten().cloned().collect());
     }
-    let mut dec =
-        ReedSolomonDecoder::new(k, ec.m as usize, shard_len).map_err(|e| e.to_string())?;
-    for (i, s) in have.iter().enumerate() {
-        if let Some(s) = s {
-            if i < k {
-                dec.add_original_shard(i, s).map_err(|e| e.to_string())?;
-            } else {
-                dec.add_recovery_shard(i - k, s)
-                    .map_err(|e| e.to_string())?;
+    let mut restored =
+        DECODER.with_borrow_mut(|slot| -> Result<Vec<(usize, Vec<u8>)>, String> {
+            let dec = match slot {
+                Some(dec) => {
+                    dec.reset(k, m, shard_len).map_err(err)?;
+                    dec
+                }
+                None => slot.insert(ReedSolomonDecoder::new(k, m, shard_len).map_err(err)?),
+            };
+            for (i, s) in have.iter().enumerate() {
+                match s {
+                    Some(s) if i < k => dec.add_original_shard(i, s).map_err(err)?,
+                    Some(s) => dec.add_recovery_shard(i - k, s).map_err(err)?,
+                    None => {}
+                }
             }
-        }
-    }
-    let restored = dec.decode().map_err(|e| e.to_string())?;
+            let out = dec.decode().map_err(err)?;
+            Ok(out
+                .restored_original_iter()
+                .map(|(i, s)| (i, s.to_vec()))
+                .collect())
+        })?;
     let mut out = Vec::with_capacity(k);
     for (i, shard) in have[..k].iter().enumerate() {
         match shard {
             Some(s) => out.push(s.clone()),
-            None => out.push(
-                restored
-                    .restored_original(i)
-                    .ok_or_else(|| format!("shard {i} not restored"))?
-                    .to_vec(),
-            ),
+            None => {
+                let at = restored
+                    .iter()
+                    .position(|(r, _)| *r == i)
+                    .ok_or_else(|| format!("shard {i} not restored"))?;
+                out.push(restored.swap_remove(at).1);
+            }
         }
     }
     Ok(out)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole shoal test suite, as CI runs it (.ci/run calls this script).
-#   formatting -> lints -> build -> unit, contract and multi-node tests
+#   formatting -> lints -> build -> unit, contract and multi-node tests -> Ansible lab
 # Set CARGO_TARGET_DIR to keep build outputs between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,3 +18,9 @@ echo "== cargo build (the multi-node tests run the built binaries)"
 cargo build --workspace --locked
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== the Ansible rollout on three systemd-nspawn nodes (root only)"
+if [ "$(id -u)" = 0 ]; then
+  ansible/tests/run.sh "${CARGO_TARGET_DIR:-target}/debug"
+else
+  echo "SKIPPED: the Ansible lab needs root (systemd-nspawn, network namespaces)"
+fi

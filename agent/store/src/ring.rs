@@ -16,14 +16,20 @@ use io_uring::{IoUring, opcode, squeue, types};
 use tokio::sync::oneshot;
 use tracing::error;
 
+/// `buf[start..end]` is the part of the buffer an operation moves; `done` counts the bytes
+/// already moved.
 enum Op {
     Write {
         buf: Vec<u8>,
+        start: usize,
+        end: usize,
         done: usize,
         reply: oneshot::Sender<io::Result<()>>,
     },
     Read {
         buf: Vec<u8>,
+        start: usize,
+        end: usize,
         done: usize,
         reply: oneshot::Sender<io::Result<Vec<u8>>>,
     },
@@ -75,32 +81,56 @@ impl Ring {
 
     /// Writes all of `buf` at `offset`.
     pub async fn write_all(&self, file: Arc<File>, buf: Vec<u8>, offset: u64) -> io::Result<()> {
+        let end = buf.len();
+        self.write_range(file, buf, 0..end, offset).await
+    }
+
+    /// Writes `buf[range]` at `offset` (`range.start` lets O_DIRECT callers align the
+    /// memory inside an over-allocated buffer).
+    pub async fn write_range(
+        &self,
+        file: Arc<File>,
+        buf: Vec<u8>,
+        range: std::ops::Range<usize>,
+        offset: u64,
+    ) -> io::Result<()> {
         let (reply, rx) = oneshot::channel();
-        self.send(Request {
-            file,
-            offset,
-            op: Op::Write {
-                buf,
-                done: 0,
-                reply,
-            },
-        })?;
+        let (start, end) = (range.start, range.end.min(buf.len()));
+        let op = Op::Write {
+            buf,
+            start,
+            end,
+            done: 0,
+            reply,
+        };
+        self.send(Request { file, offset, op })?;
         rx.await.map_err(|_| stopped())?
     }
 
     /// Reads up to `len` bytes at `offset`; fewer only at end of file.
     pub async fn read(&self, file: Arc<File>, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        self.read_into(file, vec![0u8; len], 0, offset).await
+    }
+
+    /// Reads into `buf[start..]` at `offset`; returns what was read (fewer bytes only at end
+    /// of file) without the first `start` bytes of `buf`.
+    pub async fn read_into(
+        &self,
+        file: Arc<File>,
+        buf: Vec<u8>,
+        start: usize,
+        offset: u64,
+    ) -> io::Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        let buf = vec![0u8; len];
-        self.send(Request {
-            file,
-            offset,
-            op: Op::Read {
-                buf,
-                done: 0,
-                reply,
-            },
-        })?;
+        let end = buf.len();
+        let op = Op::Read {
+            buf,
+            start,
+            end,
+            done: 0,
+            reply,
+        };
+        self.send(Request { file, offset, op })?;
         rx.await.map_err(|_| stopped())?
     }
 
@@ -120,14 +150,26 @@ impl Ring {
 fn entry(req: &mut Request, slot: usize) -> squeue::Entry {
     let fd = types::Fd(req.file.as_raw_fd());
     let e = match &mut req.op {
-        Op::Write { buf, done, .. } => {
-            let rest = &buf[*done..];
+        Op::Write {
+            buf,
+            start,
+            end,
+            done,
+            ..
+        } => {
+            let rest = &buf[*start + *done..*end];
             opcode::Write::new(fd, rest.as_ptr(), rest.len() as u32)
                 .offset(req.offset + *done as u64)
                 .build()
         }
-        Op::Read { buf, done, .. } => {
-            let rest = &mut buf[*done..];
+        Op::Read {
+            buf,
+            start,
+            end,
+            done,
+            ..
+        } => {
+            let rest = &mut buf[*start + *done..*end];
             opcode::Read::new(fd, rest.as_mut_ptr(), rest.len() as u32)
                 .offset(req.offset + *done as u64)
                 .build()
@@ -205,6 +247,8 @@ fn complete(req: &mut Request, res: i32) -> bool {
     match op {
         Op::Write {
             buf,
+            start,
+            end,
             mut done,
             reply,
         } => {
@@ -220,8 +264,14 @@ fn complete(req: &mut Request, res: i32) -> bool {
                 return false;
             }
             done += res as usize;
-            if done < buf.len() {
-                req.op = Op::Write { buf, done, reply };
+            if start + done < end {
+                req.op = Op::Write {
+                    buf,
+                    start,
+                    end,
+                    done,
+                    reply,
+                };
                 return true;
             }
             let _ = reply.send(Ok(()));
@@ -229,6 +279,8 @@ fn complete(req: &mut Request, res: i32) -> bool {
         }
         Op::Read {
             mut buf,
+            start,
+            end,
             mut done,
             reply,
         } => {
@@ -237,11 +289,18 @@ fn complete(req: &mut Request, res: i32) -> bool {
                 return false;
             }
             done += res as usize;
-            if res > 0 && done < buf.len() {
-                req.op = Op::Read { buf, done, reply };
+            if res > 0 && start + done < end {
+                req.op = Op::Read {
+                    buf,
+                    start,
+                    end,
+                    done,
+                    reply,
+                };
                 return true;
             }
-            buf.truncate(done);
+            buf.truncate(start + done);
+            buf.drain(..start);
             let _ = reply.send(Ok(buf));
             false
         }

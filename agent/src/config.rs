@@ -55,6 +55,9 @@ pub struct StorageConfig {
     /// Erasure-coding profile of new stripes, "K+M".
     #[serde(default = "default_ec")]
     pub ec: shoal_placement::EcProfile,
+    /// Write and read shard files with O_DIRECT (no page cache; files padded to 4 KiB).
+    #[serde(default)]
+    pub direct_io: bool,
 }
 
 fn default_capacity() -> String {
@@ -69,6 +72,7 @@ impl Default for StorageConfig {
         StorageConfig {
             capacity: default_capacity(),
             ec: default_ec(),
+            direct_io: false,
         }
     }
 }

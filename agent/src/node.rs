@@ -135,8 +135,13 @@ impl Node {
         let limit = config.storage.limit_bytes(capacity_bytes)?;
         let ring =
             Ring::start(256).map_err(|e| AgentError::Io(format!("cannot start io_uring: {e}")))?;
-        let (store, recovery) =
-            DiskStore::open(&config.node.data_dir.join("store"), limit, ring).await?;
+        let (store, recovery) = DiskStore::open_with(
+            &config.node.data_dir.join("store"),
+            limit,
+            ring,
+            config.storage.direct_io,
+        )
+        .await?;
         if recovery != Recovery::default() {
             warn!(?recovery, "shard store recovered from an unclean stop");
         }

@@ -170,6 +170,7 @@ fn beside_storage(
         store_capacity: None,
         bulk: "secure".into(),
         bulk_port: 7948,
+        direct_io: false,
     };
     dev_cluster::up(&up)?;
     let socket = dev_cluster::node_dir(&dir, 1).join("agent.sock");

@@ -32,6 +32,8 @@ pub struct UpOptions {
     pub store_capacity: Option<String>,
     /// `mesh.bulk`: "secure", "crc" or "off".
     pub bulk: String,
+    /// `[storage] direct_io`.
+    pub direct_io: bool,
     pub bulk_port: u16,
 }
 
@@ -167,7 +169,11 @@ addr = "{ip}:{metrics}"
 [log]
 format = "text"
 level = "info"
-{storage}{resources}"#,
+
+[storage]
+capacity = "{capacity}"
+direct_io = {direct_io}
+{resources}"#,
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
         rpc = opts.rpc_port,
@@ -185,11 +191,8 @@ level = "info"
             .as_ref()
             .map(|r| render_reserve(r, ip))
             .unwrap_or_default(),
-        storage = opts
-            .store_capacity
-            .as_ref()
-            .map(|c| format!("\n[storage]\ncapacity = \"{c}\"\n"))
-            .unwrap_or_default(),
+        capacity = opts.store_capacity.as_deref().unwrap_or("90%"),
+        direct_io = opts.direct_io,
     )
 }
 

@@ -180,6 +180,9 @@ enum DevClusterCmd {
         bulk: String,
         #[arg(long, default_value_t = 7948)]
         bulk_port: u16,
+        /// Shard files with O_DIRECT (`[storage] direct_io`).
+        #[arg(long)]
+        direct_io: bool,
     },
     /// Stop the agents of the dev cluster in DIR (data is kept).
     Down {
@@ -275,6 +278,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             store_capacity,
             bulk,
             bulk_port,
+            direct_io,
         }) => dev_cluster::up(&dev_cluster::UpOptions {
             nodes,
             dir,
@@ -297,6 +301,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             store_capacity,
             bulk,
             bulk_port,
+            direct_io,
         }),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
     }

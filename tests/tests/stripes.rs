@@ -77,7 +77,8 @@ fn six_nodes_4_2_read_back_every_byte_with_two_nodes_killed() {
 
 #[test]
 fn corrupt_shard_is_detected_counted_logged_and_read_around() {
-    let c = DevCluster::up(6, 32);
+    // Shard files written and read with O_DIRECT here.
+    let c = DevCluster::up_with(6, 32, &["--direct-io"]);
     let (ok, report, err) = bench(&c, &["--size", "16MiB", "--ec", "4+2"]);
     assert!(ok, "{err}\n{report}");
     // Flip bytes in the middle of one data shard file.

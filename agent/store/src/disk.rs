@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,6 +45,8 @@ struct State {
 }
 
 pub struct DiskStore {
+    /// Shard files use O_DIRECT.
+    direct: bool,
     shards: PathBuf,
     db: Arc<Database>,
     ring: Ring,
@@ -63,8 +66,33 @@ fn index_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Index(e.to_string())
 }
 
-fn file_size(data_len: u64) -> u64 {
-    HEADER_LEN as u64 + data_len
+/// O_DIRECT needs buffers, offsets and lengths aligned to this.
+const DIRECT_ALIGN: usize = 4096;
+
+/// Bytes a shard file takes: header and data, padded to [`DIRECT_ALIGN`] under O_DIRECT.
+fn file_size(data_len: u64, direct: bool) -> u64 {
+    let raw = HEADER_LEN as u64 + data_len;
+    if direct {
+        raw.next_multiple_of(DIRECT_ALIGN as u64)
+    } else {
+        raw
+    }
+}
+
+/// A zeroed buffer of `len + DIRECT_ALIGN` bytes and the offset inside it where `len`
+/// aligned bytes start.
+fn aligned_buffer(len: usize) -> (Vec<u8>, usize) {
+    let buf = vec![0u8; len + DIRECT_ALIGN];
+    let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+    (buf, start)
+}
+
+fn open_flags(direct: bool) -> i32 {
+    if direct {
+        nix::fcntl::OFlag::O_DIRECT.bits()
+    } else {
+        0
+    }
 }
 
 fn parse_name(name: &str) -> Option<ShardKey> {
@@ -82,15 +110,34 @@ impl DiskStore {
     /// Opens (creating if needed) the store under `root`, refusing writes past `limit`
     /// bytes, and recovers from a crash.
     pub async fn open(root: &Path, limit: u64, ring: Ring) -> Result<(Self, Recovery), StoreError> {
+        Self::open_with(root, limit, ring, false).await
+    }
+
+    /// Like [`DiskStore::open`]; with `direct_io` shard files are written and read with
+    /// O_DIRECT (bypassing the page cache the training job lives on), padded to 4 KiB.
+    pub async fn open_with(
+        root: &Path,
+        limit: u64,
+        ring: Ring,
+        direct_io: bool,
+    ) -> Result<(Self, Recovery), StoreError> {
         let root = root.to_owned();
-        tokio::task::spawn_blocking(move || Self::open_blocking(&root, limit, ring))
+        tokio::task::spawn_blocking(move || Self::open_blocking(&root, limit, ring, direct_io))
             .await
             .map_err(|e| StoreError::Index(format!("open task failed: {e}")))?
     }
 
-    fn open_blocking(root: &Path, limit: u64, ring: Ring) -> Result<(Self, Recovery), StoreError> {
+    fn open_blocking(
+        root: &Path,
+        limit: u64,
+        ring: Ring,
+        direct: bool,
+    ) -> Result<(Self, Recovery), StoreError> {
         let shards = root.join("shards");
         std::fs::create_dir_all(&shards).map_err(io_err("create", &shards))?;
+        if direct {
+            probe_direct_io(&shards)?;
+        }
         let db = Database::create(root.join("index.redb")).map_err(index_err)?;
         let mut index = BTreeMap::new();
         {
@@ -166,8 +213,9 @@ impl DiskStore {
         for k in gone {
             index.remove(&k);
         }
-        let used = index.values().map(|(len, _)| file_size(*len)).sum();
+        let used = index.values().map(|(len, _)| file_size(*len, direct)).sum();
         let store = DiskStore {
+            direct,
             shards,
             db: Arc::new(db),
             ring,
@@ -222,15 +270,21 @@ impl DiskStore {
             .create(true)
             .truncate(true)
             .write(true)
+            .custom_flags(open_flags(self.direct))
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
         let file = Arc::new(file);
-        let mut buf = Vec::with_capacity(HEADER_LEN + data.len());
-        buf.extend_from_slice(&ShardHeader::for_data(key, data).encode());
-        buf.extend_from_slice(data);
+        let size = file_size(data.len() as u64, self.direct) as usize;
+        let (mut buf, start) = if self.direct {
+            aligned_buffer(size)
+        } else {
+            (vec![0u8; size], 0)
+        };
+        buf[start..start + HEADER_LEN].copy_from_slice(&ShardHeader::for_data(key, data).encode());
+        buf[start + HEADER_LEN..start + HEADER_LEN + data.len()].copy_from_slice(data);
         let res = async {
             self.ring
-                .write_all(file.clone(), buf, 0)
+                .write_range(file.clone(), buf, start..start + size, 0)
                 .await
                 .map_err(io_err("write", &tmp))?;
             self.ring.fsync(file).await.map_err(io_err("fsync", &tmp))?;
@@ -247,20 +301,44 @@ impl DiskStore {
     }
 }
 
+/// Fails clearly where the filesystem refuses O_DIRECT (tmpfs, some overlays).
+fn probe_direct_io(dir: &Path) -> Result<(), StoreError> {
+    let probe = dir.join(".direct-io-probe");
+    let res = File::options()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .custom_flags(open_flags(true))
+        .open(&probe)
+        .and_then(|mut f| {
+            use std::io::Write;
+            let (buf, start) = aligned_buffer(DIRECT_ALIGN);
+            f.write_all(&buf[start..start + DIRECT_ALIGN])
+        });
+    let _ = std::fs::remove_file(&probe);
+    res.map_err(|source| StoreError::Io {
+        op: "use O_DIRECT (storage.direct_io) in",
+        path: dir.to_owned(),
+        source,
+    })
+}
+
 /// Decodes and verifies a whole shard file.
 fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
     let h = ShardHeader::decode(bytes)?;
     if h.key != key {
         return Err(format!("header names shard {}", h.key));
     }
-    let data = &bytes[HEADER_LEN..];
-    if data.len() as u64 != h.data_len {
+    let end = (HEADER_LEN as u64).saturating_add(h.data_len);
+    // Files written with O_DIRECT carry zero padding up to the next 4 KiB.
+    if (bytes.len() as u64) < end || bytes.len() as u64 >= end.saturating_add(DIRECT_ALIGN as u64) {
         return Err(format!(
-            "{} data bytes, header says {}",
-            data.len(),
+            "{} bytes in file, header says {} data bytes",
+            bytes.len(),
             h.data_len
         ));
     }
+    let data = &bytes[HEADER_LEN..end as usize];
     if crc32c::crc32c(data) != h.data_crc {
         return Err("data checksum mismatch".into());
     }
@@ -269,7 +347,7 @@ fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
 
 impl ShardStore for DiskStore {
     async fn put(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
-        let size = file_size(data.len() as u64);
+        let size = file_size(data.len() as u64, self.direct);
         let crc = crc32c::crc32c(&data);
         {
             let mut st = self.lock();
@@ -315,10 +393,21 @@ impl ShardStore for DiskStore {
             .get(&key)
             .ok_or(StoreError::NotFound(key))?;
         let path = self.path(key);
-        let file = Arc::new(File::open(&path).map_err(io_err("open", &path))?);
+        let file = File::options()
+            .read(true)
+            .custom_flags(open_flags(self.direct))
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        let size = file_size(data_len, self.direct) as usize;
+        let (mut buf, start) = if self.direct {
+            aligned_buffer(size)
+        } else {
+            (vec![0u8; size], 0)
+        };
+        buf.truncate(start + size);
         let bytes = self
             .ring
-            .read(file, file_size(data_len) as usize, 0)
+            .read_into(Arc::new(file), buf, start, 0)
             .await
             .map_err(io_err("read", &path))?;
         let corrupt = |reason: String| StoreError::Corrupt { key, reason };
@@ -326,8 +415,7 @@ impl ShardStore for DiskStore {
         if h.data_len != data_len || h.data_crc != crc {
             return Err(corrupt("shard differs from its index entry".into()));
         }
-        let mut data = Bytes::from(bytes);
-        let data = data.split_off(HEADER_LEN);
+        let data = Bytes::from(bytes).slice(HEADER_LEN..HEADER_LEN + data_len as usize);
         slice(key, data, offset, len)
     }
 
@@ -344,7 +432,7 @@ impl ShardStore for DiskStore {
         }
         let mut st = self.lock();
         if st.index.remove(&key).is_some() {
-            st.used -= file_size(len);
+            st.used -= file_size(len, self.direct);
         }
         Ok(true)
     }

@@ -18,3 +18,54 @@ async fn disk_store_keeps_the_contract() {
 async fn mem_store_keeps_the_contract() {
     run_all(&MemStore::new(LIMIT)).await;
 }
+
+#[tokio::test]
+async fn disk_store_with_direct_io_keeps_the_contract_and_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ring = Ring::start(64).expect("io_uring");
+    let Ok((store, _)) = DiskStore::open_with(dir.path(), LIMIT * 2, ring.clone(), true).await
+    else {
+        // The suite is meant for a filesystem with O_DIRECT (ext4/xfs, as on NVMe nodes).
+        panic!(
+            "O_DIRECT refused on the test filesystem at {}",
+            dir.path().display()
+        );
+    };
+    use shoal_store::{ShardKey, ShardStore};
+    let key = ShardKey {
+        stripe: 5,
+        index: 1,
+    };
+    let data = bytes::Bytes::from((0..100_001u32).map(|i| i as u8).collect::<Vec<_>>());
+    store.put(key, data.clone()).await.expect("put");
+    assert_eq!(store.get(key, 0, None).await.expect("get"), data);
+    assert_eq!(
+        store.get(key, 99_000, Some(1_001)).await.expect("tail"),
+        data.slice(99_000..)
+    );
+    // Padded to 4 KiB on disk.
+    let on_disk = std::fs::metadata(dir.path().join("shards").join(key.to_string()))
+        .expect("stat")
+        .len();
+    assert_eq!(on_disk % 4096, 0);
+    drop(store);
+    let (store, recovery) = DiskStore::open_with(dir.path(), LIMIT * 2, ring, true)
+        .await
+        .expect("reopen");
+    assert_eq!(recovery, Default::default());
+    assert_eq!(
+        store.get(key, 0, None).await.expect("get after reopen"),
+        data
+    );
+    store.delete(key).await.expect("delete");
+}
+
+#[tokio::test]
+async fn disk_store_with_direct_io_passes_the_whole_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ring = Ring::start(64).expect("io_uring");
+    let (store, _) = DiskStore::open_with(dir.path(), LIMIT, ring, true)
+        .await
+        .expect("open");
+    run_all(&store).await;
+}

@@ -28,6 +28,8 @@ use crate::tls::TlsMaterial;
 pub(crate) const BULK_ALPN: &[u8] = b"shoal-bulk/1";
 const MAX_FRAME: usize = 17 << 20;
 const ACK: u8 = 0x06;
+/// Longest a TLS handshake plus mode exchange may take.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 8;
 
@@ -232,9 +234,12 @@ pub(crate) async fn serve<F, Fut>(
         };
         let (bulk, dispatch, on_reject) = (bulk.clone(), dispatch.clone(), on_reject.clone());
         tokio::spawn(async move {
-            let mut conn = match bulk.accept(tcp).await {
-                Ok(c) => c,
-                Err(e) => return on_reject(remote, e.to_string()),
+            // A peer that connects and stalls the handshake must not hold a task forever.
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, bulk.accept(tcp)).await;
+            let mut conn = match handshake {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return on_reject(remote, e.to_string()),
+                Err(_) => return on_reject(remote, "handshake timed out".into()),
             };
             loop {
                 let request = match conn.recv().await {

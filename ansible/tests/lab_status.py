@@ -8,6 +8,9 @@
   lab_status.py windows < lines "nodeI STOPPING STARTED" (epoch seconds, from each journal)
       exit 0 iff every node has a restart window and the windows, in node order, do not
       overlap: each agent was back before the next one was stopped
+  lab_status.py best-effort OBSERVER MEMORY_BYTES CORES < status.json
+      exit 0 iff the answer comes from nodeOBSERVER and shows its reservation (the given
+      memory limit and reserved cores) NOT enforced, with a note saying why; prints the note
   lab_status.py rolling POLL_LOG N
       POLL_LOG has lines "EPOCH nodeI JSON-or-none", N per polling round. For each round, the
       nodes that were out: not answering, or listed in another state than alive by a node that
@@ -44,6 +47,20 @@ def generation():
     status = json.load(sys.stdin)
     print([m["generation"] for m in status["nodes"] if m["is_self"]][0])
     return True
+
+
+def best_effort(observer, memory_bytes, cores):
+    status = json.load(sys.stdin)
+    selves = [m["name"] for m in status["nodes"] if m["is_self"]]
+    r = status.get("resources")
+    if selves != [f"node{observer}"] or r is None:
+        print(f"    node{observer}: answered by {selves}, resources {r}")
+        return False
+    print(f"    node{observer}: enforced={r['enforced']} memory_limit_bytes={r['memory_limit_bytes']} "
+          f"reserved_cores={r['reserved_cores']} note: {r.get('note')}")
+    return (r["enforced"] is False and bool((r.get("note") or "").strip())
+            and r["memory_limit_bytes"] == memory_bytes and r["reserved_cores"] == cores
+            and r.get("cpus") is None)
 
 
 def windows():
@@ -88,6 +105,8 @@ if __name__ == "__main__":
         good = all_alive(sys.argv[2], int(sys.argv[3]))
     elif cmd == "generation":
         good = generation()
+    elif cmd == "best-effort":
+        good = best_effort(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "windows":
         good = windows()
     elif cmd == "rolling":

@@ -8,11 +8,13 @@
 # 1. static: ansible-lint (production profile) and --syntax-check of every playbook; the
 #    config template still renders the committed tests/rendered-agent.toml;
 # 2. the lab (lab/lab.sh, 3 systemd-nspawn nodes in 3 failure domains):
-#    converge site.yml -> every agent alive and seeing every other; hardened unit;
-#    re-run -> changed=0; change one variable -> only the config changes, agents restart one
+#    converge site.yml -> every agent alive and seeing every other; hardened unit; the lab's
+#    reservation ([resources], best-effort) reached every agent, which runs unconfined and
+#    says so in `shoal status --json` and its journal; re-run -> changed=0; change one variable -> only the config changes, agents restart one
 #    at a time (generation +1 each) with never more than one node out; invalid variables ->
 #    the play stops before touching any node; a config the agent refuses never replaces the
-#    good one; rolling_upgrade.yml replaces the binary node by node; with one agent down a
+#    good one; with resources.enforcement = "required" an agent that cannot confine itself
+#    refuses to start (a scratch agent on node1, beside the running one); rolling_upgrade.yml replaces the binary node by node; with one agent down a
 #    rolling restart stops at the gate after the first failure domain; drain.yml;
 # 3. the lab is torn down, also on failure (trap).
 # Prints every check; exits non-zero on the first failure. The Python venv with ansible-core
@@ -211,6 +213,31 @@ unit_ok() {
   done
 }
 check "unit enabled, active, hardened (Delegate, ProtectSystem=strict, NoNewPrivileges, PrivateTmp, no capabilities)" unit_ok
+# The lab's reservation (lab/group_vars/shoal_nodes.yml: 0.5 cores, 256MiB, best-effort) in
+# every agent; the nodes' cgroup controllers are read-only, so none of them is confined.
+LAB_MEMORY_BYTES=$((256 << 20)) LAB_CORES=0.5
+resources_best_effort() {
+  local i
+  for i in $(seq 1 $N); do
+    on "$i" grep -qx 'enforcement = "best-effort"' /etc/shoal/agent.toml ||
+      { echo "    node$i: no best-effort [resources] in /etc/shoal/agent.toml"; return 1; }
+    on "$i" shoal status --json | status best-effort "$i" $LAB_MEMORY_BYTES $LAB_CORES || return 1
+  done
+}
+check "every agent has the lab's reservation, NOT enforced, with a note why (shoal status --json: resources)" \
+  resources_best_effort
+best_effort_logged() {
+  local i
+  for i in $(seq 1 $N); do
+    # awk reads everything (grep -q would end the pipe early: SIGPIPE under pipefail).
+    on "$i" journalctl -u shoal-agent -o cat --no-pager |
+      awk '/ WARN / && index($0, "resource reservation NOT enforced (enforcement = best-effort)") { f = 1 }
+           END { exit !f }' ||
+      { echo "    node$i: no best-effort warning in the agent's journal"; return 1; }
+  done
+}
+check "every agent's journal has the WARN \"resource reservation NOT enforced (enforcement = best-effort)\"" \
+  best_effort_logged
 CA0=$(sha256sum "$STATE/ca/ca.pem" "$STATE/ca/ca.key" "$STATE/ca/cluster.key")
 no_ca_key() {
   local i
@@ -282,6 +309,16 @@ invalid_case missing-data-dir "node3: shoal_data_dir /srv/nvme1/shoal does not e
 # A reservation larger than node1's memory.
 printf 'all:\n  hosts:\n    node1:\n      shoal_reserved_memory: 64T\n' > "$OUT/inv-bigmem.yml"
 invalid_case reservation-too-big "node1: shoal_reserved_memory is 64T, but this node has" -i "$OUT/inv-bigmem.yml"
+# CPU reserved both ways, or not at all while memory is reserved; more cores than a node has.
+invalid_case both-cpu-reservations \
+  "node1: shoal_reserved_cpus and shoal_reserved_cpu_cores are both set" -e shoal_reserved_cpus=0
+invalid_case no-cpu-reservation \
+  "node1: shoal_reserved_memory is set but neither shoal_reserved_cpus nor shoal_reserved_cpu_cores is" \
+  -e shoal_reserved_cpu_cores=
+invalid_case cpu-quota-too-big "node1: shoal_reserved_cpu_cores is 64, but this node has" \
+  -e shoal_reserved_cpu_cores=64
+invalid_case cpuset-not-on-node "node1: shoal_reserved_cpus is 0-63, but this node has" \
+  -e shoal_reserved_cpus=0-63 -e shoal_reserved_cpu_cores=
 check "the checks did not restart any agent" test "$(generations)" = "$GEN1"
 
 say "a value only the agent can refuse: its --check-config keeps the good config"
@@ -290,6 +327,59 @@ check "the template task failed on the first node with the agent's message (log.
   grep -qF "log.level" "$LAST_LOG"
 check "every node's files unchanged (checksums)" test "$(snapshot)" = "$SNAP1"
 check "no agent restarted (generations $GEN1)" test "$(generations)" = "$GEN1"
+
+# ---------------------------------------------------------------------------------------
+say "resources.enforcement = required where cgroups are read-only: the agent refuses to start"
+# The template's validate (--check-config) does not try the cgroup, so only a real start
+# shows the refusal. Not through the play (that would replace node1's good config and leave
+# its agent failing): a scratch agent on node1, under systemd with Delegate=yes like the real
+# unit, with node1's rendered config changed to enforcement = "required" and everything it
+# could share with the running agent moved aside (name, data dir, ports, seeds, socket,
+# metrics, cgroup), so that it could not join the cluster even if it started.
+RT=/var/tmp/shoal-required-test
+LAST_LOG=$OUT/required.toml
+on 1 cat /etc/shoal/agent.toml | sed \
+  -e 's/^enforcement = "best-effort"$/enforcement = "required"/' \
+  -e 's/^name = "node1"$/name = "node1-required-test"/' \
+  -e "s|^data_dir = .*|data_dir = \"$RT/data\"|" \
+  -e 's/^gossip_port = .*/gossip_port = 17946/' -e 's/^rpc_port = .*/rpc_port = 17947/' \
+  -e 's/^bulk_port = .*/bulk_port = 17948/' -e 's/^seeds = .*/seeds = ["10.77.0.11:17946"]/' \
+  -e 's|^socket = .*|socket = "/run/shoal-required-test/agent.sock"|' \
+  -e '/^\[metrics\]/,/^\[/{/^addr = /d}' -e 's/^cgroup = .*/cgroup = "shoal-required-test"/' \
+  >"$LAST_LOG"
+scratch_config_ok() {
+  local line
+  for line in 'enforcement = "required"' 'name = "node1-required-test"' "data_dir = \"$RT/data\"" \
+    'gossip_port = 17946' 'rpc_port = 17947' 'bulk_port = 17948' 'seeds = ["10.77.0.11:17946"]' \
+    'socket = "/run/shoal-required-test/agent.sock"' 'cgroup = "shoal-required-test"' \
+    'cpu_cores = 0.5' 'memory = "256MiB"'; do
+    grep -qxF "$line" "$LAST_LOG" || { echo "    missing: $line"; return 1; }
+  done
+  ! grep -q '9464' "$LAST_LOG"
+}
+check "scratch config: node1's [resources] with enforcement = \"required\", nothing shared with the running agent" \
+  scratch_config_ok
+on 1 sh -c "rm -rf $RT && mkdir -p $RT/data && cat > $RT/agent.toml" <"$LAST_LOG"
+LAST_LOG=$OUT/required-check-config.log
+scratch_check_config() { on 1 shoal-agent --check-config --config "$RT/agent.toml" >"$LAST_LOG" 2>&1; }
+check "shoal-agent --check-config accepts it (the reservation fits the node; the cgroup is not tried)" \
+  scratch_check_config
+LAST_LOG=$OUT/required-start.log
+# RuntimeMaxSec bounds it should it start after all; --wait returns the agent's exit status.
+rc=0
+on 1 systemd-run --quiet --pipe --wait --collect --unit=shoal-required-test -p Delegate=yes \
+  -p RuntimeMaxSec=15 shoal-agent --config "$RT/agent.toml" </dev/null >"$LAST_LOG" 2>&1 || rc=$?
+on 1 sh -c 'systemctl stop shoal-required-test 2>/dev/null; systemctl reset-failed shoal-required-test 2>/dev/null; true'
+sed 's/^/    /' "$LAST_LOG"
+check "the scratch agent exited non-zero (rc=$rc)" test "$rc" -ne 0
+check "... saying \"cannot enforce the reservation here\" and pointing at \"best-effort\"" \
+  sh -c "grep -qF 'cannot enforce the reservation here' '$LAST_LOG' && grep -qF 'best-effort' '$LAST_LOG'"
+on 1 rm -rf "$RT"
+check "node1 keeps its good config (enforcement = \"best-effort\")" \
+  on 1 grep -qx 'enforcement = "best-effort"' /etc/shoal/agent.toml
+check "every node's files unchanged (checksums)" test "$(snapshot)" = "$SNAP1"
+check "no agent restarted (generations $GEN1)" test "$(generations)" = "$GEN1"
+check "the cluster stayed available: every agent alive, seeing exactly node1..node$N" wait_all_alive
 
 # ---------------------------------------------------------------------------------------
 VERSION=$("$BIN/shoal-agent" --version | awk '{print $2}')

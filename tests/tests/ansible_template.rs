@@ -22,4 +22,11 @@ fn rendered_ansible_template_is_a_valid_agent_config() {
     assert_eq!(config.admin.socket_mode, 0o660);
     assert_eq!(config.metrics.addr, None);
     assert_eq!(config.log.level, "shoal_mesh=debug,info");
+    let r = config.resources.expect("the sample reserves resources");
+    assert_eq!(r.cpus.as_deref(), Some("0-3"));
+    assert_eq!(r.cpu_cores, None);
+    assert_eq!(r.memory, "8GiB");
+    assert_eq!(r.min_free_cores, 2.0);
+    assert_eq!(r.min_free_memory, "16GiB");
+    assert_eq!(r.enforcement, shoal_resource_guard::Enforcement::Required);
 }

@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use shoal_agent_api::{MemberState, MemberStatus, StatusReport};
+use shoal_agent_api::{MemberState, MemberStatus, StatusReport, StoreStatus};
 use shoal_mesh::{MemberView, NodeId};
+use shoal_store::ShardStore;
 use tokio::task::JoinSet;
 
 use crate::system_rpc::Ping;
@@ -31,6 +32,14 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
         gpu: node.resources.gpu_status(),
         background_factor,
         background,
+        store: {
+            let u = node.store.usage();
+            StoreStatus {
+                shards: u.shards,
+                used_bytes: u.used_bytes,
+                limit_bytes: u.limit_bytes,
+            }
+        },
         node: node.identity.node.to_string(),
         agent_version: AGENT_VERSION.to_owned(),
         detection_bound_ms: node.config.mesh.membership().detection_bound().as_millis() as u64,

@@ -88,6 +88,14 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
             }
         }
     }
+    let st = &report.store;
+    let _ = writeln!(
+        out,
+        "store: {} shards, {} of {} fill limit",
+        st.shards,
+        bytes(st.used_bytes),
+        bytes(st.limit_bytes)
+    );
     let gpu = &report.gpu;
     match (&gpu.note, gpu.utilization_percent) {
         (Some(note), _) => {

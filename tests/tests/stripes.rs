@@ -132,6 +132,14 @@ fn full_node_refuses_writes_with_a_clear_error_and_keeps_its_data() {
     assert!(err.contains("node full") && err.contains("node"), "{err}");
     assert!(report.is_null() || report["write"]["errors"].as_u64().unwrap_or(0) > 0);
 
+    // Status says how full each store is, against its limit.
+    let nearly_full = (1..=6).any(|i| {
+        let st = &c.status(i).expect("status")["store"];
+        let used = st["used_bytes"].as_u64().unwrap_or(0);
+        st["limit_bytes"].as_u64() == Some(6 << 20) && used + (1 << 20) > 6 << 20
+    });
+    assert!(nearly_full, "no node reports a nearly full store");
+
     let (ok, report, err) = bench(&c, &["--read-only", "--records", first]);
     assert!(
         ok,

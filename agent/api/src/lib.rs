@@ -15,6 +15,7 @@ pub use error::ApiError;
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, ResourceStatus, StatusReport,
+    StoreStatus,
 };
 pub use stripe::{ShardLocation, StripeRead, StripeRecord};
 

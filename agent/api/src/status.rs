@@ -66,6 +66,18 @@ pub struct StatusReport {
     /// Fraction of the idle background budget in force (1 = GPUs idle or absent).
     pub background_factor: f64,
     pub background: Vec<BackgroundBudget>,
+    /// This node's shard store.
+    pub store: StoreStatus,
+}
+
+/// Space in this node's shard store.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoreStatus {
+    pub shards: u64,
+    /// Bytes of shard files.
+    pub used_bytes: u64,
+    /// The fill limit (`[storage] capacity`); writes past it fail with "node full".
+    pub limit_bytes: u64,
 }
 
 /// The agent's CPU/RAM reservation and what it uses.

@@ -8,16 +8,38 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
-use shoal_agent_api::{AgentClient, EcProfile, Request, Response, StripeRecord};
+use shoal_agent_api::{
+    AgentClient, DEFAULT_SOCKET, EcProfile, Request, Response, SOCKET_ENV, StripeRecord,
+};
 
+#[derive(clap::Args)]
 pub struct BenchOptions {
+    /// The agent's admin socket.
+    #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Total data to write, e.g. 256MiB or 2GiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub size: u64,
+    /// Bytes per stripe (default: k × 1 MiB, a full stripe).
+    #[arg(long, value_parser = parse_size)]
     pub stripe_size: Option<u64>,
+    /// EC profile, e.g. 4+2 (default: the agent's `storage.ec`).
+    #[arg(long)]
     pub ec: Option<EcProfile>,
+    /// Concurrent writers (and readers).
+    #[arg(long, default_value_t = 4)]
     pub writers: usize,
+    /// Where the written stripes' records are kept for `--read-only`.
+    #[arg(long, default_value = "shoal-bench-stripes.json")]
     pub records: PathBuf,
+    /// Skip writing: read back and verify the stripes in --records.
+    #[arg(long)]
     pub read_only: bool,
+    /// Accepted for clarity: every read is verified.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print the numbers as JSON.
+    #[arg(long)]
     pub json: bool,
 }
 

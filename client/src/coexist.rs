@@ -16,14 +16,27 @@ use shoal_agent_api::{AgentClient, EcProfile, Request, Response};
 
 use crate::dev_cluster::{self, Reserve, UpOptions};
 
+#[derive(clap::Args)]
 pub struct CoexistOptions {
+    /// Scratch directory for the two dev clusters (127.0.90.x).
+    #[arg(long, default_value = "/tmp/shoal-coexist")]
     pub dir: PathBuf,
+    #[arg(long, default_value_t = 3)]
     pub nodes: u8,
+    /// Training steps per run.
+    #[arg(long, default_value_t = 30)]
     pub steps: usize,
-    /// Cores reserved for storage in the confined run (the rest go to training).
+    /// CPUs reserved for storage in the confined run, e.g. 0 or 0,1 (the rest go to training).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
     pub storage_cpus: Vec<usize>,
+    /// Memory reserved per agent in the confined run.
+    #[arg(long, default_value = "512MiB")]
     pub memory: String,
+    /// The shoal-agent binary (default: next to this one, then PATH).
+    #[arg(long)]
     pub agent_bin: Option<PathBuf>,
+    /// Print the numbers as JSON.
+    #[arg(long)]
     pub json: bool,
 }
 

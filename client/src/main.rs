@@ -52,55 +52,9 @@ enum Cmd {
 enum BenchCmd {
     /// Training-proxy step time alone, beside storage load unconfined, and with the
     /// reservation (needs root for the cgroups).
-    Coexist {
-        /// Scratch directory for the two dev clusters (127.0.90.x).
-        #[arg(long, default_value = "/tmp/shoal-coexist")]
-        dir: PathBuf,
-        #[arg(long, default_value_t = 3)]
-        nodes: u8,
-        /// Training steps per run.
-        #[arg(long, default_value_t = 30)]
-        steps: usize,
-        /// CPUs reserved for storage in the confined run, e.g. 0 or 0,1.
-        #[arg(long, value_delimiter = ',', default_value = "0")]
-        storage_cpus: Vec<usize>,
-        /// Memory reserved per agent in the confined run.
-        #[arg(long, default_value = "512MiB")]
-        memory: String,
-        #[arg(long)]
-        agent_bin: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-    },
+    Coexist(coexist::CoexistOptions),
     /// Write erasure-coded stripes, read them back and verify every byte.
-    Stripes {
-        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
-        socket: PathBuf,
-        /// Total data to write, e.g. 256MiB or 2GiB.
-        #[arg(long, default_value = "256MiB", value_parser = bench::parse_size)]
-        size: u64,
-        /// Bytes per stripe (default: k × 1 MiB, a full stripe).
-        #[arg(long, value_parser = bench::parse_size)]
-        stripe_size: Option<u64>,
-        /// EC profile, e.g. 4+2 (default: the agent's `storage.ec`).
-        #[arg(long)]
-        ec: Option<shoal_agent_api::EcProfile>,
-        /// Concurrent writers (and readers).
-        #[arg(long, default_value_t = 4)]
-        writers: usize,
-        /// Where the written stripes' records are kept for `--read-only`.
-        #[arg(long, default_value = "shoal-bench-stripes.json")]
-        records: PathBuf,
-        /// Skip writing: read back and verify the stripes in --records.
-        #[arg(long)]
-        read_only: bool,
-        /// Accepted for clarity: every read is verified.
-        #[arg(long)]
-        verify: bool,
-        /// Print the numbers as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Stripes(bench::BenchOptions),
 }
 
 #[derive(Subcommand)]
@@ -204,47 +158,12 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Status { socket, json } => status_cmd(socket, json),
-        Cmd::Bench(BenchCmd::Coexist {
-            dir,
-            nodes,
-            steps,
-            storage_cpus,
-            memory,
-            agent_bin,
-            json,
-        }) => coexist::run(coexist::CoexistOptions {
-            dir,
-            nodes,
-            steps,
-            storage_cpus,
-            memory,
-            agent_bin,
-            json,
-        }),
-        Cmd::Bench(BenchCmd::Stripes {
-            socket,
-            size,
-            stripe_size,
-            ec,
-            writers,
-            records,
-            read_only,
-            verify: _,
-            json,
-        }) => {
+        Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
+        Cmd::Bench(BenchCmd::Stripes(o)) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(bench::run(bench::BenchOptions {
-                socket,
-                size,
-                stripe_size,
-                ec,
-                writers,
-                records,
-                read_only,
-                json,
-            }))
+            rt.block_on(bench::run(o))
         }
         Cmd::Cert(CertCmd::Init { dir, cluster_name }) => {
             cert::init(&dir, &cluster_name)?;

@@ -133,15 +133,9 @@ impl AppliedGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CpuList, FakeCgroupV2};
+    use crate::FakeCgroupV2;
 
-    fn machine() -> MachineInventory {
-        MachineInventory {
-            cpus: CpuList::parse("0-7").expect("cpus"),
-            memory_bytes: 64 << 30,
-            mems: "0".into(),
-        }
-    }
+    use crate::inventory::test_machine as machine;
 
     fn config(enforcement: Enforcement) -> ResourcesConfig {
         ResourcesConfig {

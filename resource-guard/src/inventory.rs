@@ -44,6 +44,16 @@ impl MachineInventory {
     }
 }
 
+/// An 8-CPU, 64 GiB machine for unit tests.
+#[cfg(test)]
+pub(crate) fn test_machine() -> MachineInventory {
+    MachineInventory {
+        cpus: CpuList::parse("0-7").expect("cpus"),
+        memory_bytes: 64 << 30,
+        mems: "0".into(),
+    }
+}
+
 fn parse_mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

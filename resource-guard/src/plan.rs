@@ -191,13 +191,7 @@ mod tests {
     use super::*;
     use crate::Enforcement;
 
-    fn machine() -> MachineInventory {
-        MachineInventory {
-            cpus: CpuList::parse("0-7").expect("cpus"),
-            memory_bytes: 64 << 30,
-            mems: "0".into(),
-        }
-    }
+    use crate::inventory::test_machine as machine;
 
     fn config() -> ResourcesConfig {
         ResourcesConfig {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use shoal_agent_api::{ShardLocation, StripeRead, StripeRecord};
 use shoal_mesh::{GossipHandle, MemberState, Transport};
@@ -35,6 +36,9 @@ struct StripeMetrics {
     read: Counter,
     degraded_reads: Counter,
     corrupt_shards: Counter,
+    store_shards: Gauge,
+    store_used: Gauge,
+    store_limit: Gauge,
 }
 
 /// How to reach a node: QUIC for control, the bulk lane (when it runs one) for payloads.
@@ -96,12 +100,28 @@ impl Stripes {
             "Stripe reads that had to decode",
             metrics.degraded_reads.clone(),
         );
+        let st = registry.sub_registry_with_prefix("shoal_store");
+        st.register(
+            "shards",
+            "Shards in this node's store",
+            metrics.store_shards.clone(),
+        );
+        st.register(
+            "used_bytes",
+            "Bytes of shard files in this node's store",
+            metrics.store_used.clone(),
+        );
+        st.register(
+            "limit_bytes",
+            "Fill limit of this node's store; writes past it fail with \"node full\"",
+            metrics.store_limit.clone(),
+        );
         registry.register(
             "shoal_store_corrupt_shards",
             "Shards found not to match their checksum (on this node's store or seen by this coordinator)",
             metrics.corrupt_shards.clone(),
         );
-        Stripes {
+        let stripes = Stripes {
             me,
             buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
             buffer_permits,
@@ -110,7 +130,9 @@ impl Stripes {
             gossip,
             default_ec,
             metrics,
-        }
+        };
+        stripes.update_store_gauges();
+        stripes
     }
 
     async fn peers(&self) -> Result<Peers, AgentError> {
@@ -150,6 +172,22 @@ impl Stripes {
 
     /// Serves one shard request against this node's store (local or from a peer).
     pub async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
+        let changes_usage = !matches!(req, ShardRequest::Get { .. });
+        let response = self.serve_shard_inner(req).await;
+        if changes_usage {
+            self.update_store_gauges();
+        }
+        response
+    }
+
+    fn update_store_gauges(&self) {
+        let u = self.store.usage();
+        self.metrics.store_shards.set(u.shards as i64);
+        self.metrics.store_used.set(u.used_bytes as i64);
+        self.metrics.store_limit.set(u.limit_bytes as i64);
+    }
+
+    async fn serve_shard_inner(&self, req: ShardRequest) -> ShardResponse {
         match req {
             ShardRequest::Put {
                 stripe,

@@ -139,6 +139,10 @@ fn full_node_refuses_writes_with_a_clear_error_and_keeps_its_data() {
         st["limit_bytes"].as_u64() == Some(6 << 20) && used + (1 << 20) > 6 << 20
     });
     assert!(nearly_full, "no node reports a nearly full store");
+    assert_eq!(
+        metric_sum(&c.metrics(2), "shoal_store_limit_bytes", ""),
+        (6u64 << 20) as f64
+    );
 
     let (ok, report, err) = bench(&c, &["--read-only", "--records", first]);
     assert!(

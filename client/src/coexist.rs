@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 use serde::Serialize;
 use shoal_agent_api::{AgentClient, EcProfile, Request, Response};
 
-use crate::dev_cluster::{self, Reserve, UpOptions};
+use crate::dev_cluster::{self, UpOptions};
 
 #[derive(clap::Args)]
 pub struct CoexistOptions {
@@ -166,29 +166,21 @@ fn beside_storage(
     o: &CoexistOptions,
     name: &'static str,
     training: &[usize],
-    reserve: Option<Reserve>,
+    reserved: bool,
 ) -> anyhow::Result<Run> {
     let dir = o.dir.join(name);
-    let up = UpOptions {
-        nodes: o.nodes,
-        dir: dir.clone(),
-        base_ip: std::net::Ipv4Addr::new(127, 0, 90, 1),
-        gossip_port: 7946,
-        rpc_port: 7947,
-        metrics_port: 9464,
-        failure_domains: 3,
-        agent_bin: o.agent_bin.clone(),
-        timeout: Duration::from_secs(60),
-        reserve: reserve.clone(),
-        store_capacity: None,
-        bulk: "secure".into(),
-        bulk_port: 7948,
-        direct_io: false,
-    };
+    let mut up = UpOptions::new(o.nodes, dir.clone());
+    up.base_ip = std::net::Ipv4Addr::new(127, 0, 90, 1);
+    up.agent_bin = o.agent_bin.clone();
+    if reserved {
+        let cpus: Vec<String> = o.storage_cpus.iter().map(|c| c.to_string()).collect();
+        up.reserve_cpus = Some(cpus.join(","));
+        up.reserve_memory = Some(o.memory.clone());
+    }
     dev_cluster::up(&up)?;
     let socket = dev_cluster::node_dir(&dir, 1).join("agent.sock");
     let stop = Arc::new(AtomicBool::new(false));
-    let load_cpus = reserve.as_ref().map(|_| o.storage_cpus.clone());
+    let load_cpus = reserved.then(|| o.storage_cpus.clone());
     // Shards of a stripe on distinct nodes: k+m = the cluster size, parity 1 or 2.
     let m = if o.nodes >= 5 { 2 } else { 1 };
     let ec = EcProfile {
@@ -240,24 +232,8 @@ pub fn run(o: CoexistOptions) -> anyhow::Result<()> {
         agent_memory_peak_bytes: None,
         agent_memory_limit_bytes: None,
     };
-    let unconfined = beside_storage(&o, "unconfined", &training, None)?;
-    let cpus = o
-        .storage_cpus
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let confined = beside_storage(
-        &o,
-        "confined",
-        &training,
-        Some(Reserve {
-            cpus: Some(cpus),
-            cpu_cores: None,
-            memory: o.memory.clone(),
-            best_effort: false,
-        }),
-    )?;
+    let unconfined = beside_storage(&o, "unconfined", &training, false)?;
+    let confined = beside_storage(&o, "confined", &training, true)?;
     let report = Report {
         slowdown_unconfined: unconfined.step_ms_median / alone.step_ms_median,
         slowdown_confined: confined.step_ms_median / alone.step_ms_median,

@@ -16,34 +16,83 @@ use shoal_agent_api::{AgentClient, MemberState, Request, Response};
 use crate::cert;
 
 /// Options of `dev-cluster up`.
+#[derive(clap::Args)]
 pub struct UpOptions {
+    #[arg(long, default_value_t = 3)]
     pub nodes: u8,
+    #[arg(long)]
     pub dir: PathBuf,
+    /// Address of node 1; node N gets the next addresses.
+    #[arg(long, default_value = "127.0.0.1")]
     pub base_ip: Ipv4Addr,
+    #[arg(long, default_value_t = 7946)]
     pub gossip_port: u16,
+    #[arg(long, default_value_t = 7947)]
     pub rpc_port: u16,
+    #[arg(long, default_value_t = 9464)]
     pub metrics_port: u16,
+    /// Number of failure domains the nodes are spread over (round robin).
+    #[arg(long, default_value_t = 3)]
     pub failure_domains: u8,
+    /// The shoal-agent binary (default: next to this one, then PATH).
+    #[arg(long)]
     pub agent_bin: Option<PathBuf>,
-    pub timeout: Duration,
-    /// `[resources]` for every node, if any.
-    pub reserve: Option<Reserve>,
-    /// `[storage] capacity` of every node (the shard store's fill limit), if given.
+    /// Seconds to wait for the cluster to converge.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Confine each agent to this memory (e.g. "512MiB"); needs root and cgroups.
+    #[arg(long)]
+    pub reserve_memory: Option<String>,
+    /// With --reserve-memory: pin each agent to this cpuset (e.g. "0").
+    #[arg(
+        long,
+        requires = "reserve_memory",
+        conflicts_with = "reserve_cpu_cores"
+    )]
+    pub reserve_cpus: Option<String>,
+    /// With --reserve-memory: give each agent this CPU quota in cores (default 0.5).
+    #[arg(long, requires = "reserve_memory")]
+    pub reserve_cpu_cores: Option<f64>,
+    /// With --reserve-memory: run unconfined (with a warning) where cgroups cannot be written.
+    #[arg(long, requires = "reserve_memory")]
+    pub best_effort: bool,
+    /// Fill limit of each node's shard store, e.g. "64MiB" or "50%".
+    #[arg(long)]
     pub store_capacity: Option<String>,
-    /// `mesh.bulk`: "secure", "crc" or "off".
+    /// How shard payloads travel: secure (TLS over TCP), crc (authenticated, checksummed,
+    /// unencrypted TCP) or off (QUIC only).
+    #[arg(long, default_value = "secure", value_parser = ["secure", "crc", "off"])]
     pub bulk: String,
-    /// `[storage] direct_io`.
-    pub direct_io: bool,
+    #[arg(long, default_value_t = 7948)]
     pub bulk_port: u16,
+    /// Shard files with O_DIRECT (`[storage] direct_io`).
+    #[arg(long)]
+    pub direct_io: bool,
 }
 
-/// A reservation for each dev-cluster node (all share the machine, so keep it small).
-#[derive(Clone)]
-pub struct Reserve {
-    pub cpus: Option<String>,
-    pub cpu_cores: Option<f64>,
-    pub memory: String,
-    pub best_effort: bool,
+impl UpOptions {
+    /// The options of a cluster of `nodes` in `dir`, every other option at its default.
+    pub fn new(nodes: u8, dir: PathBuf) -> Self {
+        UpOptions {
+            nodes,
+            dir,
+            base_ip: Ipv4Addr::LOCALHOST,
+            gossip_port: 7946,
+            rpc_port: 7947,
+            metrics_port: 9464,
+            failure_domains: 3,
+            agent_bin: None,
+            timeout: 60,
+            reserve_memory: None,
+            reserve_cpus: None,
+            reserve_cpu_cores: None,
+            best_effort: false,
+            store_capacity: None,
+            bulk: "secure".into(),
+            bulk_port: 7948,
+            direct_io: false,
+        }
+    }
 }
 
 pub fn node_dir(dir: &Path, i: u8) -> PathBuf {
@@ -105,7 +154,8 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<()> {
             }
         }
     }
-    if let Err(e) = wait_converged(&dir, opts.nodes, opts.timeout) {
+    let timeout = Duration::from_secs(opts.timeout);
+    if let Err(e) = wait_converged(&dir, opts.nodes, timeout) {
         for i in 1..=opts.nodes {
             let log = node_dir(&dir, i).join("agent.log");
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
@@ -186,30 +236,28 @@ direct_io = {direct_io}
         cluster_key = ca.join(cert::CLUSTER_KEY).display(),
         socket = nd.join("agent.sock").display(),
         metrics = opts.metrics_port,
-        resources = opts
-            .reserve
-            .as_ref()
-            .map(|r| render_reserve(r, ip))
-            .unwrap_or_default(),
+        resources = render_reserve(opts, ip),
         capacity = opts.store_capacity.as_deref().unwrap_or("90%"),
         direct_io = opts.direct_io,
     )
 }
 
-fn render_reserve(r: &Reserve, ip: Ipv4Addr) -> String {
+/// `[resources]` for a node, when `--reserve-memory` is given. Every dev node shares one
+/// machine, so the training floor is the machine's business, not theirs.
+fn render_reserve(opts: &UpOptions, ip: Ipv4Addr) -> String {
+    let Some(memory) = &opts.reserve_memory else {
+        return String::new();
+    };
     let mut text = String::from("\n[resources]\n");
-    if let Some(c) = &r.cpus {
-        text += &format!("cpus = \"{c}\"\n");
+    match (&opts.reserve_cpus, opts.reserve_cpu_cores) {
+        (Some(c), _) => text += &format!("cpus = \"{c}\"\n"),
+        (None, c) => text += &format!("cpu_cores = {}\n", c.unwrap_or(0.5)),
     }
-    if let Some(c) = r.cpu_cores {
-        text += &format!("cpu_cores = {c}\n");
-    }
-    text += &format!("memory = \"{}\"\n", r.memory);
-    // Every dev node shares one machine: the floor is the machine's business, not theirs.
+    text += &format!("memory = \"{memory}\"\n");
     text += "min_free_cores = 0.0\nmin_free_memory = \"0\"\n";
     // Unique per node, so clusters on other addresses never collide.
     text += &format!("cgroup = \"shoal-dev-{ip}\"\n");
-    if r.best_effort {
+    if opts.best_effort {
         text += "enforcement = \"best-effort\"\n";
     }
     text

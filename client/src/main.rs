@@ -6,10 +6,9 @@ mod coexist;
 mod dev_cluster;
 mod status;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -86,58 +85,7 @@ enum CertCmd {
 #[derive(Subcommand)]
 enum DevClusterCmd {
     /// Start N agents in the background and wait until they all see each other.
-    Up {
-        #[arg(long, default_value_t = 3)]
-        nodes: u8,
-        #[arg(long)]
-        dir: PathBuf,
-        /// Address of node 1; node N gets the next addresses.
-        #[arg(long, default_value = "127.0.0.1")]
-        base_ip: Ipv4Addr,
-        #[arg(long, default_value_t = 7946)]
-        gossip_port: u16,
-        #[arg(long, default_value_t = 7947)]
-        rpc_port: u16,
-        #[arg(long, default_value_t = 9464)]
-        metrics_port: u16,
-        /// Number of failure domains the nodes are spread over (round robin).
-        #[arg(long, default_value_t = 3)]
-        failure_domains: u8,
-        /// The shoal-agent binary (default: next to this one, then PATH).
-        #[arg(long)]
-        agent_bin: Option<PathBuf>,
-        /// Seconds to wait for the cluster to converge.
-        #[arg(long, default_value_t = 60)]
-        timeout: u64,
-        /// Confine each agent to this memory (e.g. "512MiB"); needs root and cgroups.
-        #[arg(long)]
-        reserve_memory: Option<String>,
-        /// With --reserve-memory: pin each agent to this cpuset (e.g. "0").
-        #[arg(
-            long,
-            requires = "reserve_memory",
-            conflicts_with = "reserve_cpu_cores"
-        )]
-        reserve_cpus: Option<String>,
-        /// With --reserve-memory: give each agent this CPU quota in cores (default 0.5).
-        #[arg(long, requires = "reserve_memory")]
-        reserve_cpu_cores: Option<f64>,
-        /// With --reserve-memory: run unconfined (with a warning) where cgroups cannot be written.
-        #[arg(long, requires = "reserve_memory")]
-        best_effort: bool,
-        /// Fill limit of each node's shard store, e.g. "64MiB" or "50%".
-        #[arg(long)]
-        store_capacity: Option<String>,
-        /// How shard payloads travel: secure (TLS over TCP), crc (authenticated, checksummed,
-        /// unencrypted TCP) or off (QUIC only).
-        #[arg(long, default_value = "secure", value_parser = ["secure", "crc", "off"])]
-        bulk: String,
-        #[arg(long, default_value_t = 7948)]
-        bulk_port: u16,
-        /// Shard files with O_DIRECT (`[storage] direct_io`).
-        #[arg(long)]
-        direct_io: bool,
-    },
+    Up(dev_cluster::UpOptions),
     /// Stop the agents of the dev cluster in DIR (data is kept).
     Down {
         #[arg(long)]
@@ -180,48 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("certificate for {name} written to {}", out.display());
             Ok(())
         }
-        Cmd::DevCluster(DevClusterCmd::Up {
-            nodes,
-            dir,
-            base_ip,
-            gossip_port,
-            rpc_port,
-            metrics_port,
-            failure_domains,
-            agent_bin,
-            timeout,
-            reserve_memory,
-            reserve_cpus,
-            reserve_cpu_cores,
-            best_effort,
-            store_capacity,
-            bulk,
-            bulk_port,
-            direct_io,
-        }) => dev_cluster::up(&dev_cluster::UpOptions {
-            nodes,
-            dir,
-            base_ip,
-            gossip_port,
-            rpc_port,
-            metrics_port,
-            failure_domains,
-            agent_bin,
-            timeout: Duration::from_secs(timeout),
-            reserve: reserve_memory.map(|memory| dev_cluster::Reserve {
-                cpu_cores: match (&reserve_cpus, reserve_cpu_cores) {
-                    (None, None) => Some(0.5),
-                    (_, c) => c,
-                },
-                cpus: reserve_cpus,
-                memory,
-                best_effort,
-            }),
-            store_capacity,
-            bulk,
-            bulk_port,
-            direct_io,
-        }),
+        Cmd::DevCluster(DevClusterCmd::Up(o)) => dev_cluster::up(&o),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
     }
 }

@@ -7,11 +7,16 @@
 mod client;
 mod error;
 pub mod frame;
+mod fs;
 mod status;
 mod stripe;
 
 pub use client::AgentClient;
 pub use error::ApiError;
+pub use fs::{
+    DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, FsRequest, FsResponse, FsStats, Ino,
+    NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
+};
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, ResourceStatus, StatusReport,
@@ -22,7 +27,7 @@ pub use stripe::{ShardLocation, StripeRead, StripeRecord};
 use serde::{Deserialize, Serialize};
 
 /// Version of the admin/client protocol; carried in every frame.
-pub const API_VERSION: u8 = 1;
+pub const API_VERSION: u8 = 2;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -50,6 +55,8 @@ pub enum Request {
         offset: u64,
         len: u64,
     },
+    /// A filesystem request from `shoal mount`.
+    Fs(FsRequest),
 }
 
 /// The agent's answer to one [`Request`].
@@ -58,6 +65,7 @@ pub enum Response {
     Status(Box<StatusReport>),
     StripeWritten(StripeRecord),
     StripeRead(StripeRead),
+    Fs(FsResponse),
     /// The request was understood but failed; the text is for the operator.
     Error(String),
 }

@@ -1,0 +1,317 @@
+//! The filesystem requests `shoal mount` sends to its local agent, and their answers.
+//!
+//! Inode numbers are the cluster's own (the root is [`ROOT_INO`]) and are used unchanged as
+//! FUSE inode numbers. Every request that changes the namespace carries a [`RequestId`] so
+//! that a retry after an agent restart is applied once.
+
+use serde::{Deserialize, Serialize};
+
+use crate::StripeRecord;
+
+/// An inode number.
+pub type Ino = u64;
+
+/// The root directory's inode.
+pub const ROOT_INO: Ino = 1;
+
+/// Longest name in a directory, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// Identifies one mutating request: `client` is random per mount process, `seq` grows per
+/// request. The metadata service remembers recent ids and answers a repeat with the
+/// first answer instead of applying it twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestId {
+    pub client: u64,
+    pub seq: u64,
+}
+
+/// Seconds and nanoseconds since the Unix epoch.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            secs: d.as_secs() as i64,
+            nanos: d.subsec_nanos(),
+        }
+    }
+}
+
+/// What an inode is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// The attributes of one inode, as `stat` shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileAttr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits including setuid, setgid and sticky (`mode & 0o7777`).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    /// Device number of a character or block device; 0 otherwise.
+    pub rdev: u32,
+}
+
+/// A time to set: the agent's clock now, or a given time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    Now,
+    At(Timestamp),
+}
+
+/// Which attributes a `setattr` changes; `None` leaves one as it is. A `size` change
+/// truncates or extends (with a hole) the file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub perm: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// Who creates an inode: its owner and group. The kernel has applied the umask to the
+/// mode and checked permissions already (the mount uses `default_permissions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// One name in a directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// `rename` flags (renameat2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFlags {
+    /// Fail with "exists" instead of replacing the target.
+    pub noreplace: bool,
+    /// Swap the two names atomically; both must exist.
+    pub exchange: bool,
+}
+
+/// One piece of a file's data: `len` bytes at file offset `offset` are bytes
+/// `[stripe_offset, stripe_offset + len)` of `stripe`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub stripe_offset: u64,
+    pub stripe: StripeRecord,
+}
+
+/// Where a file's data lives (`shoal stat PATH`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLayout {
+    pub attr: FileAttr,
+    /// Bytes stored inline in the metadata (small files); 0 when the file has extents.
+    pub inline_len: u64,
+    /// Extents in file order; the gaps between them are holes that read as zeros.
+    pub extents: Vec<Extent>,
+}
+
+/// Filesystem totals for `statfs` / `df`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStats {
+    /// Usable bytes (after erasure-coding overhead) across the cluster.
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub files: u64,
+    pub files_free: u64,
+    /// Preferred I/O size: one full stripe.
+    pub block_size: u32,
+}
+
+/// A filesystem request from `shoal mount` to its local agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum FsRequest {
+    Lookup {
+        parent: Ino,
+        name: String,
+    },
+    GetAttr {
+        ino: Ino,
+    },
+    SetAttr {
+        id: RequestId,
+        ino: Ino,
+        set: SetAttr,
+    },
+    /// Creates a file, directory, symlink (`target`), fifo, socket or device node.
+    MkNode {
+        id: RequestId,
+        parent: Ino,
+        name: String,
+        kind: FileKind,
+        perm: u16,
+        owner: Owner,
+        rdev: u32,
+        target: Option<String>,
+    },
+    Link {
+        id: RequestId,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: String,
+    },
+    Unlink {
+        id: RequestId,
+        parent: Ino,
+        name: String,
+    },
+    Rmdir {
+        id: RequestId,
+        parent: Ino,
+        name: String,
+    },
+    Rename {
+        id: RequestId,
+        parent: Ino,
+        name: String,
+        new_parent: Ino,
+        new_name: String,
+        flags: RenameFlags,
+    },
+    ReadLink {
+        ino: Ino,
+    },
+    /// Every entry of a directory, without "." and "..".
+    ReadDir {
+        ino: Ino,
+    },
+    /// Opens a file: waits until this agent has applied everything committed before the
+    /// open (close-to-open consistency) and keeps an unlinked file alive while open.
+    /// `handle` is chosen by the mount and unique within its `session`.
+    Open {
+        ino: Ino,
+        session: u64,
+        handle: u64,
+    },
+    Release {
+        session: u64,
+        handle: u64,
+    },
+    Read {
+        ino: Ino,
+        offset: u64,
+        len: u32,
+    },
+    /// Writes `data` at `offset` and commits it: answered once the data is durable on
+    /// every shard and the extent is committed in the metadata.
+    Write {
+        id: RequestId,
+        ino: Ino,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    StatFs,
+    /// Where a file's data lives.
+    Layout {
+        ino: Ino,
+    },
+}
+
+/// Why a filesystem request failed; each maps to one errno.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("invalid argument")]
+    Invalid,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("no space left on the cluster")]
+    NoSpace,
+    #[error("operation not permitted")]
+    NotPermitted,
+    #[error("file too large")]
+    TooBig,
+    /// The cluster cannot serve the request now (no metadata quorum, too few nodes); the
+    /// text says why.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// Any other failure; the text is for the operator.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+impl FsError {
+    /// The errno the mount answers with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => 2,        // ENOENT
+            FsError::Exists => 17,         // EEXIST
+            FsError::NotDir => 20,         // ENOTDIR
+            FsError::IsDir => 21,          // EISDIR
+            FsError::NotEmpty => 39,       // ENOTEMPTY
+            FsError::Invalid => 22,        // EINVAL
+            FsError::NameTooLong => 36,    // ENAMETOOLONG
+            FsError::TooManyLinks => 31,   // EMLINK
+            FsError::NoSpace => 28,        // ENOSPC
+            FsError::NotPermitted => 1,    // EPERM
+            FsError::TooBig => 27,         // EFBIG
+            FsError::Unavailable(_) => 11, // EAGAIN
+            FsError::Io(_) => 5,           // EIO
+        }
+    }
+}
+
+/// The agent's answer to one [`FsRequest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum FsResponse {
+    /// Lookup, MkNode, Link: the entry's attributes.
+    Entry(FileAttr),
+    /// GetAttr, SetAttr, Open, Write: the inode's attributes after the request.
+    Attr(FileAttr),
+    /// Unlink, Rmdir, Rename, Release.
+    Done,
+    ReadLink(String),
+    Entries(Vec<DirEntry>),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    StatFs(FsStats),
+    Layout(FileLayout),
+    Error(FsError),
+}

@@ -84,5 +84,8 @@ async fn handle(node: &Node, request: Request) -> Response {
             Ok(r) => Response::StripeRead(r),
             Err(e) => Response::Error(e.to_string()),
         },
+        Request::Fs(_) | Request::JoinReservation { .. } => {
+            Response::Error("this agent does not serve the filesystem yet".into())
+        }
     }
 }

@@ -57,6 +57,9 @@ pub enum Request {
     },
     /// A filesystem request from `shoal mount`.
     Fs(FsRequest),
+    /// Moves process `pid` (the caller's `shoal mount`) into the agent's resource
+    /// reservation, so the mount's buffers count against it.
+    JoinReservation { pid: u32 },
 }
 
 /// The agent's answer to one [`Request`].
@@ -66,6 +69,9 @@ pub enum Response {
     StripeWritten(StripeRecord),
     StripeRead(StripeRead),
     Fs(FsResponse),
+    /// JoinReservation: the cgroup the process now runs in, or None when the agent runs
+    /// without a reservation.
+    Joined(Option<String>),
     /// The request was understood but failed; the text is for the operator.
     Error(String),
 }

@@ -84,8 +84,15 @@ async fn handle(node: &Node, request: Request) -> Response {
             Ok(r) => Response::StripeRead(r),
             Err(e) => Response::Error(e.to_string()),
         },
-        Request::Fs(_) | Request::JoinReservation { .. } => {
-            Response::Error("this agent does not serve the filesystem yet".into())
-        }
+        Request::Fs(r) => Response::Fs(node.fs.handle(r).await),
+        Request::JoinReservation { pid } => match &node.resources.guard {
+            None => Response::Joined(None),
+            Some(g) => match g.attach(pid) {
+                Ok(()) => Response::Joined(Some(g.reservation().cgroup.clone())),
+                Err(e) => Response::Error(format!(
+                    "cannot move process {pid} into the reservation: {e}"
+                )),
+            },
+        },
     }
 }

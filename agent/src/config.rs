@@ -20,6 +20,8 @@ pub struct AgentConfig {
     pub tls: TlsConfig,
     #[serde(default)]
     pub storage: StorageConfig,
+    #[serde(default)]
+    pub meta: crate::meta::MetaConfig,
     /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
     #[serde(default)]
     pub resources: Option<ResourcesConfig>,
@@ -253,6 +255,9 @@ impl AgentConfig {
             ));
         }
         self.storage.limit_bytes(u64::MAX / 4)?;
+        self.meta
+            .validate()
+            .map_err(|(key, reason)| invalid(key, reason))?;
         self.storage
             .ec
             .validate()

@@ -42,6 +42,12 @@ pub enum AgentError {
     /// A stripe could not be written or read.
     #[error("{0}")]
     Stripe(String),
+    /// A shard could not be written because its node is full.
+    #[error("{0}")]
+    NoSpace(String),
+    /// The metadata service failed.
+    #[error("metadata: {0}")]
+    Meta(String),
     /// The shard store failed to open.
     #[error(transparent)]
     Store(#[from] shoal_store::StoreError),

@@ -12,6 +12,7 @@ mod config;
 pub mod erasure;
 mod error;
 mod identity_store;
+pub mod meta;
 mod metrics_http;
 mod node;
 mod resources;

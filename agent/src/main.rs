@@ -62,7 +62,10 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
 fn init_logging(config: &AgentConfig) -> anyhow::Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => EnvFilter::try_new(v).context("RUST_LOG")?,
-        _ => EnvFilter::try_new(&config.log.level).context("log.level")?,
+        // openraft narrates every vote and append at INFO; keep it to warnings unless
+        // asked for through RUST_LOG.
+        _ => EnvFilter::try_new(format!("{},openraft=warn", config.log.level))
+            .context("log.level")?,
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -15,6 +15,7 @@ use shoal_mesh::{
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::meta::{FsService, MetaService, gc, steward};
 use crate::shard_rpc::ShardRequest;
 use crate::stripes::Stripes;
 use crate::system_rpc::{Ping, Pong};
@@ -38,6 +39,10 @@ pub struct Node {
     pub store: Arc<DiskStore>,
     /// Stripe write/read coordination (erasure coding across the cluster).
     pub stripes: Arc<Stripes>,
+    /// The metadata group member: namespace and cluster layout (Raft over redb).
+    pub meta: Arc<MetaService>,
+    /// The filesystem served to the local `shoal mount`.
+    pub fs: Arc<FsService>,
     /// CPU/RAM reservation, GPU view and background-work governor.
     pub resources: Arc<Resources>,
     /// Everything exported at `/metrics`.
@@ -146,11 +151,19 @@ impl Node {
             warn!(?recovery, "shard store recovered from an unclean stop");
         }
         let store = Arc::new(store);
+        let meta = MetaService::start(
+            &config.node.data_dir.join("meta"),
+            identity.node.0,
+            config.meta.clone(),
+            transport.clone(),
+        )
+        .await?;
         let stripes = Arc::new(Stripes::new(
             identity.node,
             store.clone(),
             transport.clone(),
             gossip.clone(),
+            meta.store_arc(),
             config.storage.ec,
             stripe_buffer_budget(&resources),
             &mut registry,
@@ -160,6 +173,11 @@ impl Node {
             let handler = handler.clone();
             async move { Ok(handler.serve_shard(req).await) }
         });
+        let fs = Arc::new(FsService::new(
+            meta.clone(),
+            stripes.clone(),
+            gossip.clone(),
+        ));
 
         info!(
             node = %identity.node,
@@ -177,6 +195,8 @@ impl Node {
             transport: transport.clone(),
             store,
             stripes,
+            meta: meta.clone(),
+            fs,
             resources,
             registry: Arc::new(registry),
             tasks: Mutex::new(Vec::new()),
@@ -191,6 +211,15 @@ impl Node {
             )));
         }
         tasks.push(tokio::spawn(refresh_facts(node.clone())));
+        tasks.push(tokio::spawn(steward::run(
+            meta.clone(),
+            node.gossip.clone(),
+        )));
+        tasks.push(tokio::spawn(gc::run(
+            meta.clone(),
+            node.stripes.clone(),
+            node.gossip.clone(),
+        )));
         *node.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
         Ok(node)
     }
@@ -201,6 +230,9 @@ impl Node {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "could not announce leave"),
             Err(_) => warn!("leave announcement timed out"),
+        }
+        if let Err(e) = self.meta.raft.shutdown().await {
+            warn!(error = %e, "metadata service did not stop cleanly");
         }
         if tokio::time::timeout(Duration::from_secs(2), self.transport.close())
             .await

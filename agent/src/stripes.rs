@@ -14,7 +14,8 @@ use prometheus_client::registry::Registry;
 use shoal_agent_api::{ShardLocation, StripeRead, StripeRecord};
 use shoal_mesh::{GossipHandle, MemberState, Transport};
 use shoal_placement::{
-    DEFAULT_SHARD_SIZE, EcProfile, Layout, LayoutNode, NodeId, StripeGeometry, StripeId, place,
+    DEFAULT_SHARD_SIZE, EcProfile, Layout, LayoutNode, NodeId, NodeState, StripeGeometry, StripeId,
+    place,
 };
 use shoal_store::{DiskStore, ShardKey, ShardStore};
 use tokio::sync::Semaphore;
@@ -64,6 +65,9 @@ pub struct Stripes {
     store: Arc<DiskStore>,
     transport: Arc<Transport>,
     gossip: GossipHandle,
+    /// The replicated metadata: its layout is where new shards go (gossip only says who
+    /// is alive right now).
+    meta: Arc<shoal_meta::MetaStore>,
     default_ec: EcProfile,
     metrics: StripeMetrics,
 }
@@ -78,6 +82,7 @@ impl Stripes {
         store: Arc<DiskStore>,
         transport: Arc<Transport>,
         gossip: GossipHandle,
+        meta: Arc<shoal_meta::MetaStore>,
         default_ec: EcProfile,
         buffer_budget_bytes: u64,
         registry: &mut Registry,
@@ -128,6 +133,7 @@ impl Stripes {
             store,
             transport,
             gossip,
+            meta,
             default_ec,
             metrics,
         };
@@ -135,9 +141,12 @@ impl Stripes {
         stripes
     }
 
+    /// The layout new stripes are placed under: the committed layout, with nodes that
+    /// gossip does not see alive right now marked down (new shards skip them). Before the
+    /// metadata group has committed a layout, one is derived from gossip (epoch 0).
     async fn peers(&self) -> Result<Peers, AgentError> {
         let members = self.gossip.members().await?;
-        let mut nodes = Vec::new();
+        let mut gossip_nodes = Vec::new();
         let mut addrs = HashMap::new();
         let mut names = HashMap::new();
         for m in members
@@ -146,7 +155,7 @@ impl Stripes {
         {
             let Some(f) = m.facts else { continue };
             let id = m.id.node;
-            nodes.push(LayoutNode::active(
+            gossip_nodes.push(LayoutNode::active(
                 id,
                 f.failure_domain.as_str(),
                 f.capacity_bytes.max(1),
@@ -160,14 +169,72 @@ impl Stripes {
             );
             names.insert(id, f.name);
         }
-        // The layout moves into Raft with the metadata service; until then it is derived
-        // from gossip, epoch 0.
-        let layout = Layout::new(0, nodes).map_err(|e| stripe_err(e.to_string()))?;
+        let committed = self
+            .meta
+            .cluster_layout()
+            .map_err(|e| stripe_err(format!("cannot read the cluster layout: {e}")))?;
+        let layout = match committed {
+            Some(l) => {
+                let nodes = l
+                    .nodes()
+                    .iter()
+                    .map(|n| {
+                        let mut n = n.clone();
+                        if !addrs.contains_key(&n.id) && n.state == NodeState::Active {
+                            n.state = NodeState::Down;
+                        }
+                        n
+                    })
+                    .collect();
+                Layout::new(l.epoch(), nodes)
+            }
+            None => Layout::new(0, gossip_nodes),
+        }
+        .map_err(|e| stripe_err(e.to_string()))?;
         Ok(Peers {
             layout,
             addrs,
             names,
         })
+    }
+
+    /// Deletes every shard of a stripe. Ok when no node holds one any more; an error
+    /// names the first shard that could not be deleted (its node down, say) so the
+    /// caller tries again later.
+    pub async fn delete(self: &Arc<Self>, record: &StripeRecord) -> Result<(), AgentError> {
+        let peers = self.peers().await?;
+        let mut set = JoinSet::new();
+        for shard in &record.shards {
+            let this = self.clone();
+            let addr = peers.addrs.get(&shard.node).copied();
+            let (node, index) = (shard.node, shard.index);
+            let req = ShardRequest::Delete {
+                stripe: record.id.0,
+                index,
+            };
+            set.spawn(async move { (node, index, this.call(node, addr, req, PUT_TIMEOUT).await) });
+        }
+        for (node, index, resp) in set.join_all().await {
+            match resp {
+                ShardResponse::Deleted(_)
+                | ShardResponse::Failed {
+                    kind: ShardFailure::NotFound,
+                    ..
+                } => {}
+                other => {
+                    return Err(stripe_err(format!(
+                        "shard {index} of stripe {} on {node}: {other:?}",
+                        record.id
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The erasure-coding profile of new stripes.
+    pub fn default_ec(&self) -> EcProfile {
+        self.default_ec
     }
 
     /// Serves one shard request against this node's store (local or from a peer).
@@ -359,10 +426,11 @@ impl Stripes {
                     format!("shard {index} on {name} ({node}): {what}: {message}")
                 })
                 .collect();
-            return Err(stripe_err(format!(
-                "stripe write failed: {}",
-                detail.join("; ")
-            )));
+            let msg = format!("stripe write failed: {}", detail.join("; "));
+            if failed.iter().any(|f| f.2 == ShardFailure::Full) {
+                return Err(AgentError::NoSpace(msg));
+            }
+            return Err(stripe_err(msg));
         }
         self.metrics.written.inc();
         let mut shards: Vec<ShardLocation> = targets

@@ -223,6 +223,10 @@ level = "info"
 [storage]
 capacity = "{capacity}"
 direct_io = {direct_io}
+ec = "{ec}"
+
+[meta]
+bootstrap_expect = {nodes}
 {resources}"#,
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
@@ -239,7 +243,19 @@ direct_io = {direct_io}
         resources = render_reserve(opts, ip),
         capacity = opts.store_capacity.as_deref().unwrap_or("90%"),
         direct_io = opts.direct_io,
+        ec = dev_ec(opts.nodes),
+        nodes = opts.nodes,
     )
+}
+
+/// The erasure-coding profile a dev cluster of `nodes` can place: every shard of a
+/// stripe on its own node.
+fn dev_ec(nodes: u8) -> &'static str {
+    match nodes {
+        6.. => "4+2",
+        3..=5 => "2+1",
+        _ => "1+0",
+    }
 }
 
 /// `[resources]` for a node, when `--reserve-memory` is given. Every dev node shares one

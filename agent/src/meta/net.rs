@@ -1,0 +1,194 @@
+//! The metadata group's messages between agents, carried by the mesh's typed QUIC RPC:
+//! Raft's own traffic, proposals forwarded to the leader, read-index requests, and the
+//! question "which of these inodes do you hold open?" asked before an orphan is purged.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use shoal_agent_api::Ino;
+use shoal_mesh::{Rpc, Transport};
+use shoal_meta::{Outcome, Proposal};
+
+use super::types::MetaRaft;
+
+/// Raft's own messages.
+#[derive(Serialize, Deserialize)]
+pub enum RaftMessage {
+    Append(AppendEntriesRequest<MetaRaft>),
+    Vote(VoteRequest<u64>),
+    Snapshot(InstallSnapshotRequest<MetaRaft>),
+}
+
+#[derive(Serialize, Deserialize)]
+pub enum RaftReply {
+    Append(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
+    Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    Snapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
+    /// This agent has no metadata service running (yet).
+    NotServing,
+}
+
+impl Rpc for RaftMessage {
+    const ENDPOINT: &'static str = "meta/raft";
+    type Response = RaftReply;
+}
+
+/// Why a forwarded request was not served.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ForwardRefused {
+    /// Ask this node instead (None: no leader known right now).
+    NotLeader(Option<u64>),
+    /// The leader could not commit; the text says why.
+    Failed(String),
+}
+
+/// Proposals forwarded by a follower to the leader.
+#[derive(Serialize, Deserialize)]
+pub struct Forward(pub Vec<Proposal>);
+
+impl Rpc for Forward {
+    const ENDPOINT: &'static str = "meta/forward";
+    type Response = Result<Vec<Outcome>, ForwardRefused>;
+}
+
+/// Asks the leader for the log index a linearizable read must wait for.
+#[derive(Serialize, Deserialize)]
+pub struct ReadIndex;
+
+impl Rpc for ReadIndex {
+    const ENDPOINT: &'static str = "meta/read-index";
+    type Response = Result<u64, ForwardRefused>;
+}
+
+/// Asks an agent which of these inodes a local mount holds open.
+#[derive(Serialize, Deserialize)]
+pub struct HeldOpen(pub Vec<Ino>);
+
+impl Rpc for HeldOpen {
+    const ENDPOINT: &'static str = "meta/held-open";
+    type Response = Vec<Ino>;
+}
+
+/// Asks an agent whether its metadata group is initialized (bootstrap).
+#[derive(Serialize, Deserialize)]
+pub struct Hello;
+
+impl Rpc for Hello {
+    const ENDPOINT: &'static str = "meta/hello";
+    type Response = bool;
+}
+
+/// Builds Raft clients for peers from their membership address.
+pub struct Network {
+    pub transport: Arc<Transport>,
+}
+
+pub struct PeerClient {
+    transport: Arc<Transport>,
+    target: u64,
+    addr: Result<SocketAddr, String>,
+}
+
+impl RaftNetworkFactory<MetaRaft> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            transport: self.transport.clone(),
+            target,
+            addr: node
+                .addr
+                .parse()
+                .map_err(|e| format!("bad address {:?} for node {target:016x}: {e}", node.addr)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct PeerError(String);
+
+impl PeerClient {
+    async fn send<E: std::error::Error>(
+        &self,
+        msg: RaftMessage,
+        timeout: Duration,
+    ) -> Result<RaftReply, RPCError<u64, BasicNode, E>> {
+        let addr = self
+            .addr
+            .clone()
+            .map_err(|e| RPCError::Network(NetworkError::new(&PeerError(e))))?;
+        match self.transport.call(addr, &msg, timeout).await {
+            Ok(RaftReply::NotServing) => Err(RPCError::Unreachable(Unreachable::new(&PeerError(
+                "peer has no metadata service running".into(),
+            )))),
+            Ok(reply) => Ok(reply),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&PeerError(
+                e.to_string(),
+            )))),
+        }
+    }
+
+    fn remote<E: std::error::Error>(&self, e: E) -> RPCError<u64, BasicNode, E> {
+        RPCError::RemoteError(RemoteError::new(self.target, e))
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<u64, BasicNode, E> {
+        RPCError::Network(NetworkError::new(&PeerError("unexpected reply".into())))
+    }
+}
+
+impl RaftNetwork<MetaRaft> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<MetaRaft>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        match self
+            .send(RaftMessage::Append(rpc), option.hard_ttl())
+            .await?
+        {
+            RaftReply::Append(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<MetaRaft>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>,
+    > {
+        match self
+            .send(RaftMessage::Snapshot(rpc), option.hard_ttl())
+            .await?
+        {
+            RaftReply::Snapshot(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        match self.send(RaftMessage::Vote(rpc), option.hard_ttl()).await? {
+            RaftReply::Vote(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(self.unexpected()),
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! The metadata service of one agent: its Raft node, the proposal batcher on the leader,
+//! forwarding from followers, linearizable read barriers, and the local replica for
+//! queries.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use shoal_agent_api::{FsError, Ino};
+use shoal_mesh::Transport;
+use shoal_meta::{Batch, MetaStore, Outcome, Proposal};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tracing::{debug, warn};
+
+use super::config::MetaConfig;
+use super::log_store::LogStore;
+use super::net::{
+    Forward, ForwardRefused, HeldOpen, Hello, Network, RaftMessage, RaftReply, ReadIndex,
+};
+use super::state_machine::StateMachine;
+use super::types::Raft;
+use crate::AgentError;
+
+/// Most proposals in one log entry.
+const MAX_BATCH: usize = 1024;
+/// Log entries proposed but not yet applied, at most. While all are in flight, new
+/// proposals queue and go out together in the next entry.
+const IN_FLIGHT_ENTRIES: usize = 8;
+/// How long a request waits for a leader (elections, restarts) before it fails.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Pending {
+    proposals: Vec<Proposal>,
+    reply: oneshot::Sender<Result<Vec<Outcome>, ForwardRefused>>,
+}
+
+pub struct MetaService {
+    pub raft: Raft,
+    store: Arc<MetaStore>,
+    pub me: u64,
+    pub config: MetaConfig,
+    transport: Arc<Transport>,
+    batcher: mpsc::Sender<Pending>,
+    /// Inodes the local mounts hold open: (mount session, handle) → inode.
+    held: Mutex<HashMap<(u64, u64), Ino>>,
+}
+
+fn meta_err(e: impl std::fmt::Display) -> AgentError {
+    AgentError::Meta(e.to_string())
+}
+
+impl MetaService {
+    /// Opens the log and state machine under `dir` and starts this node's Raft member.
+    /// The group itself is formed later (see `steward`): a new node waits to be added.
+    pub async fn start(
+        dir: &Path,
+        me: u64,
+        config: MetaConfig,
+        transport: Arc<Transport>,
+    ) -> Result<Arc<MetaService>, AgentError> {
+        std::fs::create_dir_all(dir).map_err(|source| AgentError::DataDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let log = LogStore::open(&dir.join("log.redb")).map_err(meta_err)?;
+        let store = Arc::new(MetaStore::open(&dir.join("state.redb")).map_err(meta_err)?);
+        let sm = StateMachine::new(store.clone(), dir);
+        let raft_config = Config {
+            cluster_name: "shoal-meta".into(),
+            heartbeat_interval: config.heartbeat_ms,
+            election_timeout_min: config.election_ms[0],
+            election_timeout_max: config.election_ms[1],
+            install_snapshot_timeout: 10_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(5_000),
+            max_in_snapshot_log_to_keep: 1_000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(meta_err)?;
+        let network = Network {
+            transport: transport.clone(),
+        };
+        let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
+            .await
+            .map_err(meta_err)?;
+        let (tx, rx) = mpsc::channel(4096);
+        let service = Arc::new(MetaService {
+            raft,
+            store,
+            me,
+            config,
+            transport: transport.clone(),
+            batcher: tx,
+            held: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(batch_proposals(service.raft.clone(), rx));
+        service.register_handlers();
+        Ok(service)
+    }
+
+    fn register_handlers(self: &Arc<Self>) {
+        let this = self.clone();
+        self.transport.register(move |_from, msg: RaftMessage| {
+            let raft = this.raft.clone();
+            async move {
+                Ok(match msg {
+                    RaftMessage::Append(r) => RaftReply::Append(raft.append_entries(r).await),
+                    RaftMessage::Vote(r) => RaftReply::Vote(raft.vote(r).await),
+                    RaftMessage::Snapshot(r) => RaftReply::Snapshot(raft.install_snapshot(r).await),
+                })
+            }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, msg: Forward| {
+            let this = this.clone();
+            async move { Ok(this.submit_local(msg.0).await) }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, _: ReadIndex| {
+            let this = this.clone();
+            async move {
+                Ok(match this.raft.get_read_log_id().await {
+                    Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
+                    Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                        Err(ForwardRefused::NotLeader(f.leader_id))
+                    }
+                    Err(e) => Err(ForwardRefused::Failed(e.to_string())),
+                })
+            }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, msg: HeldOpen| {
+            let this = this.clone();
+            async move { Ok(this.held_among(&msg.0)) }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, _: Hello| {
+            let this = this.clone();
+            async move { Ok(this.raft.is_initialized().await.unwrap_or(false)) }
+        });
+    }
+
+    /// The local replica (possibly a little behind the leader; see [`Self::barrier`]).
+    pub fn store(&self) -> &MetaStore {
+        &self.store
+    }
+
+    /// The local replica, shared.
+    pub fn store_arc(&self) -> Arc<MetaStore> {
+        self.store.clone()
+    }
+
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.me)
+    }
+
+    /// The RPC address of a member of the group.
+    pub fn member_addr(&self, id: u64) -> Option<SocketAddr> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .get_node(&id)
+            .and_then(|n: &BasicNode| n.addr.parse().ok())
+    }
+
+    async fn submit_local(&self, proposals: Vec<Proposal>) -> Result<Vec<Outcome>, ForwardRefused> {
+        let (reply, rx) = oneshot::channel();
+        self.batcher
+            .send(Pending { proposals, reply })
+            .await
+            .map_err(|_| ForwardRefused::Failed("metadata service stopped".into()))?;
+        rx.await
+            .map_err(|_| ForwardRefused::Failed("metadata service stopped".into()))?
+    }
+
+    /// Commits `proposals` through the leader (this node or another) and returns one
+    /// outcome each. Retries across elections; proposals with a request id are applied
+    /// once however often they are sent.
+    pub async fn propose(&self, proposals: Vec<Proposal>) -> Result<Vec<Outcome>, FsError> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let res = match self.leader() {
+                Some(l) if l == self.me => self.submit_local(proposals.clone()).await,
+                Some(l) => match self.member_addr(l) {
+                    Some(addr) => self
+                        .transport
+                        .call(addr, &Forward(proposals.clone()), RPC_TIMEOUT)
+                        .await
+                        .unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
+                    None => Err(ForwardRefused::NotLeader(None)),
+                },
+                None => Err(ForwardRefused::NotLeader(None)),
+            };
+            match res {
+                Ok(outcomes) if outcomes.len() == proposals.len() => return Ok(outcomes),
+                Ok(_) => {
+                    return Err(FsError::Io(
+                        "leader answered the wrong number of outcomes".into(),
+                    ));
+                }
+                Err(e) => {
+                    if Instant::now() >= deadline {
+                        return Err(FsError::Unavailable(format!("no metadata leader: {e:?}")));
+                    }
+                    debug!(error = ?e, "proposal not committed yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// One proposal.
+    pub async fn propose_one(&self, proposal: Proposal) -> Result<Outcome, FsError> {
+        let mut out = self.propose(vec![proposal]).await?;
+        out.pop().ok_or_else(|| FsError::Io("no outcome".into()))
+    }
+
+    /// Waits until the local replica has applied everything committed before this call
+    /// (a linearizable read point).
+    pub async fn barrier(&self) -> Result<(), FsError> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let index = match self.leader() {
+                Some(l) if l == self.me => match self.raft.ensure_linearizable().await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => Err(ForwardRefused::Failed(e.to_string())),
+                },
+                Some(l) => match self.member_addr(l) {
+                    Some(addr) => self
+                        .transport
+                        .call(addr, &ReadIndex, RPC_TIMEOUT)
+                        .await
+                        .unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
+                    None => Err(ForwardRefused::NotLeader(None)),
+                },
+                None => Err(ForwardRefused::NotLeader(None)),
+            };
+            match index {
+                Ok(index) => {
+                    let waited = self
+                        .raft
+                        .wait(Some(RPC_TIMEOUT))
+                        .applied_index_at_least(Some(index), "read barrier")
+                        .await;
+                    match waited {
+                        Ok(_) => return Ok(()),
+                        Err(e) => warn!(error = %e, "replica did not catch up for a read"),
+                    }
+                }
+                Err(e) => debug!(error = ?e, "read barrier not served yet; retrying"),
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Unavailable("no metadata leader for a read".into()));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    pub fn hold(&self, session: u64, handle: u64, ino: Ino) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((session, handle), ino);
+    }
+
+    pub fn release(&self, session: u64, handle: u64) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(session, handle));
+    }
+
+    /// Which of `inos` a local mount holds open.
+    pub fn held_among(&self, inos: &[Ino]) -> Vec<Ino> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        inos.iter()
+            .copied()
+            .filter(|i| held.values().any(|h| h == i))
+            .collect()
+    }
+
+    /// Asks every peer in `addrs` which of `inos` they hold open; unreachable peers count
+    /// as holding all of them (their mounts may still read).
+    pub async fn held_anywhere(&self, inos: &[Ino], addrs: &[SocketAddr]) -> Vec<Ino> {
+        let mut held = self.held_among(inos);
+        for addr in addrs {
+            match self
+                .transport
+                .call(*addr, &HeldOpen(inos.to_vec()), RPC_TIMEOUT)
+                .await
+            {
+                Ok(h) => held.extend(h),
+                Err(_) => return inos.to_vec(),
+            }
+        }
+        held.sort_unstable();
+        held.dedup();
+        held
+    }
+
+    /// Whether the agent at `addr` already belongs to an initialized group.
+    pub async fn peer_initialized(&self, addr: SocketAddr) -> Option<bool> {
+        self.transport.call(addr, &Hello, RPC_TIMEOUT).await.ok()
+    }
+}
+
+/// The leader's proposal batcher: everything that queued while earlier entries were in
+/// flight goes out as one log entry (Raft costs one flush per entry, not per proposal).
+async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut count = first.proposals.len();
+        let mut group = vec![first];
+        while count < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(p) => {
+                    count += p.proposals.len();
+                    group.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut proposals = Vec::with_capacity(count);
+        let mut waiters = Vec::with_capacity(group.len());
+        for p in group {
+            waiters.push((p.proposals.len(), p.reply));
+            proposals.extend(p.proposals);
+        }
+        let receiver = raft.client_write_ff(Batch(proposals)).await;
+        tokio::spawn(async move {
+            let result: Result<Vec<Outcome>, ForwardRefused> = match receiver {
+                Err(fatal) => Err(ForwardRefused::Failed(fatal.to_string())),
+                Ok(rx) => match rx.await {
+                    Err(_) => Err(ForwardRefused::Failed("proposal dropped".into())),
+                    Ok(Ok(resp)) => Ok(resp.data),
+                    Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+                        Err(ForwardRefused::NotLeader(f.leader_id))
+                    }
+                    Ok(Err(e)) => Err(ForwardRefused::Failed(e.to_string())),
+                },
+            };
+            drop(permit);
+            match result {
+                Ok(mut outcomes) => {
+                    for (n, reply) in waiters {
+                        let rest = outcomes.split_off(n.min(outcomes.len()));
+                        let _ = reply.send(Ok(std::mem::replace(&mut outcomes, rest)));
+                    }
+                }
+                Err(e) => {
+                    for (_, reply) in waiters {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+}

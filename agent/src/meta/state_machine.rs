@@ -1,0 +1,228 @@
+//! openraft's state machine over [`MetaStore`]: applies committed batches, builds and
+//! installs snapshots. The last snapshot is kept in a file beside the store so that
+//! `get_current_snapshot` returns exactly what was built or installed.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+};
+use serde::{Deserialize, Serialize};
+use shoal_meta::{Batch, MetaStore, Outcome};
+
+use super::types::{AppliedMarker, Entry, Membership, MetaRaft, StorageError, storage_error};
+
+const SNAPSHOT_FILE: &str = "snapshot.bin";
+const MARKER_VERSION: u8 = 1;
+
+/// The state machine; cheap to clone.
+#[derive(Clone)]
+pub struct StateMachine {
+    store: Arc<MetaStore>,
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    version: u8,
+    meta: SnapshotMeta<u64, openraft::BasicNode>,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
+}
+
+fn sm_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    storage_error(ErrorSubject::StateMachine, verb, e)
+}
+
+fn snap_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    storage_error(ErrorSubject::Snapshot(None), verb, e)
+}
+
+impl StateMachine {
+    pub fn new(store: Arc<MetaStore>, dir: &Path) -> StateMachine {
+        StateMachine {
+            store,
+            dir: dir.to_owned(),
+        }
+    }
+
+    fn marker(&self) -> Result<AppliedMarker, StorageError> {
+        match self
+            .store
+            .applied()
+            .map_err(|e| sm_err(ErrorVerb::Read, e))?
+        {
+            Some(bytes) => postcard::from_bytes(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e)),
+            None => Ok(AppliedMarker::default()),
+        }
+    }
+
+    fn encode_marker(
+        last: Option<LogId<u64>>,
+        membership: &Membership,
+    ) -> Result<Vec<u8>, StorageError> {
+        postcard::to_allocvec(&AppliedMarker {
+            version: MARKER_VERSION,
+            last_applied: last,
+            membership: membership.clone(),
+        })
+        .map_err(|e| sm_err(ErrorVerb::Write, e))
+    }
+
+    fn save_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
+        let bytes = postcard::to_allocvec(file).map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        std::fs::write(&tmp, &bytes).map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))
+            .map_err(|e| snap_err(ErrorVerb::Write, e))
+    }
+
+    fn build(&self) -> Result<Snapshot<MetaRaft>, StorageError> {
+        let data = self
+            .store
+            .snapshot()
+            .map_err(|e| snap_err(ErrorVerb::Read, e))?;
+        // The marker inside the export is the one this snapshot covers.
+        let marker = self.marker()?;
+        let meta = SnapshotMeta {
+            last_log_id: marker.last_applied,
+            last_membership: marker.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}",
+                marker.last_applied.map_or(0, |l| l.index),
+                rand::random::<u32>()
+            ),
+        };
+        let file = SnapshotFile {
+            version: MARKER_VERSION,
+            meta: meta.clone(),
+            data,
+        };
+        self.save_snapshot_file(&file)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(file.data)),
+        })
+    }
+}
+
+impl RaftSnapshotBuilder<MetaRaft> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<MetaRaft>, StorageError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.build())
+            .await
+            .map_err(|e| snap_err(ErrorVerb::Write, e))?
+    }
+}
+
+impl RaftStateMachine<MetaRaft> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId<u64>>, Membership), StorageError> {
+        let m = self.marker()?;
+        Ok((m.last_applied, m.membership))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut marker = self.marker()?;
+        let mut batches: Vec<Batch> = Vec::new();
+        // Per entry: Some(i) = the i-th batch's outcomes answer it; None = empty answer.
+        let mut slots = Vec::new();
+        for entry in entries {
+            marker.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => slots.push(None),
+                EntryPayload::Normal(batch) => {
+                    slots.push(Some(batches.len()));
+                    batches.push(batch);
+                }
+                EntryPayload::Membership(m) => {
+                    marker.membership = Membership::new(Some(entry.log_id), m);
+                    slots.push(None);
+                }
+            }
+        }
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bytes = Self::encode_marker(marker.last_applied, &marker.membership)?;
+        let store = self.store.clone();
+        let mut outcomes = tokio::task::spawn_blocking(move || store.apply(&batches, &bytes))
+            .await
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        Ok(slots
+            .into_iter()
+            .map(|slot| {
+                slot.map(|i| std::mem::take(&mut outcomes[i]))
+                    .unwrap_or_default()
+            })
+            .collect())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let this = self.clone();
+        let meta = meta.clone();
+        tokio::task::spawn_blocking(move || {
+            this.store
+                .install(&data)
+                .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+            // The export carries the sender's marker; the snapshot meta is authoritative.
+            let marker = Self::encode_marker(meta.last_log_id, &meta.last_membership)?;
+            this.store
+                .apply(&[], &marker)
+                .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+            this.save_snapshot_file(&SnapshotFile {
+                version: MARKER_VERSION,
+                meta,
+                data,
+            })
+        })
+        .await
+        .map_err(|e| snap_err(ErrorVerb::Write, e))?
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<MetaRaft>>, StorageError> {
+        let path = self.dir.join(SNAPSHOT_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(snap_err(ErrorVerb::Read, e)),
+        };
+        let file: SnapshotFile =
+            postcard::from_bytes(&bytes).map_err(|e| snap_err(ErrorVerb::Read, e))?;
+        if file.version != MARKER_VERSION {
+            return Err(snap_err(
+                ErrorVerb::Read,
+                format!("unknown snapshot file version {}", file.version),
+            ));
+        }
+        Ok(Some(Snapshot {
+            meta: file.meta,
+            snapshot: Box::new(Cursor::new(file.data)),
+        }))
+    }
+}

@@ -54,8 +54,14 @@ pub enum Command {
     },
     /// Removes a non-directory name. An inode whose last name goes becomes an orphan: it
     /// stays readable by number until [`Command::Purge`].
-    Unlink { parent: Ino, name: String },
-    Rmdir { parent: Ino, name: String },
+    Unlink {
+        parent: Ino,
+        name: String,
+    },
+    Rmdir {
+        parent: Ino,
+        name: String,
+    },
     Rename {
         parent: Ino,
         name: String,
@@ -65,7 +71,10 @@ pub enum Command {
     },
     /// Changes attributes; a size change truncates (dropping extents past the end) or
     /// extends with a hole.
-    SetAttr { ino: Ino, set: SetAttr },
+    SetAttr {
+        ino: Ino,
+        set: SetAttr,
+    },
     /// Writes `data` at `offset` into the inode's inline data. Refused with
     /// [`Outcome::NotInline`] (nothing changed) when the file has extents or the result
     /// would be longer than `max_inline`.
@@ -88,12 +97,18 @@ pub enum Command {
     },
     /// Deletes an orphan inode (no names left, no longer open anywhere) and releases its
     /// stripes.
-    Purge { ino: Ino },
+    Purge {
+        ino: Ino,
+    },
     /// Forgets stripes whose shards the garbage collector has deleted.
-    StripesFreed { ids: Vec<StripeId> },
+    StripesFreed {
+        ids: Vec<StripeId>,
+    },
     /// Installs a new cluster layout; refused with `Invalid` unless its epoch is greater
     /// than the current one.
-    SetLayout { layout: Layout },
+    SetLayout {
+        layout: Layout,
+    },
 }
 
 /// What applying one proposal gave.

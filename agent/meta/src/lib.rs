@@ -4,7 +4,24 @@
 //! persisted in redb) first. This crate applies commands and answers queries; it knows
 //! nothing of Raft, the network or the clock (every command carries its own time). It
 //! must never depend on tokio, the mesh or the agent.
+//!
+//! On disk every table is keyed by inode first (see `record.rs`), so the namespace can
+//! later be split into Raft groups by `hash(ino)` with a key filter.
 
 mod command;
+mod data;
+mod error;
+mod namespace;
+mod query;
+mod record;
+mod snapshot;
+mod store;
+mod tx;
 
 pub use command::{Batch, Command, NewExtent, Outcome, Proposal};
+pub use error::MetaError;
+pub use query::{FileData, NamespaceStats};
+pub use store::MetaStore;
+
+#[cfg(test)]
+mod testkit;

@@ -1,0 +1,223 @@
+//! Queries on the applied state, each in one read transaction. Before anything was
+//! applied the root directory answers as an empty directory with zero times.
+
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use shoal_agent_api::{
+    DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, Ino, StripeRecord, Timestamp,
+};
+use shoal_placement::{Layout, StripeId};
+
+use crate::record::{
+    self, DIRENTS, EXTENTS, GARBAGE, INODES, InodeRecord, KEY_LAYOUT, KEY_STRIPE_BYTES, ORPHANS,
+    STATE, STRIPES, decode,
+};
+use crate::{MetaError, MetaStore};
+
+/// A file's content as the reader needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileData {
+    pub attr: FileAttr,
+    /// Inline bytes: the start of the content (the rest up to `attr.size` reads as zeros).
+    /// Empty when the file has extents.
+    pub inline: Vec<u8>,
+    /// The data version the inline bytes belong to; a writer moving them to a stripe
+    /// passes it back in `WriteExtents`.
+    pub inline_version: u64,
+    /// Extents in file order; gaps between them read as zeros.
+    pub extents: Vec<Extent>,
+}
+
+/// Namespace totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceStats {
+    /// Inodes, including orphans.
+    pub inodes: u64,
+    /// Live stripes (referenced by at least one extent).
+    pub stripes: u64,
+    /// Sum of `len` over live stripes.
+    pub stripe_bytes: u64,
+}
+
+impl MetaStore {
+    fn read(&self) -> Result<ReadTransaction, MetaError> {
+        Ok(self.db.begin_read()?)
+    }
+
+    /// The entry `name` in directory `parent`.
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<FileAttr, MetaError> {
+        let txn = self.read()?;
+        let inodes = txn.open_table(INODES)?;
+        directory(&inodes, parent)?;
+        if name.len() > shoal_agent_api::NAME_MAX {
+            return Err(FsError::NameTooLong.into());
+        }
+        let dirents = txn.open_table(DIRENTS)?;
+        let entry = record::read_dirent(&dirents, parent, name)?.ok_or(FsError::NotFound)?;
+        let node = record::read_inode(&inodes, entry.ino)?.ok_or_else(|| dangling(entry.ino))?;
+        Ok(node.attr(entry.ino))
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<FileAttr, MetaError> {
+        let txn = self.read()?;
+        let inodes = txn.open_table(INODES)?;
+        Ok(inode(&inodes, ino)?.attr(ino))
+    }
+
+    /// Every entry of a directory except "." and "..", sorted by name.
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>, MetaError> {
+        let txn = self.read()?;
+        directory(&txn.open_table(INODES)?, ino)?;
+        let dirents = txn.open_table(DIRENTS)?;
+        let mut out = Vec::new();
+        for item in dirents.range((ino, "")..)? {
+            let (key, value) = item?;
+            let (dir, name) = key.value();
+            if dir != ino {
+                break;
+            }
+            let entry: record::DirentRecord = decode(value.value(), "dirent")?;
+            out.push(DirEntry {
+                name: name.to_owned(),
+                ino: entry.ino,
+                kind: entry.kind,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A directory's parent, for ".."; the root's parent is the root.
+    pub fn parent_of(&self, dir: Ino) -> Result<Ino, MetaError> {
+        let txn = self.read()?;
+        Ok(directory(&txn.open_table(INODES)?, dir)?.parent)
+    }
+
+    /// A symlink's target; Invalid for other kinds.
+    pub fn readlink(&self, ino: Ino) -> Result<String, MetaError> {
+        let txn = self.read()?;
+        let node = inode(&txn.open_table(INODES)?, ino)?;
+        if node.kind != FileKind::Symlink {
+            return Err(FsError::Invalid.into());
+        }
+        Ok(node.target)
+    }
+
+    /// A file's attributes, inline bytes and extents (empty for other kinds).
+    pub fn file_data(&self, ino: Ino) -> Result<FileData, MetaError> {
+        let txn = self.read()?;
+        let node = inode(&txn.open_table(INODES)?, ino)?;
+        let extents = extents_of(&txn, ino)?;
+        Ok(FileData {
+            attr: node.attr(ino),
+            inline_version: node.data_version,
+            inline: node.inline,
+            extents,
+        })
+    }
+
+    /// Where a file's data lives.
+    pub fn file_layout(&self, ino: Ino) -> Result<FileLayout, MetaError> {
+        let txn = self.read()?;
+        let node = inode(&txn.open_table(INODES)?, ino)?;
+        let extents = extents_of(&txn, ino)?;
+        Ok(FileLayout {
+            attr: node.attr(ino),
+            inline_len: node.inline.len() as u64,
+            extents,
+        })
+    }
+
+    pub fn stats(&self) -> Result<NamespaceStats, MetaError> {
+        let txn = self.read()?;
+        Ok(NamespaceStats {
+            inodes: txn.open_table(INODES)?.len()?,
+            stripes: txn.open_table(STRIPES)?.len()?,
+            stripe_bytes: record::read_state_u64(&txn.open_table(STATE)?, KEY_STRIPE_BYTES, 0)?,
+        })
+    }
+
+    /// The cluster layout, once one was set.
+    pub fn cluster_layout(&self) -> Result<Option<Layout>, MetaError> {
+        let txn = self.read()?;
+        let state = txn.open_table(STATE)?;
+        match state.get(KEY_LAYOUT)? {
+            Some(guard) => decode(guard.value(), "layout").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Inodes with no names left, with the time their last name went.
+    pub fn orphans(&self) -> Result<Vec<(Ino, Timestamp)>, MetaError> {
+        let txn = self.read()?;
+        let mut out = Vec::new();
+        for item in txn.open_table(ORPHANS)?.iter()? {
+            let (key, value) = item?;
+            out.push((key.value(), decode(value.value(), "orphan")?));
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` stripes no extent references any more, waiting for their shards to be
+    /// deleted (then `StripesFreed`), in id order.
+    pub fn garbage(&self, limit: usize) -> Result<Vec<StripeRecord>, MetaError> {
+        let txn = self.read()?;
+        let mut out = Vec::new();
+        for item in txn.open_table(GARBAGE)?.iter()?.take(limit) {
+            let (_, value) = item?;
+            out.push(decode(value.value(), "garbage")?);
+        }
+        Ok(out)
+    }
+
+    /// True when the stripe is live or in garbage: shards of unknown stripes are orphans
+    /// the shard garbage collector may delete.
+    pub fn stripe_known(&self, id: StripeId) -> Result<bool, MetaError> {
+        let txn = self.read()?;
+        Ok(txn.open_table(STRIPES)?.get(id.0)?.is_some()
+            || txn.open_table(GARBAGE)?.get(id.0)?.is_some())
+    }
+}
+
+fn dangling(ino: Ino) -> MetaError {
+    MetaError::Corrupt(format!(
+        "a directory entry names inode {ino}, which is gone"
+    ))
+}
+
+fn inode(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    ino: Ino,
+) -> Result<InodeRecord, MetaError> {
+    record::read_inode_or_root(table, ino)?.ok_or_else(|| FsError::NotFound.into())
+}
+
+fn directory(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    ino: Ino,
+) -> Result<InodeRecord, MetaError> {
+    let node = inode(table, ino)?;
+    if !node.is_dir() {
+        return Err(FsError::NotDir.into());
+    }
+    Ok(node)
+}
+
+/// A file's extents with their stripe records, in file order.
+fn extents_of(txn: &ReadTransaction, ino: Ino) -> Result<Vec<Extent>, MetaError> {
+    let stripes = txn.open_table(STRIPES)?;
+    let mut out = Vec::new();
+    for (offset, ext) in record::read_extents(&txn.open_table(EXTENTS)?, ino)? {
+        let entry = record::read_stripe(&stripes, ext.stripe.0)?.ok_or_else(|| {
+            MetaError::Corrupt(format!(
+                "inode {ino} references stripe {}, which is not recorded",
+                ext.stripe
+            ))
+        })?;
+        out.push(Extent {
+            offset,
+            len: ext.len,
+            stripe_offset: ext.stripe_offset,
+            stripe: entry.record,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,321 @@
+//! [`MetaStore`]: the state machine in one redb file — opening it and applying the log.
+//! Queries are in `query.rs`, snapshots in `snapshot.rs`.
+
+use std::path::Path;
+
+use redb::{Database, Durability, ReadableDatabase};
+use shoal_agent_api::Timestamp;
+
+use crate::namespace::{self, RenameArgs};
+use crate::record::{
+    DEDUP, DIRENTS, EXTENTS, GARBAGE, INODES, KEY_APPLIED, ORPHANS, STATE, STRIPES,
+};
+use crate::tx::Tx;
+use crate::{Batch, Command, MetaError, Outcome, data};
+use shoal_agent_api::FsError;
+
+/// The metadata state machine: the namespace (inodes, directory entries, extents, stripe
+/// records, orphans), the cluster layout, recent request outcomes and the applied marker,
+/// all in one redb file.
+///
+/// Every replica that applies the same batches in the same order holds the same state and
+/// gives the same outcomes. Each [`MetaStore::apply`] is one durable write transaction;
+/// each query is one read transaction, so queries see whole applies only.
+pub struct MetaStore {
+    pub(crate) db: Database,
+}
+
+impl MetaStore {
+    /// Opens or creates the state machine at `path` (a redb file). A new store holds
+    /// nothing; its root directory is created by the first applied proposal.
+    pub fn open(path: &Path) -> Result<MetaStore, MetaError> {
+        let db = Database::create(path)?;
+        let txn = db.begin_write()?;
+        // Create every table, so read transactions always find them.
+        txn.open_table(INODES)?;
+        txn.open_table(DIRENTS)?;
+        txn.open_table(EXTENTS)?;
+        txn.open_table(STRIPES)?;
+        txn.open_table(GARBAGE)?;
+        txn.open_table(ORPHANS)?;
+        txn.open_table(DEDUP)?;
+        txn.open_table(STATE)?;
+        txn.commit()?;
+        Ok(MetaStore { db })
+    }
+
+    /// Applies `batches` in order in one durable write transaction, storing `applied` (the
+    /// caller's marker: log position and membership) with them. Returns one outcome per
+    /// proposal, grouped per batch. A refused command ([`Outcome::Failed`]) changes
+    /// nothing; an error means nothing of this call was applied.
+    pub fn apply(&self, batches: &[Batch], applied: &[u8]) -> Result<Vec<Vec<Outcome>>, MetaError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        let mut out = Vec::with_capacity(batches.len());
+        {
+            let mut tx = Tx::open(&txn)?;
+            for batch in batches {
+                let mut outcomes = Vec::with_capacity(batch.0.len());
+                for proposal in &batch.0 {
+                    if let Some(id) = proposal.id
+                        && let Some(first) = tx.dedup_get(id)?
+                    {
+                        outcomes.push(first);
+                        continue;
+                    }
+                    tx.ensure_root(proposal.now)?;
+                    let outcome = match execute(&mut tx, proposal.now, &proposal.command) {
+                        Ok(outcome) => outcome,
+                        Err(MetaError::Fs(e)) => Outcome::Failed(e),
+                        Err(e) => return Err(e),
+                    };
+                    if let Some(id) = proposal.id {
+                        tx.dedup_put(id, &outcome)?;
+                    }
+                    outcomes.push(outcome);
+                }
+                out.push(outcomes);
+            }
+            tx.finish(applied)?;
+        }
+        txn.commit()?;
+        Ok(out)
+    }
+
+    /// The marker stored by the last apply or install; `None` for a new store.
+    pub fn applied(&self) -> Result<Option<Vec<u8>>, MetaError> {
+        let txn = self.db.begin_read()?;
+        let state = txn.open_table(STATE)?;
+        Ok(state.get(KEY_APPLIED)?.map(|g| g.value().to_vec()))
+    }
+}
+
+/// Applies one command. A namespace refusal comes back as `Err(MetaError::Fs)` before
+/// anything was written.
+fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome, MetaError> {
+    match command {
+        Command::MkNode {
+            parent,
+            name,
+            kind,
+            perm,
+            owner,
+            rdev,
+            target,
+        } => namespace::mknode(
+            tx,
+            now,
+            *parent,
+            name,
+            *kind,
+            *perm,
+            *owner,
+            *rdev,
+            target.as_deref(),
+        ),
+        Command::Link {
+            ino,
+            new_parent,
+            new_name,
+        } => namespace::link(tx, now, *ino, *new_parent, new_name),
+        Command::Unlink { parent, name } => namespace::unlink(tx, now, *parent, name),
+        Command::Rmdir { parent, name } => namespace::rmdir(tx, now, *parent, name),
+        Command::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        } => namespace::rename(
+            tx,
+            now,
+            &RenameArgs {
+                parent: *parent,
+                name,
+                new_parent: *new_parent,
+                new_name,
+                flags: *flags,
+            },
+        ),
+        Command::SetAttr { ino, set } => namespace::setattr(tx, now, *ino, set),
+        Command::WriteInline {
+            ino,
+            offset,
+            data,
+            max_inline,
+        } => data::write_inline(tx, now, *ino, *offset, data, *max_inline),
+        Command::WriteExtents {
+            ino,
+            inline_version,
+            extents,
+        } => data::write_extents(tx, now, *ino, *inline_version, extents),
+        Command::Purge { ino } => data::purge(tx, *ino),
+        Command::StripesFreed { ids } => data::stripes_freed(tx, ids),
+        Command::SetLayout { layout } => {
+            if tx
+                .layout()?
+                .is_some_and(|cur| cur.epoch() >= layout.epoch())
+            {
+                return Err(FsError::Invalid.into());
+            }
+            tx.set_layout(layout)?;
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_agent_api::{FileKind, FsError, ROOT_INO, RequestId};
+    use shoal_placement::{Layout, LayoutNode, NodeId};
+
+    use crate::testkit::{Kit, at, mknode_cmd};
+    use crate::tx::DEDUP_WINDOW;
+    use crate::{Batch, Command, Outcome, Proposal};
+
+    fn id(seq: u64) -> Option<RequestId> {
+        Some(RequestId { client: 9, seq })
+    }
+
+    #[test]
+    fn repeated_request_id_applies_once() {
+        let mut kit = Kit::new();
+        let first = kit.run_with(id(1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        let Outcome::Attr(attr) = &first else {
+            panic!("{first:?}");
+        };
+        let again = kit.run_with(id(1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        assert_eq!(again, first, "the repeat gets the first answer, not Exists");
+        // A different command under the same id is not applied either.
+        let other = kit.run_with(id(1), mknode_cmd(ROOT_INO, "b", FileKind::File));
+        assert_eq!(other, first);
+        assert_eq!(kit.names(ROOT_INO), ["a"]);
+        assert_eq!(kit.store.getattr(attr.ino).expect("a").ctime, attr.ctime);
+        // A failure is remembered as well.
+        let failed = kit.run_with(id(2), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        assert_eq!(failed, Outcome::Failed(FsError::Exists));
+        kit.run(Command::Unlink {
+            parent: ROOT_INO,
+            name: "a".into(),
+        });
+        let repeat = kit.run_with(id(2), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        assert_eq!(repeat, Outcome::Failed(FsError::Exists));
+    }
+
+    #[test]
+    fn dedup_forgets_requests_older_than_the_window() {
+        let mut kit = Kit::new();
+        kit.run_with(id(1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        kit.run_with(
+            id(1 + DEDUP_WINDOW),
+            mknode_cmd(ROOT_INO, "b", FileKind::File),
+        );
+        let kept = kit.run_with(id(1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        assert!(matches!(kept, Outcome::Attr(_)), "still inside the window");
+        kit.run_with(
+            id(2 + DEDUP_WINDOW),
+            mknode_cmd(ROOT_INO, "c", FileKind::File),
+        );
+        let forgotten = kit.run_with(id(1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        assert_eq!(forgotten, Outcome::Failed(FsError::Exists));
+    }
+
+    #[test]
+    fn one_apply_answers_per_batch_and_proposal() {
+        let kit = Kit::new();
+        let proposal = |name: &str| Proposal {
+            id: None,
+            now: at(1),
+            command: mknode_cmd(ROOT_INO, name, FileKind::File),
+        };
+        let out = kit
+            .store
+            .apply(
+                &[
+                    Batch(vec![proposal("a"), proposal("a")]),
+                    Batch(vec![]),
+                    Batch(vec![proposal("b")]),
+                ],
+                b"m1",
+            )
+            .expect("apply");
+        assert_eq!(out.iter().map(Vec::len).collect::<Vec<_>>(), [2, 0, 1]);
+        assert_eq!(out[0][1], Outcome::Failed(FsError::Exists));
+        assert_eq!(
+            kit.store.applied().expect("applied").as_deref(),
+            Some(&b"m1"[..])
+        );
+    }
+
+    #[test]
+    fn state_survives_restart() {
+        let mut kit = Kit::new();
+        assert_eq!(kit.store.applied().expect("applied"), None);
+        let d = kit.mkdir(ROOT_INO, "d");
+        kit = kit.restart();
+        assert_eq!(
+            kit.store.applied().expect("applied").as_deref(),
+            Some(&b"marker"[..])
+        );
+        assert_eq!(kit.store.lookup(ROOT_INO, "d").expect("d").ino, d);
+        assert_eq!(kit.mkfile(d, "f"), d + 1, "the inode counter persists");
+    }
+
+    #[test]
+    fn layout_needs_a_newer_epoch() {
+        let mut kit = Kit::new();
+        let layout = |epoch| {
+            Layout::new(epoch, vec![LayoutNode::active(NodeId(1), "a", 1)]).expect("layout")
+        };
+        assert_eq!(kit.store.cluster_layout().expect("layout"), None);
+        assert_eq!(
+            kit.run(Command::SetLayout { layout: layout(2) }),
+            Outcome::Done
+        );
+        assert_eq!(
+            kit.fail(Command::SetLayout { layout: layout(2) }),
+            FsError::Invalid
+        );
+        assert_eq!(
+            kit.fail(Command::SetLayout { layout: layout(1) }),
+            FsError::Invalid
+        );
+        assert_eq!(kit.store.cluster_layout().expect("layout"), Some(layout(2)));
+        kit.run(Command::SetLayout { layout: layout(3) });
+        assert_eq!(
+            kit.store
+                .cluster_layout()
+                .expect("layout")
+                .map(|l| l.epoch()),
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn large_directory_lists_every_entry() {
+        let kit = Kit::new();
+        const N: usize = 100_000;
+        for chunk in 0..10 {
+            let proposals = (0..N / 10)
+                .map(|i| Proposal {
+                    id: None,
+                    now: at(1),
+                    command: mknode_cmd(
+                        ROOT_INO,
+                        &format!("f{:06}", chunk * N / 10 + i),
+                        FileKind::File,
+                    ),
+                })
+                .collect();
+            kit.store.apply(&[Batch(proposals)], b"m").expect("apply");
+        }
+        let entries = kit.store.readdir(ROOT_INO).expect("readdir");
+        assert_eq!(entries.len(), N);
+        assert!(entries.windows(2).all(|w| w[0].name < w[1].name));
+        assert_eq!(
+            kit.store.lookup(ROOT_INO, "f054321").expect("lookup").ino,
+            54_321 + 2
+        );
+        assert_eq!(kit.store.stats().expect("stats").inodes, N as u64 + 1);
+    }
+}

@@ -4,6 +4,8 @@ mod bench;
 mod cert;
 mod coexist;
 mod dev_cluster;
+mod mount;
+mod stat;
 mod status;
 
 use std::net::IpAddr;
@@ -42,6 +44,19 @@ enum Cmd {
     /// Create the cluster CA and node certificates.
     #[command(subcommand)]
     Cert(CertCmd),
+    /// Mount the cluster's filesystem (FUSE) and serve it until unmounted.
+    Mount(mount::MountArgs),
+    /// Where a file on a shoal mount keeps its data: extents, stripes and shards.
+    Stat {
+        /// A file on a shoal mount.
+        path: PathBuf,
+        /// The local agent's socket.
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print the layout as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a local multi-node cluster on 127.0.0.x (for trying shoal and for tests).
     #[command(subcommand, name = "dev-cluster")]
     DevCluster(DevClusterCmd),
@@ -94,6 +109,13 @@ enum DevClusterCmd {
 }
 
 fn main() -> ExitCode {
+    // Installed as /sbin/mount.shoal, for fstab lines of type `shoal`.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|argv0| mount::is_mount_helper(&argv0))
+    {
+        return mount::helper_main();
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -106,6 +128,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Status { socket, json } => status_cmd(socket, json),
+        Cmd::Mount(args) => mount::run(args, None),
+        Cmd::Stat { path, socket, json } => stat::run(&path, &socket, json),
         Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
         Cmd::Bench(BenchCmd::Stripes(o)) => {
             let rt = tokio::runtime::Builder::new_multi_thread()

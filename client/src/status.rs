@@ -96,6 +96,18 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
         bytes(st.used_bytes),
         bytes(st.limit_bytes)
     );
+    let meta = &report.meta;
+    let _ = writeln!(
+        out,
+        "metadata: leader {}, term {}, applied {}, {} voters, {} learners, layout epoch {}, {} inodes",
+        meta.leader.as_deref().unwrap_or("none"),
+        meta.term,
+        meta.applied.map_or("-".into(), |a| a.to_string()),
+        meta.voters.len(),
+        meta.learners.len(),
+        meta.layout_epoch.map_or("-".into(), |e| e.to_string()),
+        meta.inodes
+    );
     let gpu = &report.gpu;
     match (&gpu.note, gpu.utilization_percent) {
         (Some(note), _) => {

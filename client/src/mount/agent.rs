@@ -1,0 +1,288 @@
+//! The mount's connections to its local agent: a small pool, and the retry that carries a
+//! request across an agent restart.
+//!
+//! A request that fails because the socket is gone or broke, or that the agent answers
+//! with `Unavailable`, is sent again — the same request, with the same [`RequestId`], so
+//! the metadata service applies it once — until it succeeds or `--retry-for` has passed.
+//! After a failure every new connection first re-sends `Open` for the handles still open,
+//! so a restarted agent knows them again before it serves anything else from this mount.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fuser::Errno;
+use shoal_agent_api::{
+    AgentClient, ApiError, FsError, FsRequest, FsResponse, Ino, Request, RequestId, Response,
+};
+use tokio::sync::Semaphore;
+
+/// Most connections the pool opens to the agent.
+const MAX_CONNECTIONS: usize = 16;
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The agent stayed unreachable (or the cluster unavailable) for all of `--retry-for`.
+    #[error("gave up after {0:?}: {1}")]
+    GaveUp(Duration, String),
+    /// A failure that retrying cannot fix (protocol mismatch, undecodable frame).
+    #[error("{0}")]
+    Fatal(ApiError),
+}
+
+struct Conn {
+    client: AgentClient,
+    /// The failure epoch this connection was opened in.
+    epoch: u64,
+}
+
+/// The local agent, as the mount reaches it.
+pub struct Agent {
+    socket: PathBuf,
+    /// Random per mount process: the `session` of every handle and the `client` of every
+    /// [`RequestId`].
+    session: u64,
+    seq: AtomicU64,
+    retry_for: Duration,
+    idle: Mutex<Vec<Conn>>,
+    slots: Semaphore,
+    /// Grows at every connection failure; connections of older epochs are not reused.
+    epoch: AtomicU64,
+    /// The newest epoch whose handles were re-opened.
+    reopened: tokio::sync::Mutex<u64>,
+    /// Open file handles (handle → inode), re-opened after a failure.
+    handles: tokio::sync::Mutex<BTreeMap<u64, Ino>>,
+    reachable: AtomicBool,
+    available: AtomicBool,
+}
+
+impl Agent {
+    pub fn new(socket: PathBuf, retry_for: Duration) -> Self {
+        Agent {
+            socket,
+            session: rand::random::<u64>() | 1,
+            seq: AtomicU64::new(1),
+            retry_for,
+            idle: Mutex::new(Vec::new()),
+            slots: Semaphore::new(MAX_CONNECTIONS),
+            epoch: AtomicU64::new(0),
+            reopened: tokio::sync::Mutex::new(0),
+            handles: tokio::sync::Mutex::new(BTreeMap::new()),
+            reachable: AtomicBool::new(true),
+            available: AtomicBool::new(true),
+        }
+    }
+
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// A fresh id for a mutating request.
+    pub fn next_id(&self) -> RequestId {
+        RequestId {
+            client: self.session,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Records an open handle (before its `Open` is sent), so that it is re-opened after
+    /// an agent restart.
+    pub async fn remember_handle(&self, handle: u64, ino: Ino) {
+        self.handles.lock().await.insert(handle, ino);
+    }
+
+    /// Forgets a handle (before its `Release` is sent).
+    pub async fn forget_handle(&self, handle: u64) {
+        self.handles.lock().await.remove(&handle);
+    }
+
+    /// Sends a filesystem request, retrying as the module doc says; the answer, or the
+    /// errno the kernel gets.
+    pub async fn fs(&self, request: FsRequest) -> Result<FsResponse, Errno> {
+        let what = request_name(&request);
+        let request = Request::Fs(request);
+        match self.call(&request).await {
+            Ok(Response::Fs(FsResponse::Error(e))) => {
+                tracing::debug!(request = what, "agent: {e}");
+                Err(Errno::from_i32(e.errno()))
+            }
+            Ok(Response::Fs(r)) => Ok(r),
+            Ok(Response::Error(e)) => {
+                tracing::warn!(request = what, "agent refused: {e}");
+                Err(Errno::EIO)
+            }
+            Ok(_) => {
+                tracing::warn!(
+                    request = what,
+                    "agent answered with a non-filesystem message"
+                );
+                Err(Errno::EIO)
+            }
+            Err(e) => {
+                tracing::error!(request = what, "{e}");
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    /// Sends one request and waits for its answer, retrying as the module doc says.
+    pub async fn call(&self, request: &Request) -> Result<Response, CallError> {
+        let start = Instant::now();
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let why = match self.try_once(request).await {
+                Ok(Response::Fs(FsResponse::Error(FsError::Unavailable(why)))) => {
+                    self.note_reachable();
+                    if self.available.swap(false, Ordering::Relaxed) {
+                        tracing::warn!("cluster unavailable, retrying: {why}");
+                    }
+                    format!("cluster unavailable: {why}")
+                }
+                Ok(response) => {
+                    self.note_reachable();
+                    if !self.available.swap(true, Ordering::Relaxed) {
+                        tracing::info!("cluster available again");
+                    }
+                    return Ok(response);
+                }
+                Err(e) if e.is_retryable() => {
+                    self.epoch.fetch_add(1, Ordering::AcqRel);
+                    if self.reachable.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "agent unreachable, retrying for up to {:?}: {e}",
+                            self.retry_for
+                        );
+                    }
+                    e.to_string()
+                }
+                Err(e) => return Err(CallError::Fatal(e)),
+            };
+            let waited = start.elapsed();
+            if waited >= self.retry_for {
+                return Err(CallError::GaveUp(waited, why));
+            }
+            tokio::time::sleep(backoff.min(self.retry_for - waited)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn note_reachable(&self) {
+        if !self.reachable.swap(true, Ordering::Relaxed) {
+            tracing::info!("agent reachable again");
+        }
+    }
+
+    async fn try_once(&self, request: &Request) -> Result<Response, ApiError> {
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| ApiError::Unexpected("connection pool closed".into()))?;
+        let mut conn = self.checkout().await?;
+        let response = conn.client.call(request).await?;
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(conn);
+        }
+        Ok(response)
+    }
+
+    /// An idle connection of the current epoch, or a new one (re-opening the handles
+    /// first when a failure happened since they were last re-opened).
+    async fn checkout(&self) -> Result<Conn, ApiError> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if let Ok(mut idle) = self.idle.lock() {
+            while let Some(conn) = idle.pop() {
+                if conn.epoch == epoch {
+                    return Ok(conn);
+                }
+            }
+        }
+        let mut conn = Conn {
+            client: AgentClient::connect(&self.socket).await?,
+            epoch,
+        };
+        if epoch > 0 {
+            self.reopen(&mut conn).await?;
+        }
+        Ok(conn)
+    }
+
+    async fn reopen(&self, conn: &mut Conn) -> Result<(), ApiError> {
+        let mut done = self.reopened.lock().await;
+        if *done >= conn.epoch {
+            return Ok(());
+        }
+        // Held throughout, so a handle released meanwhile is not opened again after its
+        // Release.
+        let handles = self.handles.lock().await;
+        if !handles.is_empty() {
+            tracing::info!(handles = handles.len(), "re-opening files on the agent");
+        }
+        for (&handle, &ino) in handles.iter() {
+            let open = Request::Fs(FsRequest::Open {
+                ino,
+                session: self.session,
+                handle,
+            });
+            match conn.client.call(&open).await? {
+                Response::Fs(FsResponse::Attr(_)) => {}
+                other => tracing::warn!(handle, ino, "re-open failed: {other:?}"),
+            }
+        }
+        *done = conn.epoch;
+        Ok(())
+    }
+}
+
+/// The request's name, for logs (never its data).
+fn request_name(r: &FsRequest) -> &'static str {
+    match r {
+        FsRequest::Lookup { .. } => "lookup",
+        FsRequest::GetAttr { .. } => "getattr",
+        FsRequest::SetAttr { .. } => "setattr",
+        FsRequest::MkNode { .. } => "mknode",
+        FsRequest::Link { .. } => "link",
+        FsRequest::Unlink { .. } => "unlink",
+        FsRequest::Rmdir { .. } => "rmdir",
+        FsRequest::Rename { .. } => "rename",
+        FsRequest::ReadLink { .. } => "readlink",
+        FsRequest::ReadDir { .. } => "readdir",
+        FsRequest::Open { .. } => "open",
+        FsRequest::Release { .. } => "release",
+        FsRequest::Read { .. } => "read",
+        FsRequest::Write { .. } => "write",
+        FsRequest::StatFs => "statfs",
+        FsRequest::Layout { .. } => "layout",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unreachable_agent_fails_after_retry_for() {
+        let dir = std::env::temp_dir().join(format!("shoal-no-agent-{}", std::process::id()));
+        let agent = Agent::new(dir.join("missing.sock"), Duration::from_millis(200));
+        let start = Instant::now();
+        let r = agent.call(&Request::Status).await;
+        assert!(matches!(r, Err(CallError::GaveUp(..))), "{r:?}");
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        assert_eq!(agent.fs(FsRequest::StatFs).await, Err(Errno::EIO));
+    }
+
+    #[test]
+    fn request_ids_share_the_session_and_grow() {
+        let agent = Agent::new("/nonexistent".into(), Duration::ZERO);
+        let a = agent.next_id();
+        let b = agent.next_id();
+        assert_eq!(a.client, agent.session());
+        assert_eq!(b.client, a.client);
+        assert!(b.seq > a.seq);
+    }
+}

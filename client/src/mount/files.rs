@@ -1,0 +1,427 @@
+//! Open files: their write buffers, the writes in flight to the agent, and read-ahead.
+//!
+//! Written data stays in this process until the agent has committed it, so an agent
+//! restart loses nothing: the write is sent again. A handle sends its buffer in the
+//! background (up to [`LANES`] chunks at a time); the FUSE write returns once the data is
+//! buffered. All buffered and in-flight bytes together hold permits of one semaphore
+//! sized by `--write-buffer`. A chunk that overlaps a chunk in flight for the same inode
+//! waits for it, so the later write lands last. A background failure is kept on the
+//! handle and returned by its next write, flush, fsync or release.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fuser::Errno;
+use shoal_agent_api::{FsRequest, FsResponse, Ino};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use super::agent::Agent;
+use super::readahead::{self, ReadCache};
+use super::write::{Chunk, Coalescer, overlaps};
+
+/// Chunks in flight per handle.
+const LANES: usize = 4;
+
+/// Every open file of the mount.
+pub struct OpenFiles {
+    agent: Arc<Agent>,
+    stripe: u64,
+    read_chunk: u64,
+    budget: Arc<Semaphore>,
+    budget_total: usize,
+    next_write: AtomicU64,
+    handles: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    inodes: Arc<Mutex<HashMap<Ino, InodeState>>>,
+}
+
+/// One open handle.
+pub struct OpenFile {
+    pub ino: Ino,
+    /// Shared by the inode's handles; grows with every write through this mount, which
+    /// tells read-ahead its chunks are stale.
+    generation: Arc<AtomicU64>,
+    writer: tokio::sync::Mutex<Writer>,
+    buffered: AtomicUsize,
+    lanes: Arc<Semaphore>,
+    outcome: Arc<Outcome>,
+    reader: tokio::sync::Mutex<ReadCache>,
+}
+
+struct Writer {
+    coalescer: Coalescer,
+    /// Budget held by the buffered bytes.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// What the handle's background writes left behind.
+#[derive(Default)]
+struct Outcome {
+    error: Mutex<Option<Errno>>,
+    in_flight: Mutex<Vec<watch::Receiver<bool>>>,
+}
+
+struct InodeState {
+    handles: Vec<u64>,
+    generation: Arc<AtomicU64>,
+    in_flight: Vec<InFlight>,
+}
+
+struct InFlight {
+    id: u64,
+    range: Range<u64>,
+    done: watch::Receiver<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl OpenFiles {
+    /// `stripe`: the cluster's stripe size; `read_ahead`: `--read-ahead` (0: off);
+    /// `write_buffer`: `--write-buffer`.
+    pub fn new(agent: Arc<Agent>, stripe: u64, read_ahead: u64, write_buffer: u64) -> Self {
+        let read_chunk = read_ahead.div_ceil(stripe) * stripe;
+        // Room for one full buffer and one more write, whatever the option says, so a
+        // writer can always make progress.
+        let floor = stripe as usize + super::MAX_WRITE as usize;
+        let budget_total = usize::try_from(write_buffer)
+            .unwrap_or(usize::MAX)
+            .clamp(floor, Semaphore::MAX_PERMITS);
+        OpenFiles {
+            agent,
+            stripe,
+            read_chunk,
+            budget: Arc::new(Semaphore::new(budget_total)),
+            budget_total,
+            next_write: AtomicU64::new(1),
+            handles: Mutex::new(HashMap::new()),
+            inodes: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Registers a new handle.
+    pub fn open(&self, fh: u64, ino: Ino) -> Arc<OpenFile> {
+        let generation = {
+            let mut inodes = lock(&self.inodes);
+            let st = inodes.entry(ino).or_insert_with(|| InodeState {
+                handles: Vec::new(),
+                generation: Arc::new(AtomicU64::new(0)),
+                in_flight: Vec::new(),
+            });
+            st.handles.push(fh);
+            st.generation.clone()
+        };
+        let file = Arc::new(OpenFile {
+            ino,
+            generation,
+            writer: tokio::sync::Mutex::new(Writer {
+                coalescer: Coalescer::new(self.stripe),
+                permit: None,
+            }),
+            buffered: AtomicUsize::new(0),
+            lanes: Arc::new(Semaphore::new(LANES)),
+            outcome: Arc::default(),
+            reader: tokio::sync::Mutex::new(ReadCache::new(self.read_chunk)),
+        });
+        lock(&self.handles).insert(fh, file.clone());
+        file
+    }
+
+    pub fn get(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        lock(&self.handles).get(&fh).cloned()
+    }
+
+    /// Forgets a handle; call after [`OpenFiles::flush`].
+    pub fn close(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        let file = lock(&self.handles).remove(&fh)?;
+        let mut inodes = lock(&self.inodes);
+        if let Some(st) = inodes.get_mut(&file.ino) {
+            st.handles.retain(|h| *h != fh);
+            if st.handles.is_empty() && st.in_flight.is_empty() {
+                inodes.remove(&file.ino);
+            }
+        }
+        Some(file)
+    }
+
+    /// Buffers a write; the bytes taken.
+    pub async fn write(
+        &self,
+        file: &Arc<OpenFile>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u32, Errno> {
+        file.take_error()?;
+        let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let permit = self.reserve(len).await?;
+        file.generation.fetch_add(1, Ordering::AcqRel);
+        self.send_overlapping_buffers(file, offset..offset.saturating_add(u64::from(len)))
+            .await;
+        let mut w = file.writer.lock().await;
+        match &mut w.permit {
+            Some(held) => held.merge(permit),
+            None => w.permit = Some(permit),
+        }
+        let mut ready = Vec::new();
+        w.coalescer.push(offset, data, &mut ready);
+        for chunk in ready {
+            let permit = split(&mut w.permit, chunk.data.len());
+            self.dispatch(file, chunk, permit).await;
+        }
+        file.buffered
+            .store(w.coalescer.buffered(), Ordering::Release);
+        Ok(len)
+    }
+
+    /// Budget for `len` more bytes. When the budget is spent, every handle's partial buffer
+    /// is sent first: partial buffers of idle handles must not starve writers.
+    async fn reserve(&self, len: u32) -> Result<OwnedSemaphorePermit, Errno> {
+        let len = len.min(u32::try_from(self.budget_total).unwrap_or(u32::MAX));
+        if let Ok(p) = self.budget.clone().try_acquire_many_owned(len) {
+            return Ok(p);
+        }
+        let all: Vec<_> = lock(&self.handles).values().cloned().collect();
+        for f in all {
+            if let Ok(mut w) = f.writer.try_lock() {
+                self.send_buffer(&f, &mut w).await;
+            }
+        }
+        self.budget
+            .clone()
+            .acquire_many_owned(len)
+            .await
+            .map_err(|_| Errno::EIO)
+    }
+
+    /// Sends the buffers of the inode's other handles that `range` overlaps, so that this
+    /// write is committed after them.
+    async fn send_overlapping_buffers(&self, file: &Arc<OpenFile>, range: Range<u64>) {
+        for other in self.handles_of(file.ino) {
+            if Arc::ptr_eq(&other, file) || other.buffered.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let mut w = other.writer.lock().await;
+            if w.coalescer
+                .pending_range()
+                .is_some_and(|r| overlaps(&r, &range))
+            {
+                self.send_buffer(&other, &mut w).await;
+            }
+        }
+    }
+
+    /// Sends the handle's buffer, waits for all its writes, and returns (and clears) the
+    /// first failure since the last report.
+    pub async fn flush(&self, file: &Arc<OpenFile>) -> Result<(), Errno> {
+        self.send_and_wait(file).await;
+        file.take_error()
+    }
+
+    /// Makes every write to `ino` buffered in this mount committed (read-your-writes);
+    /// failures stay on their handles.
+    pub async fn flush_inode(&self, ino: Ino) {
+        for f in self.handles_of(ino) {
+            self.send_and_wait(&f).await;
+        }
+        let waits: Vec<_> = lock(&self.inodes)
+            .get(&ino)
+            .map(|st| st.in_flight.iter().map(|i| i.done.clone()).collect())
+            .unwrap_or_default();
+        for mut w in waits {
+            let _ = w.wait_for(|done| *done).await;
+        }
+    }
+
+    /// Whether this mount holds writes to `ino` that the agent has not committed.
+    pub fn has_pending(&self, ino: Ino) -> bool {
+        let handles = {
+            let inodes = lock(&self.inodes);
+            let Some(st) = inodes.get(&ino) else {
+                return false;
+            };
+            if !st.in_flight.is_empty() {
+                return true;
+            }
+            st.handles.clone()
+        };
+        let open = lock(&self.handles);
+        handles.iter().any(|fh| {
+            open.get(fh)
+                .is_some_and(|f| f.buffered.load(Ordering::Acquire) > 0)
+        })
+    }
+
+    /// Drops read-ahead chunks of `ino` (after a truncate).
+    pub fn invalidate(&self, ino: Ino) {
+        if let Some(st) = lock(&self.inodes).get(&ino) {
+            st.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Sends and waits for every buffered write (at unmount).
+    pub async fn flush_everything(&self) {
+        let all: Vec<_> = lock(&self.handles).values().cloned().collect();
+        for f in all {
+            self.send_and_wait(&f).await;
+            if let Err(e) = f.take_error() {
+                tracing::error!(ino = f.ino, "data written to this file was lost: {e:?}");
+            }
+        }
+    }
+
+    /// Reads through the handle's read-ahead.
+    pub async fn read(&self, file: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        readahead::read(
+            &file.reader,
+            &file.generation,
+            &self.agent,
+            file.ino,
+            offset,
+            size,
+        )
+        .await
+    }
+
+    fn handles_of(&self, ino: Ino) -> Vec<Arc<OpenFile>> {
+        let fhs = lock(&self.inodes)
+            .get(&ino)
+            .map(|st| st.handles.clone())
+            .unwrap_or_default();
+        let open = lock(&self.handles);
+        fhs.iter().filter_map(|fh| open.get(fh).cloned()).collect()
+    }
+
+    async fn send_and_wait(&self, file: &Arc<OpenFile>) {
+        {
+            let mut w = file.writer.lock().await;
+            self.send_buffer(file, &mut w).await;
+        }
+        let waits = std::mem::take(&mut *lock(&file.outcome.in_flight));
+        for mut w in waits {
+            let _ = w.wait_for(|done| *done).await;
+        }
+    }
+
+    async fn send_buffer(&self, file: &Arc<OpenFile>, w: &mut Writer) {
+        if let Some(chunk) = w.coalescer.take() {
+            let permit = split(&mut w.permit, chunk.data.len());
+            self.dispatch(file, chunk, permit).await;
+        }
+        file.buffered.store(0, Ordering::Release);
+    }
+
+    /// Starts the background write of one chunk.
+    async fn dispatch(
+        &self,
+        file: &Arc<OpenFile>,
+        chunk: Chunk,
+        budget: Option<OwnedSemaphorePermit>,
+    ) {
+        let Ok(lane) = file.lanes.clone().acquire_owned().await else {
+            file.fail(Errno::EIO);
+            return;
+        };
+        let (done_tx, done) = watch::channel(false);
+        let id = self.next_write.fetch_add(1, Ordering::Relaxed);
+        let range = chunk.range();
+        let earlier: Vec<_> = {
+            let mut inodes = lock(&self.inodes);
+            let st = inodes.entry(file.ino).or_insert_with(|| InodeState {
+                handles: Vec::new(),
+                generation: file.generation.clone(),
+                in_flight: Vec::new(),
+            });
+            let earlier = st
+                .in_flight
+                .iter()
+                .filter(|i| overlaps(&i.range, &range))
+                .map(|i| i.done.clone())
+                .collect();
+            st.in_flight.push(InFlight {
+                id,
+                range,
+                done: done.clone(),
+            });
+            earlier
+        };
+        lock(&file.outcome.in_flight).push(done);
+        let agent = self.agent.clone();
+        let inodes = self.inodes.clone();
+        let outcome = file.outcome.clone();
+        let generation = file.generation.clone();
+        let ino = file.ino;
+        tokio::spawn(async move {
+            for mut w in earlier {
+                let _ = w.wait_for(|done| *done).await;
+            }
+            let request = FsRequest::Write {
+                id: agent.next_id(),
+                ino,
+                offset: chunk.offset,
+                data: chunk.data,
+            };
+            match agent.fs(request).await {
+                Ok(FsResponse::Attr(_) | FsResponse::Entry(_) | FsResponse::Done) => {}
+                Ok(other) => {
+                    tracing::warn!(
+                        ino,
+                        "unexpected answer to write: {}",
+                        super::ops::kind(&other)
+                    );
+                    outcome.fail(Errno::EIO);
+                }
+                Err(e) => outcome.fail(e),
+            }
+            generation.fetch_add(1, Ordering::AcqRel);
+            {
+                let mut inodes = lock(&inodes);
+                if let Some(st) = inodes.get_mut(&ino) {
+                    st.in_flight.retain(|i| i.id != id);
+                    if st.handles.is_empty() && st.in_flight.is_empty() {
+                        inodes.remove(&ino);
+                    }
+                }
+            }
+            drop(budget);
+            drop(lane);
+            let _ = done_tx.send(true);
+        });
+    }
+}
+
+/// Takes `n` permits out of `held` (none when it holds fewer).
+fn split(held: &mut Option<OwnedSemaphorePermit>, n: usize) -> Option<OwnedSemaphorePermit> {
+    let p = held.as_mut()?;
+    if p.num_permits() == n {
+        return held.take();
+    }
+    p.split(n)
+}
+
+impl OpenFile {
+    fn take_error(&self) -> Result<(), Errno> {
+        self.outcome.take_error()
+    }
+
+    fn fail(&self, e: Errno) {
+        self.outcome.fail(e);
+    }
+}
+
+impl Outcome {
+    fn fail(&self, e: Errno) {
+        lock(&self.error).get_or_insert(e);
+    }
+
+    fn take_error(&self) -> Result<(), Errno> {
+        match lock(&self.error).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! `shoal mount`: the FUSE adapter. It serves one mountpoint from the local agent over the
+//! agent's Unix socket and nothing else; every node mounts the same cluster namespace.
+//!
+//! Read [`fs::ShoalFs`] (the kernel's requests) and [`ops`] (what each one sends to the
+//! agent) first, then [`agent::Agent`] (the connection pool and the retry that carries a
+//! request across an agent restart), [`files::OpenFiles`] (open handles, their write
+//! buffers and read-ahead). The pure parts — [`write::Coalescer`], [`readahead::Window`],
+//! [`dir::DirSnapshot`] and the `mount.shoal` argument parser — test without a kernel.
+
+mod agent;
+mod attr;
+mod dir;
+mod files;
+mod fs;
+mod fstab;
+mod ops;
+mod readahead;
+mod write;
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use shoal_agent_api::{DEFAULT_SOCKET, FsRequest, FsResponse, Request, Response, SOCKET_ENV};
+
+use crate::bench::parse_size;
+
+pub use fstab::{helper_main, is_mount_helper};
+
+/// The stripe size assumed when the agent cannot say (`StatFs` failed at mount time).
+const DEFAULT_STRIPE: u64 = 4 << 20;
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE: u32 = 1 << 20;
+/// Largest single read or write request the mount sends (a frame holds 64 MiB).
+const MAX_REQUEST: u64 = 32 << 20;
+
+/// Options of `shoal mount` (and, as `-o` options, of `mount.shoal`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct MountArgs {
+    /// Directory to mount the cluster's filesystem on.
+    pub mountpoint: PathBuf,
+    /// The local agent's socket.
+    #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Let other users than the one mounting use the mount (non-root mounts need
+    /// `user_allow_other` in /etc/fuse.conf).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// How long the kernel may cache attributes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub attr_ttl_ms: u64,
+    /// How long the kernel may cache a name → inode lookup, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub entry_ttl_ms: u64,
+    /// Threads reading requests from the kernel.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Bytes written but not yet committed by the cluster, across all open files; writers
+    /// wait when it is full.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    pub write_buffer: u64,
+    /// Bytes fetched ahead for a sequential reader (rounded up to whole stripes; 0 turns
+    /// read-ahead off).
+    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    pub read_ahead: u64,
+    /// How long a request waits for an unreachable agent or an unavailable cluster before
+    /// it fails with EIO, e.g. "600s", "10m".
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub retry_for: Duration,
+}
+
+impl MountArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.threads == 0 || self.threads > 64 {
+            bail!("--threads must be between 1 and 64");
+        }
+        if self.read_ahead > MAX_REQUEST {
+            bail!("--read-ahead must be at most {} MiB", MAX_REQUEST >> 20);
+        }
+        Ok(())
+    }
+}
+
+/// Parses "600s", "10m", "1h", "500ms" or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration"))?;
+    let secs = |mult: u64| {
+        n.checked_mul(mult)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{text:?} is too long"))
+    };
+    match unit.trim() {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => secs(1),
+        "m" | "min" => secs(60),
+        "h" => secs(3600),
+        _ => Err(format!("{text:?}: unknown unit (use ms, s, m, h)")),
+    }
+}
+
+/// Mounts and serves until the filesystem is unmounted or the process gets SIGINT or
+/// SIGTERM (then it unmounts). `ready`, when given, receives one line once mounted:
+/// `ok` (the `mount.shoal` parent waits for it).
+pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
+    args.validate()?;
+    init_logging();
+    let mountpoint = std::path::absolute(&args.mountpoint)?;
+    if !mountpoint.is_dir() {
+        bail!("{} is not a directory", mountpoint.display());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("shoal-mount")
+        .build()?;
+    let agent = Arc::new(agent::Agent::new(args.socket.clone(), args.retry_for));
+    let stripe = rt.block_on(prepare(&agent))?;
+    let state = Arc::new(ops::FsState::new(agent, &args, stripe));
+    let filesystem = fs::ShoalFs::new(state.clone(), rt.handle().clone());
+    let config = fs::session_config(&args);
+    let mut session = fuser::Session::new(filesystem, &mountpoint, &config)
+        .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+    tracing::info!(
+        mountpoint = %mountpoint.display(),
+        socket = %args.socket.display(),
+        stripe,
+        "mounted"
+    );
+    if let Some(fd) = ready {
+        fstab::report(fd, Ok(()));
+    }
+    let mut unmounter = session.unmount_callable();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let serving = std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let result = session.run();
+            let _ = done_tx.send(());
+            result
+        })?;
+    let signalled = rt.block_on(wait_for_end(done_rx))?;
+    if let Some(signal) = signalled {
+        tracing::info!(signal, "unmounting");
+        if let Err(e) = unmounter.unmount() {
+            tracing::warn!("unmount failed: {e}");
+        }
+    }
+    let result = serving
+        .join()
+        .map_err(|_| anyhow::anyhow!("the FUSE session thread panicked"))?;
+    // Every file was released before the kernel ended the session, so this only finds
+    // data when the session was torn down abruptly.
+    rt.block_on(state.files.flush_everything());
+    tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
+    result.context("FUSE session failed")
+}
+
+/// Joins the agent's reservation and learns the stripe size.
+async fn prepare(agent: &agent::Agent) -> anyhow::Result<u64> {
+    let pid = std::process::id();
+    match agent.call(&Request::JoinReservation { pid }).await {
+        Ok(Response::Joined(Some(cgroup))) => tracing::info!(cgroup, "joined the reservation"),
+        Ok(Response::Joined(None)) => {}
+        Ok(Response::Error(e)) => {
+            tracing::warn!("agent did not take the mount into its reservation: {e}")
+        }
+        Ok(other) => tracing::warn!("unexpected answer to JoinReservation: {other:?}"),
+        Err(e) => return Err(anyhow::anyhow!("{e}")).context("the agent is not reachable"),
+    }
+    let stripe = match agent.call(&Request::Fs(FsRequest::StatFs)).await {
+        Ok(Response::Fs(FsResponse::StatFs(s))) if s.block_size > 0 => u64::from(s.block_size),
+        Ok(other) => {
+            tracing::warn!(
+                "agent answered StatFs with {}; assuming {} MiB stripes",
+                short(&other),
+                DEFAULT_STRIPE >> 20
+            );
+            DEFAULT_STRIPE
+        }
+        Err(e) => return Err(anyhow::anyhow!("{e}")).context("the agent is not reachable"),
+    };
+    Ok(stripe.clamp(64 << 10, MAX_REQUEST))
+}
+
+/// A response for a log line, without dumping file data.
+fn short(r: &Response) -> String {
+    match r {
+        Response::Error(e) => format!("error {e:?}"),
+        Response::Fs(FsResponse::Error(e)) => format!("error {e}"),
+        _ => "an unexpected answer".into(),
+    }
+}
+
+/// Waits until the session ends by itself (None) or a signal asks to unmount.
+async fn wait_for_end(
+    done: tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<Option<&'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = done => None,
+        _ = int.recv() => Some("SIGINT"),
+        _ = term.recv() => Some("SIGTERM"),
+    })
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SHOAL_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units_and_default_to_seconds() {
+        assert_eq!(parse_duration("600s"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 days").is_err());
+    }
+
+    #[test]
+    fn mount_args_have_the_documented_defaults() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: MountArgs,
+        }
+        let cli = Cli::try_parse_from(["shoal", "/mnt/x", "--socket", "/s"]).expect("parse");
+        let a = cli.args;
+        assert_eq!(a.mountpoint, PathBuf::from("/mnt/x"));
+        assert_eq!(a.write_buffer, 256 << 20);
+        assert_eq!(a.read_ahead, 8 << 20);
+        assert_eq!(a.retry_for, Duration::from_secs(600));
+        assert_eq!((a.attr_ttl_ms, a.entry_ttl_ms, a.threads), (1000, 1000, 4));
+        assert!(!a.allow_other);
+        a.validate().expect("defaults are valid");
+    }
+}

@@ -1,0 +1,324 @@
+//! What each filesystem operation sends to the agent. Every function returns the answer
+//! for the kernel or the errno it gets; `fs.rs` only moves replies.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fuser::Errno;
+use shoal_agent_api::{
+    FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner, RenameFlags, SetAttr,
+};
+
+use super::MountArgs;
+use super::agent::Agent;
+use super::dir::DirSnapshot;
+use super::files::OpenFiles;
+use super::readahead::read_direct;
+
+/// The state behind the mount: shared by every request.
+pub struct FsState {
+    pub agent: Arc<Agent>,
+    pub files: OpenFiles,
+    dirs: Mutex<HashMap<u64, Arc<DirSnapshot>>>,
+    /// File and directory handles share one counter; never 0.
+    next_handle: AtomicU64,
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+}
+
+/// What a new node is.
+pub struct NewNode {
+    pub kind: FileKind,
+    pub perm: u16,
+    pub owner: Owner,
+    pub rdev: u32,
+    pub target: Option<String>,
+}
+
+impl FsState {
+    pub fn new(agent: Arc<Agent>, args: &MountArgs, stripe: u64) -> Self {
+        FsState {
+            files: OpenFiles::new(agent.clone(), stripe, args.read_ahead, args.write_buffer),
+            agent,
+            dirs: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            attr_ttl: Duration::from_millis(args.attr_ttl_ms),
+            entry_ttl: Duration::from_millis(args.entry_ttl_ms),
+        }
+    }
+
+    pub async fn lookup(&self, parent: Ino, name: String) -> Result<FileAttr, Errno> {
+        let attr = attr_of(self.agent.fs(FsRequest::Lookup { parent, name }).await?)?;
+        self.with_own_writes(attr).await
+    }
+
+    pub async fn getattr(&self, ino: Ino) -> Result<FileAttr, Errno> {
+        if self.files.has_pending(ino) {
+            self.files.flush_inode(ino).await;
+        }
+        attr_of(self.agent.fs(FsRequest::GetAttr { ino }).await?)
+    }
+
+    pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<FileAttr, Errno> {
+        let truncates = set.size.is_some();
+        if truncates || self.files.has_pending(ino) {
+            self.files.flush_inode(ino).await;
+        }
+        let id = self.agent.next_id();
+        let result = self.agent.fs(FsRequest::SetAttr { id, ino, set }).await;
+        if truncates {
+            self.files.invalidate(ino);
+        }
+        attr_of(result?)
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> Result<String, Errno> {
+        match self.agent.fs(FsRequest::ReadLink { ino }).await? {
+            FsResponse::ReadLink(target) => Ok(target),
+            other => Err(unexpected("readlink", &other)),
+        }
+    }
+
+    pub async fn mknode(
+        &self,
+        parent: Ino,
+        name: String,
+        node: NewNode,
+    ) -> Result<FileAttr, Errno> {
+        let request = FsRequest::MkNode {
+            id: self.agent.next_id(),
+            parent,
+            name,
+            kind: node.kind,
+            perm: node.perm & 0o7777,
+            owner: node.owner,
+            rdev: node.rdev,
+            target: node.target,
+        };
+        attr_of(self.agent.fs(request).await?)
+    }
+
+    pub async fn link(
+        &self,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: String,
+    ) -> Result<FileAttr, Errno> {
+        if self.files.has_pending(ino) {
+            self.files.flush_inode(ino).await;
+        }
+        let request = FsRequest::Link {
+            id: self.agent.next_id(),
+            ino,
+            new_parent,
+            new_name,
+        };
+        attr_of(self.agent.fs(request).await?)
+    }
+
+    pub async fn unlink(&self, parent: Ino, name: String) -> Result<(), Errno> {
+        let id = self.agent.next_id();
+        done(
+            self.agent
+                .fs(FsRequest::Unlink { id, parent, name })
+                .await?,
+        )
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: String) -> Result<(), Errno> {
+        let id = self.agent.next_id();
+        done(self.agent.fs(FsRequest::Rmdir { id, parent, name }).await?)
+    }
+
+    pub async fn rename(
+        &self,
+        (parent, name): (Ino, String),
+        (new_parent, new_name): (Ino, String),
+        flags: RenameFlags,
+    ) -> Result<(), Errno> {
+        let request = FsRequest::Rename {
+            id: self.agent.next_id(),
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        };
+        done(self.agent.fs(request).await?)
+    }
+
+    /// Opens a file on the agent; the new handle.
+    pub async fn open(&self, ino: Ino) -> Result<u64, Errno> {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let session = self.agent.session();
+        self.agent.remember_handle(fh, ino).await;
+        let request = FsRequest::Open {
+            ino,
+            session,
+            handle: fh,
+        };
+        match self.agent.fs(request).await {
+            Ok(FsResponse::Error(e)) => {
+                self.agent.forget_handle(fh).await;
+                Err(Errno::from_i32(e.errno()))
+            }
+            Ok(_) => {
+                self.files.open(fh, ino);
+                Ok(fh)
+            }
+            Err(e) => {
+                self.agent.forget_handle(fh).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates (or, when it appeared meanwhile and the open is not exclusive, opens) a
+    /// regular file; its attributes and the new handle.
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: String,
+        node: NewNode,
+        exclusive: bool,
+        truncate: bool,
+    ) -> Result<(FileAttr, u64), Errno> {
+        let attr = match self.mknode(parent, name.clone(), node).await {
+            Ok(attr) => attr,
+            Err(e) if e == Errno::EEXIST && !exclusive => {
+                let attr = self.lookup(parent, name).await?;
+                if attr.kind == FileKind::Dir {
+                    return Err(Errno::EISDIR);
+                }
+                if truncate && attr.size > 0 {
+                    let set = SetAttr {
+                        size: Some(0),
+                        ..SetAttr::default()
+                    };
+                    self.setattr(attr.ino, set).await?
+                } else {
+                    attr
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let fh = self.open(attr.ino).await?;
+        Ok((attr, fh))
+    }
+
+    pub async fn read(&self, fh: u64, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        if self.files.has_pending(ino) {
+            self.files.flush_inode(ino).await;
+        }
+        match self.files.get(fh) {
+            Some(file) => self.files.read(&file, offset, size).await,
+            None => read_direct(&self.agent, ino, offset, size).await,
+        }
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let file = self.files.get(fh).ok_or(Errno::EBADF)?;
+        self.files.write(&file, offset, data).await
+    }
+
+    /// flush and fsync: every write of the handle committed.
+    pub async fn flush(&self, fh: u64) -> Result<(), Errno> {
+        match self.files.get(fh) {
+            Some(file) => self.files.flush(&file).await,
+            None => Ok(()),
+        }
+    }
+
+    pub async fn release(&self, fh: u64) -> Result<(), Errno> {
+        let result = self.flush(fh).await;
+        self.files.close(fh);
+        self.agent.forget_handle(fh).await;
+        let session = self.agent.session();
+        if let Err(e) = self
+            .agent
+            .fs(FsRequest::Release {
+                session,
+                handle: fh,
+            })
+            .await
+        {
+            tracing::debug!(handle = fh, "release: {e:?}");
+        }
+        result
+    }
+
+    pub async fn opendir(&self, ino: Ino) -> Result<u64, Errno> {
+        let entries = match self.agent.fs(FsRequest::ReadDir { ino }).await? {
+            FsResponse::Entries(entries) => entries,
+            other => return Err(unexpected("readdir", &other)),
+        };
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let snapshot = Arc::new(DirSnapshot::new(ino, ino, entries));
+        lock(&self.dirs).insert(fh, snapshot);
+        Ok(fh)
+    }
+
+    pub fn dir(&self, fh: u64) -> Option<Arc<DirSnapshot>> {
+        lock(&self.dirs).get(&fh).cloned()
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        lock(&self.dirs).remove(&fh);
+    }
+
+    pub async fn statfs(&self) -> Result<FsStats, Errno> {
+        match self.agent.fs(FsRequest::StatFs).await? {
+            FsResponse::StatFs(stats) => Ok(stats),
+            other => Err(unexpected("statfs", &other)),
+        }
+    }
+
+    /// The attributes with this mount's own pending writes committed first, so the size
+    /// the kernel learns includes them.
+    async fn with_own_writes(&self, attr: FileAttr) -> Result<FileAttr, Errno> {
+        if !self.files.has_pending(attr.ino) {
+            return Ok(attr);
+        }
+        self.getattr(attr.ino).await
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn attr_of(r: FsResponse) -> Result<FileAttr, Errno> {
+    match r {
+        FsResponse::Entry(a) | FsResponse::Attr(a) => Ok(a),
+        other => Err(unexpected("attributes", &other)),
+    }
+}
+
+fn done(r: FsResponse) -> Result<(), Errno> {
+    match r {
+        FsResponse::Done => Ok(()),
+        other => Err(unexpected("done", &other)),
+    }
+}
+
+fn unexpected(wanted: &str, got: &FsResponse) -> Errno {
+    tracing::warn!("agent answered {} where {wanted} was expected", kind(got));
+    Errno::EIO
+}
+
+/// The answer's kind, for logs (never its data).
+pub fn kind(r: &FsResponse) -> &'static str {
+    match r {
+        FsResponse::Entry(_) => "Entry",
+        FsResponse::Attr(_) => "Attr",
+        FsResponse::Done => "Done",
+        FsResponse::ReadLink(_) => "ReadLink",
+        FsResponse::Entries(_) => "Entries",
+        FsResponse::Data(_) => "Data",
+        FsResponse::StatFs(_) => "StatFs",
+        FsResponse::Layout(_) => "Layout",
+        FsResponse::Error(_) => "Error",
+    }
+}

@@ -1,0 +1,265 @@
+//! Read-ahead for sequential readers.
+//!
+//! A handle whose reads follow each other reads whole chunks (`--read-ahead` rounded up to
+//! whole stripes, at chunk-aligned offsets) and serves the kernel's reads from them; once a
+//! chunk has arrived in full, the next one is fetched in the background. Random reads go
+//! straight to the agent. Any write to the inode through this mount drops the chunks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fuser::Errno;
+use shoal_agent_api::{FsRequest, FsResponse, Ino};
+use tokio::sync::watch;
+
+use super::agent::Agent;
+
+/// Detects sequential reading. Pure: reads in, a plan out.
+#[derive(Debug)]
+pub struct Window {
+    chunk: u64,
+    /// The end of the previous read, once there was one.
+    next: Option<u64>,
+    streak: u32,
+}
+
+/// How to serve one read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Ask the agent for exactly these bytes.
+    Direct,
+    /// Serve from chunks `first..=last` (chunk `i` holds `[i × chunk, (i + 1) × chunk)`).
+    Chunks { first: u64, last: u64 },
+}
+
+impl Window {
+    /// `chunk` 0 turns read-ahead off.
+    pub fn new(chunk: u64) -> Self {
+        Window {
+            chunk,
+            next: None,
+            streak: 0,
+        }
+    }
+
+    pub fn chunk(&self) -> u64 {
+        self.chunk
+    }
+
+    pub fn plan(&mut self, offset: u64, len: u32) -> Plan {
+        let end = offset.saturating_add(u64::from(len));
+        // The kernel issues its own read-ahead asynchronously, so reads of one sequential
+        // stream may arrive slightly out of order: "near the previous end" counts.
+        let near = self
+            .next
+            .is_some_and(|next| offset.abs_diff(next) <= self.chunk.max(1));
+        self.streak = if near {
+            self.streak.saturating_add(1)
+        } else {
+            0
+        };
+        self.next = Some(match self.next {
+            Some(next) if near => next.max(end),
+            _ => end,
+        });
+        if self.chunk == 0 || self.streak == 0 || len == 0 {
+            return Plan::Direct;
+        }
+        Plan::Chunks {
+            first: offset / self.chunk,
+            last: (end - 1) / self.chunk,
+        }
+    }
+}
+
+type Fetched = Option<Result<Arc<Vec<u8>>, Errno>>;
+
+struct Fetch {
+    index: u64,
+    result: watch::Receiver<Fetched>,
+}
+
+/// A handle's chunks and its sequential-read detector.
+pub struct ReadCache {
+    window: Window,
+    /// The inode's write generation the chunks were fetched under.
+    generation: u64,
+    chunks: Vec<Fetch>,
+}
+
+/// Chunks kept per handle: the one being read, the one after, one behind for stragglers.
+const MAX_CHUNKS: usize = 3;
+
+impl ReadCache {
+    pub fn new(chunk: u64) -> Self {
+        ReadCache {
+            window: Window::new(chunk),
+            generation: 0,
+            chunks: Vec::new(),
+        }
+    }
+}
+
+/// Reads `[offset, offset + size)` of `ino` through the handle's cache.
+pub async fn read(
+    cache: &tokio::sync::Mutex<ReadCache>,
+    generation: &AtomicU64,
+    agent: &Arc<Agent>,
+    ino: Ino,
+    offset: u64,
+    size: u32,
+) -> Result<Vec<u8>, Errno> {
+    let mut c = cache.lock().await;
+    let now = generation.load(Ordering::Acquire);
+    if c.generation != now {
+        c.chunks.clear();
+        c.generation = now;
+    }
+    let (first, last) = match c.window.plan(offset, size) {
+        Plan::Direct => {
+            drop(c);
+            return read_direct(agent, ino, offset, size).await;
+        }
+        Plan::Chunks { first, last } => (first, last),
+    };
+    let chunk = c.window.chunk();
+    c.chunks.retain(|f| f.index + 1 >= first);
+    let mut needed = Vec::new();
+    for index in first..=last {
+        needed.push((index, fetch(&mut c, agent, ino, index, chunk)));
+    }
+    drop(c);
+    let end = offset.saturating_add(u64::from(size));
+    let mut out = Vec::with_capacity(size as usize);
+    let mut last_full = false;
+    for (index, mut rx) in needed {
+        let data = match rx.wait_for(Option::is_some).await.map(|r| r.clone()) {
+            Ok(Some(Ok(data))) => data,
+            Ok(Some(Err(e))) => {
+                cache.lock().await.chunks.retain(|f| f.index != index);
+                return Err(e);
+            }
+            _ => return Err(Errno::EIO),
+        };
+        let start = index * chunk;
+        let from = (offset.max(start) - start) as usize;
+        let to = (end.min(start + chunk) - start) as usize;
+        if let Some(bytes) = data.get(from..to.min(data.len())) {
+            out.extend_from_slice(bytes);
+        }
+        last_full = data.len() as u64 == chunk;
+        if (data.len() as u64) < chunk {
+            break; // the file ends in this chunk
+        }
+    }
+    if last_full {
+        let mut c = cache.lock().await;
+        if c.generation == now {
+            fetch(&mut c, agent, ino, last + 1, chunk);
+            while c.chunks.len() > MAX_CHUNKS {
+                c.chunks.remove(0);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The chunk's result, starting its fetch unless it is already there or on its way.
+fn fetch(
+    c: &mut ReadCache,
+    agent: &Arc<Agent>,
+    ino: Ino,
+    index: u64,
+    chunk: u64,
+) -> watch::Receiver<Fetched> {
+    if let Some(f) = c.chunks.iter().find(|f| f.index == index) {
+        return f.result.clone();
+    }
+    let (tx, rx) = watch::channel(None);
+    let agent = agent.clone();
+    let len = u32::try_from(chunk).unwrap_or(u32::MAX);
+    tokio::spawn(async move {
+        let result = read_direct(&agent, ino, index * chunk, len).await;
+        let _ = tx.send(Some(result.map(Arc::new)));
+    });
+    c.chunks.push(Fetch {
+        index,
+        result: rx.clone(),
+    });
+    c.chunks.sort_by_key(|f| f.index);
+    rx
+}
+
+/// One `Read` request; more bytes than asked for are cut off.
+pub async fn read_direct(agent: &Agent, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+    match agent.fs(FsRequest::Read { ino, offset, len }).await? {
+        FsResponse::Data(mut data) => {
+            data.truncate(len as usize);
+            Ok(data)
+        }
+        other => {
+            tracing::warn!(
+                ino,
+                "unexpected answer to read: {}",
+                super::ops::kind(&other)
+            );
+            Err(Errno::EIO)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_read_goes_direct_and_a_following_read_uses_chunks() {
+        let mut w = Window::new(1 << 20);
+        assert_eq!(w.plan(0, 4096), Plan::Direct);
+        assert_eq!(w.plan(4096, 4096), Plan::Chunks { first: 0, last: 0 });
+        assert_eq!(
+            w.plan((1 << 20) - 100, 200),
+            Plan::Chunks { first: 0, last: 1 }
+        );
+    }
+
+    #[test]
+    fn a_jump_resets_to_direct_reads() {
+        let mut w = Window::new(1 << 20);
+        w.plan(0, 4096);
+        assert!(matches!(w.plan(4096, 4096), Plan::Chunks { .. }));
+        assert_eq!(w.plan(500 << 20, 4096), Plan::Direct);
+        assert_eq!(w.plan(10 << 20, 4096), Plan::Direct);
+        assert_eq!(
+            w.plan((10 << 20) + 4096, 4096),
+            Plan::Chunks {
+                first: 10,
+                last: 10
+            }
+        );
+    }
+
+    #[test]
+    fn slightly_reordered_reads_still_count_as_sequential() {
+        let mut w = Window::new(1 << 20);
+        w.plan(0, 128 << 10);
+        w.plan(256 << 10, 128 << 10);
+        assert!(matches!(w.plan(128 << 10, 128 << 10), Plan::Chunks { .. }));
+        assert!(matches!(w.plan(384 << 10, 128 << 10), Plan::Chunks { .. }));
+    }
+
+    #[test]
+    fn read_ahead_off_always_reads_direct() {
+        let mut w = Window::new(0);
+        for i in 0..4 {
+            assert_eq!(w.plan(i * 4096, 4096), Plan::Direct);
+        }
+    }
+
+    #[test]
+    fn empty_reads_go_direct() {
+        let mut w = Window::new(1 << 20);
+        w.plan(0, 10);
+        assert_eq!(w.plan(10, 0), Plan::Direct);
+    }
+}

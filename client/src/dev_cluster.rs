@@ -1,7 +1,8 @@
 //! `shoal dev-cluster`: N agents on 127.0.0.x on one machine, for trying shoal and for tests.
 //!
 //! Layout under `DIR`: `ca/` (cluster CA and gossip secret), and per node `nodeN/` with
-//! `agent.toml`, `tls/`, `data/`, `agent.log`, `agent.pid` and `agent.sock`.
+//! `agent.toml`, `tls/`, `data/`, `agent.log`, `agent.pid` and `agent.sock`; with
+//! `--mount` also `mnt/`, `mount.log` and `mount.pid`.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shoal_agent_api::{AgentClient, MemberState, Request, Response};
 
-use crate::cert;
+use crate::{cert, dev_mount};
 
 /// Options of `dev-cluster up`.
 #[derive(clap::Args)]
@@ -68,6 +69,9 @@ pub struct UpOptions {
     /// Shard files with O_DIRECT (`[storage] direct_io`).
     #[arg(long)]
     pub direct_io: bool,
+    /// Also mount the filesystem of every node on nodeN/mnt (`shoal mount`).
+    #[arg(long)]
+    pub mount: bool,
 }
 
 impl UpOptions {
@@ -91,6 +95,7 @@ impl UpOptions {
             bulk: "secure".into(),
             bulk_port: 7948,
             direct_io: false,
+            mount: false,
         }
     }
 }
@@ -168,6 +173,17 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<()> {
         stop_all(&dir, opts.nodes);
         return Err(e);
     }
+    let mountpoints = if opts.mount {
+        match dev_mount::mount_all(&dir, opts.nodes, timeout) {
+            Ok(m) => m,
+            Err(e) => {
+                stop_all(&dir, opts.nodes);
+                return Err(e);
+            }
+        }
+    } else {
+        Vec::new()
+    };
     println!(
         "shoal dev cluster of {} nodes is up in {} (nodes {}..{})",
         opts.nodes,
@@ -180,6 +196,9 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<()> {
         node_dir(&dir, 1).join("agent.sock").display()
     );
     println!("  shoal status");
+    for m in &mountpoints {
+        println!("  mounted: {}", m.display());
+    }
     println!("  shoal dev-cluster down --dir {}", dir.display());
     Ok(())
 }
@@ -324,7 +343,12 @@ fn spawn_agent(bin: &Path, nd: &Path) -> anyhow::Result<i32> {
 
 /// The pid in `nd/agent.pid` if that process is alive.
 pub fn running_pid(nd: &Path) -> Option<Pid> {
-    let text = std::fs::read_to_string(nd.join("agent.pid")).ok()?;
+    running_pid_in(nd, "agent.pid")
+}
+
+/// The pid in `nd/pid_file` if that process is alive.
+pub fn running_pid_in(nd: &Path, pid_file: &str) -> Option<Pid> {
+    let text = std::fs::read_to_string(nd.join(pid_file)).ok()?;
     let pid = Pid::from_raw(text.trim().parse().ok()?);
     kill(pid, None).ok().map(|_| pid)
 }
@@ -373,41 +397,53 @@ async fn alive_count(sock: &Path) -> Option<usize> {
     }
 }
 
-/// Stops every node of the cluster in `dir` (SIGTERM, then SIGKILL after 10 s).
+/// Unmounts the mounts and stops every node of the cluster in `dir` (SIGTERM, then
+/// SIGKILL after 10 s).
 pub fn down(dir: &Path) -> anyhow::Result<()> {
-    let mut count = 0u8;
-    let mut stopped = 0;
+    let mut nodes = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let name = entry?.file_name();
-        let Some(i) = name
+        if let Some(i) = name
             .to_str()
             .and_then(|n| n.strip_prefix("node"))
             .and_then(|n| n.parse::<u8>().ok())
-        else {
-            continue;
-        };
-        count = count.max(i);
-        if stop_node(&node_dir(dir, i)) {
-            stopped += 1;
+        {
+            nodes.push(i);
         }
     }
-    if count == 0 {
+    if nodes.is_empty() {
         bail!("{} holds no dev cluster", dir.display());
     }
+    // Mounts first: their buffered writes need the agents.
+    let unmounted = dev_mount::unmount_all(dir, &nodes);
+    if unmounted > 0 {
+        println!("unmounted {unmounted} mount(s)");
+    }
+    let stopped = nodes
+        .iter()
+        .filter(|&&i| stop_node(&node_dir(dir, i)))
+        .count();
     println!("stopped {stopped} agent(s)");
     Ok(())
 }
 
 fn stop_all(dir: &Path, nodes: u8) {
-    for i in 1..=nodes {
+    let all: Vec<u8> = (1..=nodes).collect();
+    dev_mount::unmount_all(dir, &all);
+    for i in all {
         stop_node(&node_dir(dir, i));
     }
 }
 
 /// Stops the agent of one node directory; true if one was running.
 pub fn stop_node(nd: &Path) -> bool {
-    let Some(pid) = running_pid(nd) else {
-        let _ = std::fs::remove_file(nd.join("agent.pid"));
+    stop_process(nd, "agent.pid")
+}
+
+/// Stops the process whose pid is in `nd/pid_file`; true if one was running.
+pub fn stop_process(nd: &Path, pid_file: &str) -> bool {
+    let Some(pid) = running_pid_in(nd, pid_file) else {
+        let _ = std::fs::remove_file(nd.join(pid_file));
         return false;
     };
     let _ = kill(pid, Signal::SIGTERM);
@@ -419,7 +455,7 @@ pub fn stop_node(nd: &Path) -> bool {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = std::fs::remove_file(nd.join("agent.pid"));
+    let _ = std::fs::remove_file(nd.join(pid_file));
     true
 }
 

@@ -4,6 +4,7 @@ mod bench;
 mod cert;
 mod coexist;
 mod dev_cluster;
+mod dev_mount;
 mod mount;
 mod stat;
 mod status;
@@ -101,7 +102,7 @@ enum CertCmd {
 enum DevClusterCmd {
     /// Start N agents in the background and wait until they all see each other.
     Up(dev_cluster::UpOptions),
-    /// Stop the agents of the dev cluster in DIR (data is kept).
+    /// Unmount the mounts and stop the agents of the dev cluster in DIR (data is kept).
     Down {
         #[arg(long)]
         dir: PathBuf,

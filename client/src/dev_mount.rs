@@ -1,0 +1,206 @@
+//! `dev-cluster up --mount`: one `shoal mount` per node at `nodeN/mnt`, logging to
+//! `nodeN/mount.log`, its pid in `nodeN/mount.pid` (the same shape as the agents').
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::dev_cluster::{node_dir, running_pid_in, stop_process};
+
+pub const MOUNT_PID: &str = "mount.pid";
+
+pub fn mountpoint(nd: &Path) -> PathBuf {
+    nd.join("mnt")
+}
+
+/// Mounts every node's directory (those mounted already are kept); the mountpoints.
+pub fn mount_all(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<Vec<PathBuf>> {
+    let me = std::env::current_exe().context("cannot find the shoal executable")?;
+    let mut waiting: Vec<(PathBuf, PathBuf, Child)> = Vec::new();
+    let mut points = Vec::new();
+    for i in 1..=nodes {
+        let nd = node_dir(dir, i);
+        let mnt = mountpoint(&nd);
+        points.push(mnt.clone());
+        if is_mounted(&mnt) {
+            if running_pid_in(&nd, MOUNT_PID).is_some() {
+                println!("node{i}: already mounted on {}", mnt.display());
+                continue;
+            }
+            // Left behind by a mount process that died: its mountpoint answers ENOTCONN.
+            unmount(&mnt);
+        }
+        std::fs::create_dir_all(&mnt)
+            .with_context(|| format!("cannot create {}", mnt.display()))?;
+        let child = spawn_mount(&me, &nd, &mnt).with_context(|| format!("mounting node{i}"))?;
+        waiting.push((nd, mnt, child));
+    }
+    let deadline = Instant::now() + timeout;
+    while !waiting.is_empty() {
+        let mut still = Vec::new();
+        for (nd, mnt, mut child) in waiting {
+            if is_mounted(&mnt) {
+                continue;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!(
+                    "shoal mount for {} exited ({status}); last lines of {}:\n{}",
+                    mnt.display(),
+                    nd.join("mount.log").display(),
+                    log_tail(&nd.join("mount.log"), 10)
+                );
+            }
+            still.push((nd, mnt, child));
+        }
+        waiting = still;
+        if !waiting.is_empty() && Instant::now() > deadline {
+            bail!(
+                "{} did not appear as a mount within {timeout:?}",
+                waiting[0].1.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(points)
+}
+
+fn spawn_mount(me: &Path, nd: &Path, mnt: &Path) -> anyhow::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(nd.join("mount.log"))?;
+    let child = Command::new(me)
+        .arg("mount")
+        .arg(mnt)
+        .arg("--socket")
+        .arg(nd.join("agent.sock"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Own process group, like the agents: a Ctrl-C for `up` does not reach it.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot run {}", me.display()))?;
+    std::fs::write(nd.join(MOUNT_PID), format!("{}\n", child.id()))?;
+    Ok(child)
+}
+
+/// Unmounts every node's mountpoint and stops its mount process; how many were mounted.
+pub fn unmount_all(dir: &Path, nodes: &[u8]) -> usize {
+    let mut count = 0;
+    for &i in nodes {
+        let nd = node_dir(dir, i);
+        let mnt = mountpoint(&nd);
+        if is_mounted(&mnt) {
+            unmount(&mnt);
+            count += 1;
+        }
+        stop_process(&nd, MOUNT_PID);
+    }
+    count
+}
+
+/// Unmounts `mnt`: normally, else lazily (open files keep it alive until closed).
+fn unmount(mnt: &Path) {
+    let root = nix::unistd::geteuid().is_root();
+    let (plain, lazy): (&[&str], &[&str]) = if root {
+        (&["umount"], &["umount", "-l"])
+    } else {
+        (&["fusermount3", "-u"], &["fusermount3", "-u", "-z"])
+    };
+    for cmd in [plain, lazy] {
+        let ok = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .arg(mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok || !is_mounted(mnt) {
+            return;
+        }
+    }
+    eprintln!("warning: {} is still mounted", mnt.display());
+}
+
+/// Whether `path` is a FUSE mountpoint (by /proc/self/mountinfo, which works for a mount
+/// whose process died, where statfs fails).
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let Some(path) = path.to_str() else {
+        return false;
+    };
+    fuse_mount_listed(&text, path)
+}
+
+/// Whether mountinfo `text` lists a FUSE filesystem mounted on `path`.
+fn fuse_mount_listed(text: &str, path: &str) -> bool {
+    text.lines().any(|line| {
+        let Some((left, right)) = line.split_once(" - ") else {
+            return false;
+        };
+        let mount_point = left.split(' ').nth(4).map(unescape);
+        let fstype = right.split(' ').next().unwrap_or("");
+        mount_point.as_deref() == Some(path) && (fstype == "fuse" || fstype.starts_with("fuse."))
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo` octal escapes.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |n, c| n.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(n).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+98 22 0:51 / /tmp/dev/node1/mnt rw,nosuid,nodev,relatime shared:50 - fuse.shoal shoal rw,user_id=0,group_id=0,default_permissions
+99 22 0:52 / /tmp/my\\040dir/mnt rw shared:51 - fuse.shoal shoal rw
+100 22 0:53 / /tmp/dev/node2/mnt rw shared:52 - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn mountinfo_finds_fuse_mounts_by_path() {
+        assert!(fuse_mount_listed(MOUNTINFO, "/tmp/dev/node1/mnt"));
+        assert!(fuse_mount_listed(MOUNTINFO, "/tmp/my dir/mnt"));
+        assert!(!fuse_mount_listed(MOUNTINFO, "/tmp/dev/node2/mnt"));
+        assert!(!fuse_mount_listed(MOUNTINFO, "/tmp/dev/node3/mnt"));
+        assert!(!fuse_mount_listed(MOUNTINFO, "/"));
+    }
+
+    #[test]
+    fn octal_escapes_are_decoded() {
+        assert_eq!(unescape("a\\040b\\134c"), "a b\\c");
+        assert_eq!(unescape("trailing\\04"), "trailing\\04");
+    }
+}

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    BsdFileFlags, Config, Errno, FileHandle, FopenFlags, Generation, INodeNo, KernelConfig,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow,
-    WriteFlags,
+    BsdFileFlags, Config, Errno, FileHandle, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use shoal_agent_api::{FileAttr, FileKind, Owner, RenameFlags, SetAttr};
 use tokio::runtime::Handle;
@@ -534,9 +534,56 @@ impl fuser::Filesystem for ShoalFs {
         );
     }
 
-    // Extended attributes are not stored. The default answer (ENOSYS) makes the kernel
-    // remember that and answer EOPNOTSUPP for every later get/set/list/remove itself, so
-    // `ls -l` and `cp -a` do not cost a round trip per file.
+    // Extended attributes are not stored. ENOSYS makes the kernel remember that and
+    // answer EOPNOTSUPP for every later get/set/list/remove itself, so `ls -l` and
+    // `cp -a` do not cost a round trip per file.
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// No ioctls: ENOTTY, which is what isatty(3) expects to hear.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
 }
 
 const O_EXCL: i32 = 0o200;

@@ -136,7 +136,7 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
         fstab::report(fd, Ok(()));
     }
     let mut unmounter = session.unmount_callable();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     let serving = std::thread::Builder::new()
         .name("fuse-session".into())
         .spawn(move || {
@@ -144,11 +144,16 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
             let _ = done_tx.send(());
             result
         })?;
-    let signalled = rt.block_on(wait_for_end(done_rx))?;
-    if let Some(signal) = signalled {
+    if let Some(signal) = rt.block_on(wait_for_end(&mut done_rx))? {
         tracing::info!(signal, "unmounting");
-        if let Err(e) = unmounter.unmount() {
-            tracing::warn!("unmount failed: {e}");
+        unmount(&mut unmounter, &mountpoint);
+        if let Some(signal) = rt.block_on(wait_for_end(&mut done_rx))? {
+            tracing::warn!(
+                signal,
+                "exiting with files still open: their users now get ENOTCONN"
+            );
+            rt.block_on(state.files.flush_everything());
+            return Ok(());
         }
     }
     let result = serving
@@ -197,9 +202,20 @@ fn short(r: &Response) -> String {
     }
 }
 
+/// Unmounts; when files are still open, detaches the mount instead: it disappears from
+/// the namespace and the session ends once the last file is closed.
+fn unmount(unmounter: &mut fuser::SessionUnmounter, mountpoint: &std::path::Path) {
+    if let Err(e) = unmounter.unmount() {
+        tracing::warn!("unmount: {e}; detaching, open files are served until closed");
+        if let Err(e) = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!("detaching failed: {e}");
+        }
+    }
+}
+
 /// Waits until the session ends by itself (None) or a signal asks to unmount.
 async fn wait_for_end(
-    done: tokio::sync::oneshot::Receiver<()>,
+    done: &mut tokio::sync::oneshot::Receiver<()>,
 ) -> anyhow::Result<Option<&'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut int = signal(SignalKind::interrupt())?;
@@ -212,13 +228,17 @@ async fn wait_for_end(
 }
 
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
+    // fuser warns about every request it answers with ENOSYS by default, and about
+    // unmounting a mount that is already gone: noise for an operator.
     let filter = EnvFilter::try_from_env("SHOAL_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+        .unwrap_or_else(|_| EnvFilter::new("info,fuser=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 

@@ -5,6 +5,8 @@
 //! tests run in parallel without port clashes. The binaries must be built first
 //! (`cargo build --workspace`); `.ci/run` does that.
 
+pub mod fs_api;
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -191,6 +193,30 @@ impl DevCluster {
 
     pub fn log(&self, i: u8) -> String {
         std::fs::read_to_string(self.node_dir(i).join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl DevCluster {
+    /// `dev-cluster down`: stops every agent (and mount) gracefully.
+    pub fn down(&self) {
+        let out = shoal(&[
+            "dev-cluster",
+            "down",
+            "--dir",
+            self.path().to_str().unwrap_or(""),
+        ]);
+        assert!(
+            out.status.success(),
+            "dev-cluster down failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Which node (1-based) node `observer` sees as the metadata leader.
+    pub fn meta_leader(&self, observer: u8) -> Option<u8> {
+        let status = self.status(observer)?;
+        let leader = status["meta"]["leader"].as_str()?.to_owned();
+        (1..=self.nodes).find(|&i| self.status(i).is_some_and(|s| s["node"] == leader.as_str()))
     }
 }
 

@@ -19,7 +19,7 @@ pub use fs::{
 };
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
-    BackgroundBudget, GpuStatus, MemberState, MemberStatus, ResourceStatus, StatusReport,
+    BackgroundBudget, GpuStatus, MemberState, MetaStatus, MemberStatus, ResourceStatus, StatusReport,
     StoreStatus,
 };
 pub use stripe::{ShardLocation, StripeRead, StripeRecord};

@@ -68,6 +68,24 @@ pub struct StatusReport {
     pub background: Vec<BackgroundBudget>,
     /// This node's shard store.
     pub store: StoreStatus,
+    /// The metadata group as this node sees it.
+    pub meta: MetaStatus,
+}
+
+/// The metadata (Raft) group as one node sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetaStatus {
+    /// Node id of the leader, when one is known.
+    pub leader: Option<String>,
+    pub voters: Vec<String>,
+    pub learners: Vec<String>,
+    pub term: u64,
+    /// Log index this node's replica has applied.
+    pub applied: Option<u64>,
+    /// Epoch of the committed cluster layout (None before the first).
+    pub layout_epoch: Option<u64>,
+    /// Inodes in the namespace.
+    pub inodes: u64,
 }
 
 /// Space in this node's shard store.

@@ -20,6 +20,9 @@ use crate::stripes::Stripes;
 
 /// How often a write retries when the inline data it carried over changed under it.
 const CONFLICT_RETRIES: u64 = 8;
+/// How long a write keeps retrying stripes that could not be written (longer than
+/// membership takes to declare a dead node down).
+const STRIPE_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub struct FsService {
     pub meta: Arc<MetaService>,
@@ -300,7 +303,7 @@ impl FsService {
         let data = Arc::new(data);
         for attempt in 0..CONFLICT_RETRIES {
             let (inline, version) = &carried;
-            let extents = self.write_stripes(inline, offset, &data).await?;
+            let extents = self.write_stripes_patiently(inline, offset, &data).await?;
             let records: Vec<_> = extents.iter().map(|e| e.stripe.clone()).collect();
             let outcome = self
                 .meta
@@ -337,6 +340,29 @@ impl FsService {
         Err(FsError::Unavailable(
             "the file's inline data kept changing under this write".into(),
         ))
+    }
+
+    /// Like [`Self::write_stripes`], retrying for a while when a shard cannot be written:
+    /// a node that just died is still in the layout until gossip declares it down (a few
+    /// seconds), after which new stripes skip it. The caller sees a stall, not an error.
+    async fn write_stripes_patiently(
+        &self,
+        inline: &[u8],
+        offset: u64,
+        data: &Arc<Vec<u8>>,
+    ) -> Result<Vec<NewExtent>, FsError> {
+        let deadline = std::time::Instant::now() + STRIPE_RETRY_FOR;
+        let mut pause = std::time::Duration::from_millis(250);
+        loop {
+            match self.write_stripes(inline, offset, data).await {
+                Err(FsError::Io(e)) if std::time::Instant::now() < deadline => {
+                    warn!(error = %e, "stripe write failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Writes the carried-over inline bytes (if any) and `data` as stripes, in parallel;

@@ -57,9 +57,13 @@ pub enum ForwardRefused {
 #[derive(Serialize, Deserialize)]
 pub struct Forward(pub Vec<Proposal>);
 
+/// The outcomes of committed proposals, and the log index of the entry that carried
+/// them (a follower waits until its replica has applied it: read-your-writes).
+pub type Committed = (Vec<Outcome>, u64);
+
 impl Rpc for Forward {
     const ENDPOINT: &'static str = "meta/forward";
-    type Response = Result<Vec<Outcome>, ForwardRefused>;
+    type Response = Result<Committed, ForwardRefused>;
 }
 
 /// Asks the leader for the log index a linearizable read must wait for.

@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 use super::config::MetaConfig;
 use super::log_store::LogStore;
 use super::net::{
-    Forward, ForwardRefused, HeldOpen, Hello, Network, RaftMessage, RaftReply, ReadIndex,
+    Committed, Forward, ForwardRefused, HeldOpen, Hello, Network, RaftMessage, RaftReply, ReadIndex,
 };
 use super::state_machine::StateMachine;
 use super::types::Raft;
@@ -36,7 +36,7 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Pending {
     proposals: Vec<Proposal>,
-    reply: oneshot::Sender<Result<Vec<Outcome>, ForwardRefused>>,
+    reply: oneshot::Sender<Result<Committed, ForwardRefused>>,
 }
 
 pub struct MetaService {
@@ -150,6 +150,29 @@ impl MetaService {
         &self.store
     }
 
+    /// What `shoal status` shows about the group.
+    pub fn status(&self) -> shoal_agent_api::MetaStatus {
+        let hex = |id: u64| format!("{id:016x}");
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        shoal_agent_api::MetaStatus {
+            leader: m.current_leader.map(hex),
+            voters: voters.iter().copied().map(hex).collect(),
+            learners: membership.learner_ids().map(hex).collect(),
+            term: m.current_term,
+            applied: m.last_applied.map(|l| l.index),
+            layout_epoch: self
+                .store
+                .cluster_layout()
+                .ok()
+                .flatten()
+                .map(|l| l.epoch()),
+            inodes: self.store.stats().map(|s| s.inodes).unwrap_or(0),
+        }
+    }
+
     /// The local replica, shared.
     pub fn store_arc(&self) -> Arc<MetaStore> {
         self.store.clone()
@@ -173,7 +196,7 @@ impl MetaService {
             .and_then(|n: &BasicNode| n.addr.parse().ok())
     }
 
-    async fn submit_local(&self, proposals: Vec<Proposal>) -> Result<Vec<Outcome>, ForwardRefused> {
+    async fn submit_local(&self, proposals: Vec<Proposal>) -> Result<Committed, ForwardRefused> {
         let (reply, rx) = oneshot::channel();
         self.batcher
             .send(Pending { proposals, reply })
@@ -203,7 +226,18 @@ impl MetaService {
                 None => Err(ForwardRefused::NotLeader(None)),
             };
             match res {
-                Ok(outcomes) if outcomes.len() == proposals.len() => return Ok(outcomes),
+                Ok((outcomes, index)) if outcomes.len() == proposals.len() => {
+                    // Read-your-writes: what this agent serves next must include them.
+                    let applied = self
+                        .raft
+                        .wait(Some(LEADER_WAIT))
+                        .applied_index_at_least(Some(index), "own proposal")
+                        .await;
+                    if let Err(e) = applied {
+                        warn!(error = %e, "committed proposal not applied locally in time");
+                    }
+                    return Ok(outcomes);
+                }
                 Ok(_) => {
                     return Err(FsError::Io(
                         "leader answered the wrong number of outcomes".into(),
@@ -348,11 +382,11 @@ async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         }
         let receiver = raft.client_write_ff(Batch(proposals)).await;
         tokio::spawn(async move {
-            let result: Result<Vec<Outcome>, ForwardRefused> = match receiver {
+            let result: Result<Committed, ForwardRefused> = match receiver {
                 Err(fatal) => Err(ForwardRefused::Failed(fatal.to_string())),
                 Ok(rx) => match rx.await {
                     Err(_) => Err(ForwardRefused::Failed("proposal dropped".into())),
-                    Ok(Ok(resp)) => Ok(resp.data),
+                    Ok(Ok(resp)) => Ok((resp.data, resp.log_id.index)),
                     Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
                         Err(ForwardRefused::NotLeader(f.leader_id))
                     }
@@ -361,10 +395,10 @@ async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
             };
             drop(permit);
             match result {
-                Ok(mut outcomes) => {
+                Ok((mut outcomes, index)) => {
                     for (n, reply) in waiters {
                         let rest = outcomes.split_off(n.min(outcomes.len()));
-                        let _ = reply.send(Ok(std::mem::replace(&mut outcomes, rest)));
+                        let _ = reply.send(Ok((std::mem::replace(&mut outcomes, rest), index)));
                     }
                 }
                 Err(e) => {

@@ -1,0 +1,81 @@
+//! The metadata group under failure, through the agent's filesystem API: the leader killed
+//! in the middle of a write workload, and the whole cluster stopped and started again.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use shoal_agent_api::{FileKind, ROOT_INO};
+use shoal_tests::fs_api::{Fs, pattern};
+use shoal_tests::{DevCluster, wait_for};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_during_writes_loses_no_acknowledged_write() {
+    let c = DevCluster::up(5, 35);
+    let (leader, _) = wait_for(Duration::from_secs(30), "a metadata leader", || {
+        c.meta_leader(1)
+    });
+    let writer = (1..=5).find(|&i| i != leader).expect("a follower");
+    let mut fs = Fs::connect(&c, writer).await;
+    let dir = fs.mknod(ROOT_INO, "ckpt", FileKind::Dir).await;
+    let mut acknowledged = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for i in 0..30u8 {
+        if i == 10 {
+            c.signal(leader, Signal::SIGKILL);
+        }
+        let started = Instant::now();
+        let name = format!("f{i}");
+        let ino = fs.mknod(dir, &name, FileKind::File).await;
+        // Past the inline limit: stripes, committed after every shard is durable.
+        let data = pattern(300_000, i);
+        assert_eq!(fs.write(ino, 0, data.clone()).await, 300_000);
+        slowest = slowest.max(started.elapsed());
+        acknowledged.push((name, data));
+    }
+    eprintln!("slowest create+write across the leader kill: {slowest:?}");
+    let reader = (1..=5)
+        .find(|&i| i != leader && i != writer)
+        .expect("a third node");
+    let mut r = Fs::connect(&c, reader).await;
+    for (name, data) in &acknowledged {
+        let ino = r.lookup(dir, name).await.expect(name);
+        r.open(ino).await;
+        assert!(
+            r.read(ino, 0, 400_000).await == *data,
+            "{name} differs after the leader was killed"
+        );
+    }
+    let new_leader = c.meta_leader(reader).expect("a new leader");
+    assert_ne!(new_leader, leader);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_cluster_restart_keeps_namespace_and_data() {
+    let c = DevCluster::up(3, 36);
+    let small = pattern(5_000, 7);
+    let big = pattern(5 << 20, 8);
+    {
+        let mut fs = Fs::connect(&c, 2).await;
+        let dir = fs.mknod(ROOT_INO, "kept", FileKind::Dir).await;
+        let s = fs.mknod(dir, "small", FileKind::File).await;
+        fs.write(s, 0, small.clone()).await;
+        let b = fs.mknod(dir, "big", FileKind::File).await;
+        fs.write(b, 0, big.clone()).await;
+    }
+    c.down();
+    c.start();
+    let mut fs = Fs::connect(&c, 1).await;
+    let dir = fs.lookup(ROOT_INO, "kept").await.expect("dir kept");
+    let s = fs.lookup(dir, "small").await.expect("small kept");
+    let b = fs.lookup(dir, "big").await.expect("big kept");
+    fs.open(b).await;
+    assert_eq!(fs.read(s, 0, 10_000).await, small);
+    let mut back = Vec::new();
+    while back.len() < big.len() {
+        back.extend(fs.read(b, back.len() as u64, 1 << 20).await);
+    }
+    assert!(back == big, "big file differs after a full restart");
+    // And the cluster takes new writes.
+    let n = fs.mknod(dir, "after", FileKind::File).await;
+    assert_eq!(fs.write(n, 0, pattern(100, 9)).await, 100);
+}

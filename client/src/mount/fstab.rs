@@ -193,12 +193,12 @@ fn serve(call: HelperCall, ready: OwnedFd) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let text = format!("{e:#}");
-            // Before the mount the parent is waiting for this; after, it is gone and the
-            // write fails harmlessly.
+            // Before the mount the parent is waiting for this and prints it; after, the
+            // parent is gone and only the log has it.
             if let Some(fd) = spare {
                 report(fd, Err(&text));
             }
-            eprintln!("mount.shoal: {text}");
+            tracing::error!("{text}");
             ExitCode::from(1)
         }
     }

@@ -3,7 +3,8 @@
 
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use shoal_agent_api::{
-    DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, Ino, StripeRecord, Timestamp,
+    DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, Ino, ROOT_INO, StripeRecord,
+    Timestamp,
 };
 use shoal_placement::{Layout, StripeId};
 
@@ -128,8 +129,11 @@ impl MetaStore {
 
     pub fn stats(&self) -> Result<NamespaceStats, MetaError> {
         let txn = self.read()?;
+        let inodes = txn.open_table(INODES)?;
+        // Before the first apply the root answers without being stored.
+        let unstored_root = u64::from(inodes.get(ROOT_INO)?.is_none());
         Ok(NamespaceStats {
-            inodes: txn.open_table(INODES)?.len()?,
+            inodes: inodes.len()? + unstored_root,
             stripes: txn.open_table(STRIPES)?.len()?,
             stripe_bytes: record::read_state_u64(&txn.open_table(STATE)?, KEY_STRIPE_BYTES, 0)?,
         })

@@ -30,6 +30,8 @@ const PUT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A data shard slower than this is read around (degraded read).
 const RANGE_TIMEOUT: Duration = Duration::from_secs(2);
 const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long new stripes avoid a node a shard write just failed on.
+const SUSPECT_FOR: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Default)]
 struct StripeMetrics {
@@ -62,6 +64,9 @@ pub struct Stripes {
     /// of growing the agent past its memory reservation.
     buffers: Arc<Semaphore>,
     buffer_permits: u32,
+    /// Nodes a shard write just failed on (not "full"): new stripes avoid them for a
+    /// while, so writes move on before membership declares a dead node down.
+    suspects: std::sync::Mutex<HashMap<NodeId, std::time::Instant>>,
     store: Arc<DiskStore>,
     transport: Arc<Transport>,
     gossip: GossipHandle,
@@ -130,6 +135,7 @@ impl Stripes {
             me,
             buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
             buffer_permits,
+            suspects: std::sync::Mutex::new(HashMap::new()),
             store,
             transport,
             gossip,
@@ -169,6 +175,13 @@ impl Stripes {
             );
             names.insert(id, f.name);
         }
+        let suspected = self.suspected();
+        for n in &suspected {
+            addrs.remove(n);
+        }
+        if !suspected.is_empty() {
+            gossip_nodes.retain(|n| !suspected.contains(&n.id));
+        }
         let committed = self
             .meta
             .cluster_layout()
@@ -196,6 +209,22 @@ impl Stripes {
             addrs,
             names,
         })
+    }
+
+    fn suspect(&self, node: NodeId) {
+        if node != self.me {
+            self.suspects
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(node, std::time::Instant::now());
+        }
+    }
+
+    /// Nodes a write failed on within the last few seconds.
+    fn suspected(&self) -> Vec<NodeId> {
+        let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        s.retain(|_, at| at.elapsed() < SUSPECT_FOR);
+        s.keys().copied().collect()
     }
 
     /// Deletes every shard of a stripe. Ok when no node holds one any more; an error
@@ -393,6 +422,9 @@ impl Stripes {
             match resp {
                 ShardResponse::Stored => stored.push((index, node)),
                 ShardResponse::Failed { kind, message } => {
+                    if kind == ShardFailure::Other {
+                        self.suspect(node);
+                    }
                     failed.push((index, node, kind, message))
                 }
                 other => failed.push((

@@ -474,8 +474,9 @@ pub(crate) fn setattr(
 mod tests {
     use shoal_agent_api::{FileKind, FsError, Owner, ROOT_INO, RenameFlags, SetAttr, SetTime};
 
+    use super::LINK_MAX;
     use crate::testkit::{Kit, at, mknode_cmd};
-    use crate::{Command, Outcome};
+    use crate::{Batch, Command, Outcome, Proposal};
 
     const PLAIN: RenameFlags = RenameFlags {
         noreplace: false,
@@ -625,6 +626,32 @@ mod tests {
             new_name: "d2".into(),
         };
         assert_eq!(kit.fail(dir_link), FsError::NotPermitted);
+    }
+
+    #[test]
+    fn link_limit_is_too_many_links() {
+        let mut kit = Kit::new();
+        let f = kit.mkfile(ROOT_INO, "f");
+        let proposals = (1..LINK_MAX)
+            .map(|i| Proposal {
+                id: None,
+                now: at(1),
+                command: Command::Link {
+                    ino: f,
+                    new_parent: ROOT_INO,
+                    new_name: format!("l{i}"),
+                },
+            })
+            .collect();
+        let out = kit.store.apply(&[Batch(proposals)], b"m").expect("apply");
+        assert!(out[0].iter().all(|o| matches!(o, Outcome::Attr(_))));
+        assert_eq!(kit.nlink(f), LINK_MAX);
+        let one_more = Command::Link {
+            ino: f,
+            new_parent: ROOT_INO,
+            new_name: "over".into(),
+        };
+        assert_eq!(kit.fail(one_more), FsError::TooManyLinks);
     }
 
     #[test]

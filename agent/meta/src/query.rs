@@ -225,3 +225,47 @@ fn extents_of(txn: &ReadTransaction, ino: Ino) -> Result<Vec<Extent>, MetaError>
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use shoal_agent_api::ROOT_INO;
+
+    use crate::MetaError;
+    use crate::record::INODES;
+    use crate::testkit::Kit;
+
+    #[test]
+    fn damaged_record_on_disk_is_corrupt_not_a_panic() {
+        let mut kit = Kit::new();
+        let f = kit.mkfile(ROOT_INO, "f");
+        let txn = kit.store.db.begin_write().expect("write");
+        {
+            let mut inodes = txn.open_table(INODES).expect("table");
+            inodes.insert(f, &[1u8, 0xff, 0xff][..]).expect("insert");
+        }
+        txn.commit().expect("commit");
+        assert!(matches!(kit.store.getattr(f), Err(MetaError::Corrupt(_))));
+        assert!(matches!(
+            kit.store.lookup(ROOT_INO, "f"),
+            Err(MetaError::Corrupt(_))
+        ));
+        let unlink = crate::Command::Unlink {
+            parent: ROOT_INO,
+            name: "f".into(),
+        };
+        let proposal = crate::Proposal {
+            id: None,
+            now: crate::testkit::at(1),
+            command: unlink,
+        };
+        let before = kit.store.applied().expect("applied");
+        let applied = kit.store.apply(&[crate::Batch(vec![proposal])], b"next");
+        assert!(matches!(applied, Err(MetaError::Corrupt(_))));
+        assert_eq!(
+            kit.store.applied().expect("applied"),
+            before,
+            "nothing applied"
+        );
+        assert_eq!(kit.names(ROOT_INO), ["f"]);
+    }
+}

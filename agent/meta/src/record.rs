@@ -152,12 +152,23 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, MetaError> {
 /// Decodes a stored record; `what` names it in the error.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, MetaError> {
     match bytes.split_first() {
-        Some((&RECORD_VERSION, body)) => postcard::from_bytes(body)
-            .map_err(|e| MetaError::Corrupt(format!("{what} record: {e}"))),
+        Some((&RECORD_VERSION, body)) => decode_exact(body, what),
         Some((v, _)) => Err(MetaError::Corrupt(format!(
             "{what} record has unknown version {v}"
         ))),
         None => Err(MetaError::Corrupt(format!("{what} record is empty"))),
+    }
+}
+
+/// Decodes postcard bytes that must hold exactly one `T` (trailing bytes mean damage).
+pub(crate) fn decode_exact<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, MetaError> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(MetaError::Corrupt(format!(
+            "{what}: {} bytes after the end",
+            rest.len()
+        ))),
+        Err(e) => Err(MetaError::Corrupt(format!("{what}: {e}"))),
     }
 }
 
@@ -240,5 +251,31 @@ pub(crate) fn read_state_u64(
     match table.get(key)? {
         Some(guard) => decode(guard.value(), key),
         None => Ok(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_carry_a_version_and_nothing_after() {
+        let rec = DirentRecord {
+            ino: 7,
+            kind: FileKind::Fifo,
+        };
+        let bytes = encode(&rec).expect("encode");
+        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(decode::<DirentRecord>(&bytes, "t").expect("decode"), rec);
+        let mut newer = bytes.clone();
+        newer[0] = 2;
+        let mut longer = bytes.clone();
+        longer.push(0);
+        for bad in [&[][..], &newer, &longer, &bytes[..1]] {
+            assert!(matches!(
+                decode::<DirentRecord>(bad, "t"),
+                Err(MetaError::Corrupt(_))
+            ));
+        }
     }
 }

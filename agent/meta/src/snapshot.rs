@@ -11,7 +11,7 @@ use shoal_placement::Layout;
 use crate::record::{
     self, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
     InodeRecord, KEY_APPLIED, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, STATE, STRIPES,
-    StripeEntry, decode, encode,
+    StripeEntry, decode, decode_exact, encode,
 };
 use crate::{MetaError, MetaStore, Outcome};
 
@@ -101,8 +101,7 @@ fn parse(bytes: &[u8]) -> Result<SnapshotV1, MetaError> {
         ));
     };
     match rest.split_first() {
-        Some((&SNAPSHOT_VERSION, body)) => postcard::from_bytes(body)
-            .map_err(|e| MetaError::Corrupt(format!("snapshot undecodable: {e}"))),
+        Some((&SNAPSHOT_VERSION, body)) => decode_exact(body, "snapshot"),
         Some((v, _)) => Err(MetaError::Corrupt(format!(
             "snapshot version {v} unknown (this build reads {SNAPSHOT_VERSION})"
         ))),
@@ -256,7 +255,10 @@ mod tests {
         for byte in flipped.iter_mut().skip(5).step_by(7) {
             *byte ^= 0xa5;
         }
+        let mut trailing = snap.clone();
+        trailing.push(0);
         for bytes in [
+            &trailing,
             &b""[..],
             &b"SHMS"[..],
             &bad_magic,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole shoal test suite, as CI runs it (.ci/run calls this script).
-#   formatting -> lints -> build -> unit, contract and multi-node tests -> Ansible lab
+#   formatting -> lints -> build -> unit, contract, multi-node and mount tests -> pjdfstest
+#   on a mount -> Ansible lab
 # Set CARGO_TARGET_DIR to keep build outputs between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,12 @@ echo "== cargo build (the multi-node tests run the built binaries)"
 cargo build --workspace --locked
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== pjdfstest (POSIX conformance) on a shoal mount (root only)"
+if [ "$(id -u)" = 0 ]; then
+  tests/pjdfstest/on-dev-cluster.sh "${CARGO_TARGET_DIR:-target}/debug"
+else
+  echo "SKIPPED: pjdfstest needs root (it switches users; the mount uses allow_other)"
+fi
 echo "== the Ansible rollout on three systemd-nspawn nodes (root only)"
 if [ "$(id -u)" = 0 ]; then
   ansible/tests/run.sh "${CARGO_TARGET_DIR:-target}/debug"

@@ -22,6 +22,7 @@ fn rendered_ansible_template_is_a_valid_agent_config() {
     assert_eq!(config.admin.socket_mode, 0o660);
     assert_eq!(config.metrics.addr, None);
     assert_eq!(config.log.level, "shoal_mesh=debug,info");
+    assert_eq!(config.meta.bootstrap_expect, 3);
     let r = config.resources.expect("the sample reserves resources");
     assert_eq!(r.cpus.as_deref(), Some("0-3"));
     assert_eq!(r.cpu_cores, None);

@@ -21,6 +21,7 @@ mod tx;
 pub use command::{Batch, Command, NewExtent, Outcome, Proposal};
 pub use error::MetaError;
 pub use query::{FileData, NamespaceStats};
+pub use snapshot::snapshot_marker;
 pub use store::MetaStore;
 
 #[cfg(test)]

@@ -94,19 +94,32 @@ impl MetaStore {
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<SnapshotV1, MetaError> {
+/// The applied marker a snapshot carries (how far it covers the log), read without
+/// decoding the rest: it is the first field of every version's body.
+pub fn snapshot_marker(snapshot: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+    let body = body(snapshot)?;
+    postcard::take_from_bytes::<Option<Vec<u8>>>(body)
+        .map(|(marker, _)| marker)
+        .map_err(|e| MetaError::Corrupt(format!("snapshot marker: {e}")))
+}
+
+fn body(bytes: &[u8]) -> Result<&[u8], MetaError> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(MetaError::Corrupt(
             "not a metadata snapshot (bad magic)".into(),
         ));
     };
     match rest.split_first() {
-        Some((&SNAPSHOT_VERSION, body)) => decode_exact(body, "snapshot"),
+        Some((&SNAPSHOT_VERSION, body)) => Ok(body),
         Some((v, _)) => Err(MetaError::Corrupt(format!(
             "snapshot version {v} unknown (this build reads {SNAPSHOT_VERSION})"
         ))),
         None => Err(MetaError::Corrupt("snapshot truncated".into())),
     }
+}
+
+fn parse(bytes: &[u8]) -> Result<SnapshotV1, MetaError> {
+    decode_exact(body(bytes)?, "snapshot")
 }
 
 /// Empties a table (deleting and recreating it).
@@ -210,6 +223,11 @@ mod tests {
     fn snapshot_install_round_trip() {
         let kit = populated();
         let snap = kit.store.snapshot().expect("snapshot");
+        assert_eq!(
+            super::snapshot_marker(&snap).expect("marker"),
+            kit.store.applied().expect("applied"),
+            "the marker read from the export is the store's"
+        );
         let mut other = Kit::new();
         other.mkfile(ROOT_INO, "to-be-replaced");
         other.store.install(&snap).expect("install");

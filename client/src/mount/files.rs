@@ -31,6 +31,7 @@ pub struct OpenFiles {
     read_chunk: u64,
     budget: Arc<Semaphore>,
     budget_total: usize,
+    prefetch_budget: Arc<Semaphore>,
     next_write: AtomicU64,
     handles: Mutex<HashMap<u64, Arc<OpenFile>>>,
     inodes: Arc<Mutex<HashMap<Ino, InodeState>>>,
@@ -95,6 +96,7 @@ impl OpenFiles {
             read_chunk,
             budget: Arc::new(Semaphore::new(budget_total)),
             budget_total,
+            prefetch_budget: Arc::new(Semaphore::new(readahead::PREFETCHED_CHUNKS)),
             next_write: AtomicU64::new(1),
             handles: Mutex::new(HashMap::new()),
             inodes: Arc::new(Mutex::new(HashMap::new())),
@@ -279,6 +281,7 @@ impl OpenFiles {
         readahead::read(
             &file.reader,
             &file.generation,
+            &self.prefetch_budget,
             &self.agent,
             file.ino,
             offset,

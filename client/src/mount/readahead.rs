@@ -2,15 +2,16 @@
 //!
 //! A handle whose reads follow each other reads whole chunks (`--read-ahead` rounded up to
 //! whole stripes, at chunk-aligned offsets) and serves the kernel's reads from them; once a
-//! chunk has arrived in full, the next one is fetched in the background. Random reads go
-//! straight to the agent. Any write to the inode through this mount drops the chunks.
+//! chunk has arrived in full, the next one is fetched in the background, while the mount
+//! holds fewer than [`PREFETCHED_CHUNKS`] such chunks in all. Random reads go straight to
+//! the agent. Any write to the inode through this mount drops the chunks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fuser::Errno;
 use shoal_agent_api::{FsRequest, FsResponse, Ino};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::agent::Agent;
 
@@ -77,7 +78,12 @@ type Fetched = Option<Result<Arc<Vec<u8>>, Errno>>;
 struct Fetch {
     index: u64,
     result: watch::Receiver<Fetched>,
+    /// A share of the mount's prefetch budget, for a chunk fetched ahead of its reader.
+    _budget: Option<OwnedSemaphorePermit>,
 }
+
+/// Chunks fetched ahead across the whole mount (bounds read-ahead memory).
+pub const PREFETCHED_CHUNKS: usize = 32;
 
 /// A handle's chunks and its sequential-read detector.
 pub struct ReadCache {
@@ -104,6 +110,7 @@ impl ReadCache {
 pub async fn read(
     cache: &tokio::sync::Mutex<ReadCache>,
     generation: &AtomicU64,
+    prefetch_budget: &Arc<Semaphore>,
     agent: &Arc<Agent>,
     ino: Ino,
     offset: u64,
@@ -126,7 +133,11 @@ pub async fn read(
     c.chunks.retain(|f| f.index + 1 >= first);
     let mut needed = Vec::new();
     for index in first..=last {
-        needed.push((index, fetch(&mut c, agent, ino, index, chunk)));
+        let rx = match c.chunks.iter().find(|f| f.index == index) {
+            Some(f) => f.result.clone(),
+            None => fetch(&mut c, agent, ino, (index, chunk), None),
+        };
+        needed.push((index, rx));
     }
     drop(c);
     let end = offset.saturating_add(u64::from(size));
@@ -154,8 +165,12 @@ pub async fn read(
     }
     if last_full {
         let mut c = cache.lock().await;
-        if c.generation == now {
-            fetch(&mut c, agent, ino, last + 1, chunk);
+        let next = last + 1;
+        if c.generation == now
+            && !c.chunks.iter().any(|f| f.index == next)
+            && let Ok(permit) = prefetch_budget.clone().try_acquire_owned()
+        {
+            fetch(&mut c, agent, ino, (next, chunk), Some(permit));
             while c.chunks.len() > MAX_CHUNKS {
                 c.chunks.remove(0);
             }
@@ -164,17 +179,14 @@ pub async fn read(
     Ok(out)
 }
 
-/// The chunk's result, starting its fetch unless it is already there or on its way.
+/// Starts fetching chunk `index` (of `chunk` bytes) into the cache; its result.
 fn fetch(
     c: &mut ReadCache,
     agent: &Arc<Agent>,
     ino: Ino,
-    index: u64,
-    chunk: u64,
+    (index, chunk): (u64, u64),
+    budget: Option<OwnedSemaphorePermit>,
 ) -> watch::Receiver<Fetched> {
-    if let Some(f) = c.chunks.iter().find(|f| f.index == index) {
-        return f.result.clone();
-    }
     let (tx, rx) = watch::channel(None);
     let agent = agent.clone();
     let len = u32::try_from(chunk).unwrap_or(u32::MAX);
@@ -185,6 +197,7 @@ fn fetch(
     c.chunks.push(Fetch {
         index,
         result: rx.clone(),
+        _budget: budget,
     });
     c.chunks.sort_by_key(|f| f.index);
     rx

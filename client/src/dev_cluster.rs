@@ -346,11 +346,12 @@ pub fn running_pid(nd: &Path) -> Option<Pid> {
     running_pid_in(nd, "agent.pid")
 }
 
-/// The pid in `nd/pid_file` if that process is alive.
+/// The pid in `nd/pid_file` if that process is alive (a killed process that nobody has
+/// reaped yet is not).
 pub fn running_pid_in(nd: &Path, pid_file: &str) -> Option<Pid> {
     let text = std::fs::read_to_string(nd.join(pid_file)).ok()?;
     let pid = Pid::from_raw(text.trim().parse().ok()?);
-    kill(pid, None).ok().map(|_| pid)
+    (kill(pid, None).is_ok() && !is_zombie(pid)).then_some(pid)
 }
 
 fn wait_converged(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<()> {

@@ -261,6 +261,35 @@ impl Stripes {
         Ok(())
     }
 
+    /// Stripe ids with at least one shard in this node's store.
+    pub fn local_stripes(&self) -> Vec<StripeId> {
+        let mut ids: Vec<StripeId> = self
+            .store
+            .list()
+            .into_iter()
+            .map(|(k, _)| StripeId(k.stripe))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Deletes every shard of `stripe` in this node's store; returns how many there were.
+    pub async fn delete_local(&self, stripe: StripeId) -> Result<usize, AgentError> {
+        let keys: Vec<ShardKey> = self
+            .store
+            .list()
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| k.stripe == stripe.0)
+            .collect();
+        for k in &keys {
+            self.store.delete(*k).await?;
+        }
+        self.update_store_gauges();
+        Ok(keys.len())
+    }
+
     /// The erasure-coding profile of new stripes.
     pub fn default_ec(&self) -> EcProfile {
         self.default_ec

@@ -28,6 +28,12 @@ pub struct MetaConfig {
     /// open).
     #[serde(default = "default_orphan_grace_s")]
     pub orphan_grace_s: u64,
+    /// Seconds a shard whose stripe the metadata does not know must stay unknown before
+    /// this node deletes it (a writer that crashed between writing shards and committing
+    /// them leaves such shards). It must be longer than any write takes to commit (a write
+    /// retries for up to a minute while nodes fail), or shards of a write in progress go.
+    #[serde(default = "default_orphan_shard_grace_s")]
+    pub orphan_shard_grace_s: u64,
 }
 
 fn default_bootstrap_expect() -> usize {
@@ -48,6 +54,9 @@ fn default_gc_interval_s() -> u64 {
 fn default_orphan_grace_s() -> u64 {
     10
 }
+fn default_orphan_shard_grace_s() -> u64 {
+    600
+}
 
 impl Default for MetaConfig {
     fn default() -> Self {
@@ -58,6 +67,7 @@ impl Default for MetaConfig {
             election_ms: default_election_ms(),
             gc_interval_s: default_gc_interval_s(),
             orphan_grace_s: default_orphan_grace_s(),
+            orphan_shard_grace_s: default_orphan_shard_grace_s(),
         }
     }
 }
@@ -82,6 +92,12 @@ impl MetaConfig {
                     "must be [min, max] with heartbeat_ms ({}) < min < max",
                     self.heartbeat_ms
                 ),
+            ));
+        }
+        if self.orphan_shard_grace_s < self.gc_interval_s {
+            return Err((
+                "meta.orphan_shard_grace_s",
+                format!("must be at least gc_interval_s ({})", self.gc_interval_s),
             ));
         }
         if self.gc_interval_s == 0 {

@@ -276,69 +276,20 @@ mod tests {
         assert_eq!(agent.fs(FsRequest::StatFs).await, Err(Errno::EIO));
     }
 
-    use shoal_agent_api::frame::{read_frame, write_frame};
-    use shoal_agent_api::{FileAttr, FileKind, SetAttr, Timestamp};
+    use super::super::testkit::{attr_answer, fake_agent, socket_path};
+    use shoal_agent_api::SetAttr;
     use std::sync::Arc;
-    use tokio::net::UnixListener;
     use tokio::sync::mpsc;
-
-    fn attr(ino: Ino) -> FileAttr {
-        FileAttr {
-            ino,
-            kind: FileKind::File,
-            perm: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            atime: Timestamp::default(),
-            mtime: Timestamp::default(),
-            ctime: Timestamp::default(),
-            rdev: 0,
-        }
-    }
-
-    /// A stand-in agent: logs every request on `seen`; with `crash_on_setattr` it drops
-    /// the connection instead of answering a SetAttr (and the test then kills it).
-    fn fake_agent(
-        path: PathBuf,
-        seen: mpsc::UnboundedSender<Request>,
-        crash_on_setattr: bool,
-    ) -> tokio::task::JoinHandle<()> {
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).expect("bind");
-        tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let seen = seen.clone();
-                conns.spawn(async move {
-                    while let Ok(Some(req)) = read_frame::<_, Request>(&mut stream).await {
-                        let _ = seen.send(req.clone());
-                        let answer = match req {
-                            Request::Fs(FsRequest::SetAttr { .. }) if crash_on_setattr => return,
-                            Request::Fs(FsRequest::Open { ino, .. })
-                            | Request::Fs(FsRequest::GetAttr { ino })
-                            | Request::Fs(FsRequest::SetAttr { ino, .. }) => {
-                                Response::Fs(FsResponse::Attr(attr(ino)))
-                            }
-                            _ => Response::Fs(FsResponse::Done),
-                        };
-                        if write_frame(&mut stream, &answer).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        })
-    }
 
     #[tokio::test]
     async fn a_restarted_agent_gets_open_handles_first_and_the_same_request_again() {
-        let dir = std::env::temp_dir().join(format!("shoal-fake-agent-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let sock = dir.join("agent.sock");
+        let sock = socket_path("restart");
         let (tx, mut seen) = mpsc::unbounded_channel();
-        let first = fake_agent(sock.clone(), tx.clone(), true);
+        // The first agent dies on SetAttr without answering.
+        let first = fake_agent(sock.clone(), tx.clone(), |r| match r {
+            Request::Fs(FsRequest::SetAttr { .. }) => None,
+            r => Some(attr_answer(r)),
+        });
         let agent = Arc::new(Agent::new(sock.clone(), Duration::from_secs(20)));
         agent.remember_handle(7, 42).await;
         let open = FsRequest::Open {
@@ -367,11 +318,10 @@ mod tests {
         first.abort();
         let _ = first.await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let _second = fake_agent(sock, tx, false);
+        let _second = fake_agent(sock, tx, |r| Some(attr_answer(r)));
         assert!(matches!(call.await.expect("join"), Ok(FsResponse::Attr(_))));
         assert_eq!(seen.recv().await, Some(Request::Fs(open)));
         assert_eq!(seen.recv().await, Some(Request::Fs(setattr)));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

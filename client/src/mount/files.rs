@@ -428,3 +428,100 @@ impl Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{attr_answer, fake_agent, socket_path};
+    use super::*;
+    use shoal_agent_api::{FsError, Request, Response};
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+
+    const STRIPE: u64 = 64 << 10;
+
+    fn files(name: &str, write_buffer: u64) -> (OpenFiles, mpsc::UnboundedReceiver<Request>) {
+        files_answering(name, write_buffer, |r| Some(attr_answer(r)))
+    }
+
+    fn files_answering(
+        name: &str,
+        write_buffer: u64,
+        answer: impl Fn(&Request) -> Option<Response> + Clone + Send + Sync + 'static,
+    ) -> (OpenFiles, mpsc::UnboundedReceiver<Request>) {
+        let sock = socket_path(name);
+        let (tx, seen) = mpsc::unbounded_channel();
+        fake_agent(sock.clone(), tx, answer);
+        let agent = Arc::new(Agent::new(sock, Duration::from_secs(5)));
+        (OpenFiles::new(agent, STRIPE, 0, write_buffer), seen)
+    }
+
+    /// The (offset, length) of every Write the agent got so far, in arrival order.
+    fn writes(seen: &mut mpsc::UnboundedReceiver<Request>) -> Vec<(u64, usize)> {
+        let mut out = Vec::new();
+        while let Ok(r) = seen.try_recv() {
+            if let Request::Fs(FsRequest::Write { offset, data, .. }) = r {
+                out.push((offset, data.len()));
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn sequential_writes_reach_the_agent_as_stripes_and_flush_sends_the_rest() {
+        let (files, mut seen) = files("seq", 1 << 30);
+        let f = files.open(1, 5);
+        for i in 0..10u64 {
+            let n = files.write(&f, i * (16 << 10), &[i as u8; 16 << 10]).await;
+            assert_eq!(n, Ok(16 << 10));
+        }
+        assert!(files.has_pending(5));
+        assert_eq!(files.flush(&f).await, Ok(()));
+        assert!(!files.has_pending(5));
+        let mut got = writes(&mut seen);
+        got.sort();
+        assert_eq!(got, vec![(0, 65536), (65536, 65536), (131072, 32768)]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_reported_once_by_the_next_flush() {
+        let (files, _seen) = files_answering("fail", 1 << 30, |r| match r {
+            Request::Fs(FsRequest::Write { .. }) => {
+                Some(Response::Fs(FsResponse::Error(FsError::NoSpace)))
+            }
+            r => Some(attr_answer(r)),
+        });
+        let f = files.open(1, 5);
+        assert_eq!(files.write(&f, 0, b"hello").await, Ok(5));
+        assert_eq!(files.flush(&f).await, Err(Errno::ENOSPC));
+        assert_eq!(files.flush(&f).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn an_overlapping_write_on_another_handle_lands_after_the_buffered_one() {
+        let (files, mut seen) = files("overlap", 1 << 30);
+        let a = files.open(1, 5);
+        let b = files.open(2, 5);
+        files.write(&a, 0, &[1; 100]).await.expect("write a");
+        files.write(&b, 50, &[2; 100]).await.expect("write b");
+        files.flush(&b).await.expect("flush b");
+        files.flush(&a).await.expect("flush a");
+        assert_eq!(writes(&mut seen), vec![(0, 100), (50, 100)]);
+    }
+
+    #[tokio::test]
+    async fn idle_partial_buffers_do_not_starve_a_writer_when_the_budget_is_spent() {
+        let (files, _seen) = files("budget", 0);
+        let handles: Vec<_> = (1..=20).map(|fh| files.open(fh, 100 + fh)).collect();
+        let all = async {
+            for f in &handles {
+                files.write(f, 0, &[7; 60 << 10]).await.expect("write");
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("writers must not deadlock on the budget");
+        for f in &handles {
+            files.flush(f).await.expect("flush");
+        }
+    }
+}

@@ -15,6 +15,8 @@ mod fs;
 mod fstab;
 mod ops;
 mod readahead;
+#[cfg(test)]
+mod testkit;
 mod write;
 
 use std::os::fd::OwnedFd;

@@ -160,10 +160,6 @@ impl FsState {
             handle: fh,
         };
         match self.agent.fs(request).await {
-            Ok(FsResponse::Error(e)) => {
-                self.agent.forget_handle(fh).await;
-                Err(Errno::from_i32(e.errno()))
-            }
             Ok(_) => {
                 self.files.open(fh, ino);
                 Ok(fh)

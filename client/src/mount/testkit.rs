@@ -1,0 +1,83 @@
+//! A stand-in agent on a Unix socket, for tests of the mount's agent-facing code.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use shoal_agent_api::frame::{read_frame, write_frame};
+use shoal_agent_api::{
+    FileAttr, FileKind, FsRequest, FsResponse, Ino, Request, Response, Timestamp,
+};
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+
+/// A fresh socket path in a directory of its own.
+pub fn socket_path(name: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "shoal-mount-test-{}-{name}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("test dir");
+    dir.join("agent.sock")
+}
+
+pub fn attr(ino: Ino, size: u64) -> FileAttr {
+    FileAttr {
+        ino,
+        kind: FileKind::File,
+        perm: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size,
+        atime: Timestamp::default(),
+        mtime: Timestamp::default(),
+        ctime: Timestamp::default(),
+        rdev: 0,
+    }
+}
+
+/// `Attr` for requests about an inode, `Done` for the rest.
+pub fn attr_answer(r: &Request) -> Response {
+    match r {
+        Request::Fs(
+            FsRequest::Open { ino, .. }
+            | FsRequest::GetAttr { ino }
+            | FsRequest::SetAttr { ino, .. }
+            | FsRequest::Write { ino, .. },
+        ) => Response::Fs(FsResponse::Attr(attr(*ino, 0))),
+        _ => Response::Fs(FsResponse::Done),
+    }
+}
+
+/// Serves `path`, logging every request on `seen` and answering with `answer` (None:
+/// drop the connection unanswered). Aborting the task stops the agent and its connections.
+pub fn fake_agent<F>(
+    path: PathBuf,
+    seen: mpsc::UnboundedSender<Request>,
+    answer: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(&Request) -> Option<Response> + Clone + Send + Sync + 'static,
+{
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).expect("bind");
+    tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            let answer = answer.clone();
+            conns.spawn(async move {
+                while let Ok(Some(req)) = read_frame::<_, Request>(&mut stream).await {
+                    let reply = answer(&req);
+                    let _ = seen.send(req);
+                    let Some(reply) = reply else { return };
+                    if write_frame(&mut stream, &reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}

@@ -15,6 +15,7 @@ use shoal_mesh::{
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::meta::metrics::{self as meta_metrics, MetaMetrics};
 use crate::meta::{FsService, MetaService, gc, steward};
 use crate::shard_rpc::ShardRequest;
 use crate::stripes::Stripes;
@@ -156,6 +157,7 @@ impl Node {
             identity.node.0,
             config.meta.clone(),
             transport.clone(),
+            MetaMetrics::register(&mut registry),
         )
         .await?;
         let stripes = Arc::new(Stripes::new(
@@ -211,6 +213,7 @@ impl Node {
             )));
         }
         tasks.push(tokio::spawn(refresh_facts(node.clone())));
+        tasks.push(tokio::spawn(meta_metrics::refresh(meta.clone())));
         tasks.push(tokio::spawn(steward::run(
             meta.clone(),
             node.gossip.clone(),

@@ -6,6 +6,7 @@ pub mod config;
 pub mod fs;
 pub mod gc;
 mod log_store;
+pub mod metrics;
 pub mod net;
 pub mod service;
 mod state_machine;

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use super::config::MetaConfig;
 use super::log_store::LogStore;
+use super::metrics::MetaMetrics;
 use super::net::{
     Committed, Forward, ForwardRefused, HeldOpen, Hello, Network, RaftMessage, RaftReply, ReadIndex,
 };
@@ -46,6 +47,7 @@ pub struct MetaService {
     pub config: MetaConfig,
     transport: Arc<Transport>,
     batcher: mpsc::Sender<Pending>,
+    pub metrics: MetaMetrics,
     /// Inodes the local mounts hold open: (mount session, handle) → inode.
     held: Mutex<HashMap<(u64, u64), Ino>>,
 }
@@ -62,6 +64,7 @@ impl MetaService {
         me: u64,
         config: MetaConfig,
         transport: Arc<Transport>,
+        metrics: MetaMetrics,
     ) -> Result<Arc<MetaService>, AgentError> {
         std::fs::create_dir_all(dir).map_err(|source| AgentError::DataDir {
             path: dir.to_owned(),
@@ -96,9 +99,10 @@ impl MetaService {
             config,
             transport: transport.clone(),
             batcher: tx,
+            metrics: metrics.clone(),
             held: Mutex::new(HashMap::new()),
         });
-        tokio::spawn(batch_proposals(service.raft.clone(), rx));
+        tokio::spawn(batch_proposals(service.raft.clone(), rx, metrics));
         service.register_handlers();
         Ok(service)
     }
@@ -354,7 +358,7 @@ impl MetaService {
 
 /// The leader's proposal batcher: everything that queued while earlier entries were in
 /// flight goes out as one log entry (Raft costs one flush per entry, not per proposal).
-async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
+async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: MetaMetrics) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -380,6 +384,8 @@ async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
             waiters.push((p.proposals.len(), p.reply));
             proposals.extend(p.proposals);
         }
+        metrics.entries.inc();
+        metrics.proposals.inc_by(proposals.len() as u64);
         let receiver = raft.client_write_ff(Batch(proposals)).await;
         tokio::spawn(async move {
             let result: Result<Committed, ForwardRefused> = match receiver {

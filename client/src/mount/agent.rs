@@ -21,6 +21,9 @@ use tokio::sync::Semaphore;
 
 /// Most connections the pool opens to the agent.
 const MAX_CONNECTIONS: usize = 16;
+/// Of those, most that carry file data (`Read`, `Write`): a write waits until its stripe is
+/// durable, and lookups must not queue behind them.
+const MAX_DATA_CONNECTIONS: usize = 12;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -51,6 +54,7 @@ pub struct Agent {
     retry_for: Duration,
     idle: Mutex<Vec<Conn>>,
     slots: Semaphore,
+    data_slots: Semaphore,
     /// Grows at every connection failure; connections of older epochs are not reused.
     epoch: AtomicU64,
     /// The newest epoch whose handles were re-opened.
@@ -70,6 +74,7 @@ impl Agent {
             retry_for,
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(MAX_CONNECTIONS),
+            data_slots: Semaphore::new(MAX_DATA_CONNECTIONS),
             epoch: AtomicU64::new(0),
             reopened: tokio::sync::Mutex::new(0),
             handles: tokio::sync::Mutex::new(BTreeMap::new()),
@@ -105,6 +110,12 @@ impl Agent {
     /// errno the kernel gets.
     pub async fn fs(&self, request: FsRequest) -> Result<FsResponse, Errno> {
         let what = request_name(&request);
+        let _data_slot = match request {
+            FsRequest::Read { .. } | FsRequest::Write { .. } => {
+                Some(self.data_slots.acquire().await.map_err(|_| Errno::EIO)?)
+            }
+            _ => None,
+        };
         let request = Request::Fs(request);
         match self.call(&request).await {
             Ok(Response::Fs(FsResponse::Error(e))) => {

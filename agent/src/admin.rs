@@ -49,6 +49,8 @@ pub(crate) async fn serve(listener: UnixListener, node: Arc<Node>) {
 }
 
 async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
+    // The peer's pid: open handles of a mount that died without closing them are dropped.
+    let pid = stream.peer_cred().ok().and_then(|c| c.pid());
     loop {
         let request: Request = match read_frame(&mut stream).await {
             Ok(Some(r)) => r,
@@ -59,14 +61,14 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
                 return;
             }
         };
-        let response = handle(&node, request).await;
+        let response = handle(&node, request, pid).await;
         if write_frame(&mut stream, &response).await.is_err() {
             return;
         }
     }
 }
 
-async fn handle(node: &Node, request: Request) -> Response {
+async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
     match request {
         Request::Status => match status::report(node).await {
             Ok(r) => Response::Status(Box::new(r)),
@@ -84,7 +86,7 @@ async fn handle(node: &Node, request: Request) -> Response {
             Ok(r) => Response::StripeRead(r),
             Err(e) => Response::Error(e.to_string()),
         },
-        Request::Fs(r) => Response::Fs(node.fs.handle(r).await),
+        Request::Fs(r) => Response::Fs(node.fs.handle(r, pid).await),
         Request::JoinReservation { pid } => match &node.resources.guard {
             None => Response::Joined(None),
             Some(g) => match g.attach(pid) {

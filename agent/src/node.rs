@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::meta::metrics::{self as meta_metrics, MetaMetrics};
 use crate::meta::{FsService, MetaService, gc, steward};
 use crate::shard_rpc::ShardRequest;
-use crate::stripes::Stripes;
+use crate::stripes::{StripeSettings, Stripes};
 use crate::system_rpc::{Ping, Pong};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
 use shoal_store::{DiskStore, Recovery, Ring};
@@ -166,8 +166,10 @@ impl Node {
             transport.clone(),
             gossip.clone(),
             meta.store_arc(),
-            config.storage.ec,
-            stripe_buffer_budget(&resources),
+            StripeSettings {
+                default_ec: config.storage.ec,
+                buffer_budget_bytes: stripe_buffer_budget(&resources),
+            },
             &mut registry,
         ));
         let handler = stripes.clone();

@@ -81,6 +81,13 @@ fn stripe_err(msg: impl Into<String>) -> AgentError {
     AgentError::Stripe(msg.into())
 }
 
+/// How a coordinator writes: the profile of new stripes and the buffer budget.
+pub struct StripeSettings {
+    pub default_ec: EcProfile,
+    /// Bytes of stripe buffers allowed in flight.
+    pub buffer_budget_bytes: u64,
+}
+
 impl Stripes {
     pub fn new(
         me: NodeId,
@@ -88,10 +95,13 @@ impl Stripes {
         transport: Arc<Transport>,
         gossip: GossipHandle,
         meta: Arc<shoal_meta::MetaStore>,
-        default_ec: EcProfile,
-        buffer_budget_bytes: u64,
+        settings: StripeSettings,
         registry: &mut Registry,
     ) -> Self {
+        let StripeSettings {
+            default_ec,
+            buffer_budget_bytes,
+        } = settings;
         let buffer_permits = (buffer_budget_bytes >> 20).clamp(16, u32::MAX as u64 >> 4) as u32;
         let metrics = StripeMetrics::default();
         let r = registry.sub_registry_with_prefix("shoal_stripes");

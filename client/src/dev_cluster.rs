@@ -72,6 +72,20 @@ pub struct UpOptions {
     /// Also mount the filesystem of every node on nodeN/mnt (`shoal mount`).
     #[arg(long)]
     pub mount: bool,
+    /// Extra `[meta]` settings for every node, as TOML `KEY=VALUE` (repeatable), e.g.
+    /// `--meta orphan_shard_grace_s=5`.
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta_setting)]
+    pub meta: Vec<String>,
+}
+
+/// Checks a `--meta` setting's shape; the agent checks the key and value.
+fn parse_meta_setting(s: &str) -> Result<String, String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+            Ok(format!("{} = {}", k.trim(), v.trim()))
+        }
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 impl UpOptions {
@@ -96,6 +110,7 @@ impl UpOptions {
             bulk_port: 7948,
             direct_io: false,
             mount: false,
+            meta: Vec::new(),
         }
     }
 }
@@ -246,6 +261,7 @@ ec = "{ec}"
 
 [meta]
 bootstrap_expect = {nodes}
+{meta}
 {resources}"#,
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
@@ -264,6 +280,7 @@ bootstrap_expect = {nodes}
         direct_io = opts.direct_io,
         ec = dev_ec(opts.nodes),
         nodes = opts.nodes,
+        meta = opts.meta.join("\n"),
     )
 }
 

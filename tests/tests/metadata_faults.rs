@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use shoal_agent_api::{FileKind, ROOT_INO};
+use shoal_agent_api::{FileKind, ROOT_INO, Request, Response};
 use shoal_tests::fs_api::{Fs, pattern};
 use shoal_tests::{DevCluster, wait_for};
 
@@ -78,4 +78,96 @@ async fn full_cluster_restart_keeps_namespace_and_data() {
     // And the cluster takes new writes.
     let n = fs.mknod(dir, "after", FileKind::File).await;
     assert_eq!(fs.write(n, 0, pattern(100, 9)).await, 100);
+}
+
+fn shard_files_of(c: &DevCluster, stripe: &str) -> usize {
+    (1..=c.nodes)
+        .map(|i| {
+            std::fs::read_dir(c.node_dir(i).join("data/store/shards"))
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(stripe))
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_never_committed_are_collected_and_committed_ones_kept() {
+    let c = DevCluster::up_with(
+        3,
+        38,
+        &[
+            "--meta",
+            "orphan_shard_grace_s=2",
+            "--meta",
+            "gc_interval_s=1",
+        ],
+    );
+    let mut fs = Fs::connect(&c, 1).await;
+    // A stripe written outside the metadata: what a writer that crashed before its
+    // commit leaves behind.
+    let orphan = match fs
+        .client
+        .call(&Request::WriteStripe {
+            data: pattern(1 << 20, 1),
+            ec: None,
+        })
+        .await
+        .expect("write stripe")
+    {
+        Response::StripeWritten(r) => r.id.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(shard_files_of(&c, &orphan), 3, "2+1 shards written");
+    let ino = fs.mknod(ROOT_INO, "kept", FileKind::File).await;
+    let data = pattern(300_000, 2);
+    fs.write(ino, 0, data.clone()).await;
+    wait_for(Duration::from_secs(30), "orphan shards collected", || {
+        (shard_files_of(&c, &orphan) == 0).then_some(())
+    });
+    assert_eq!(fs.read(ino, 0, 400_000).await, data, "committed data kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_later_catches_up_from_a_snapshot() {
+    let mut c = DevCluster::up_with(3, 37, &["--meta", "snapshot_every=20"]);
+    let mut fs = Fs::connect(&c, 1).await;
+    let dir = fs.mknod(ROOT_INO, "many", FileKind::Dir).await;
+    for i in 0..80 {
+        fs.mknod(dir, &format!("f{i}"), FileKind::File).await;
+    }
+    // The log behind the last snapshot is compacted: a new member needs the snapshot.
+    c.nodes = 4;
+    c.start();
+    let mut late = Fs::connect(&c, 4).await;
+    let (ino, _) = wait_for(
+        Duration::from_secs(30),
+        "node 4 to see the namespace",
+        || futures_lookup(&mut late, dir),
+    );
+    assert!(ino > 0);
+    assert!(
+        c.log(4).contains("installed a metadata snapshot"),
+        "node 4 caught up from a snapshot, not from the log"
+    );
+    // And it keeps up with new entries afterwards.
+    fs.mknod(dir, "after", FileKind::File).await;
+    wait_for(
+        Duration::from_secs(10),
+        "node 4 to apply new entries",
+        || {
+            let inodes = c.status(4)?["meta"]["inodes"].as_u64()?;
+            (inodes >= 83).then_some(())
+        },
+    );
+}
+
+/// `lookup(dir, "f79")` from a sync `wait_for` closure.
+fn futures_lookup(fs: &mut Fs, dir: u64) -> Option<u64> {
+    tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(async { fs.lookup(dir, "f79").await.ok() })
+    })
 }

@@ -19,8 +19,8 @@ pub use fs::{
 };
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
-    BackgroundBudget, GpuStatus, MemberState, MetaStatus, MemberStatus, ResourceStatus, StatusReport,
-    StoreStatus,
+    BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, ResourceStatus,
+    StatusReport, StoreStatus,
 };
 pub use stripe::{ShardLocation, StripeRead, StripeRecord};
 

@@ -235,6 +235,31 @@ mod tests {
     }
 
     #[test]
+    fn file_range_returns_only_overlapping_extents() {
+        let mut kit = Kit::new();
+        let f = kit.mkfile(ROOT_INO, "f");
+        kit.write_extents(
+            f,
+            vec![extent(0, 10, 1), extent(10, 10, 2), extent(30, 10, 3)],
+        );
+        let starts = |offset, len| -> Vec<u64> {
+            let d = kit.store.file_range(f, offset, len).expect("range");
+            d.extents.iter().map(|e| e.offset).collect()
+        };
+        assert_eq!(starts(0, 5), [0]);
+        assert_eq!(starts(5, 10), [0, 10]);
+        assert_eq!(starts(20, 10), Vec::<u64>::new(), "a hole");
+        assert_eq!(starts(15, 100), [10, 30]);
+        assert_eq!(starts(39, 1), [30]);
+        assert_eq!(starts(40, 10), Vec::<u64>::new());
+        let all = kit.store.file_data(f).expect("data").extents;
+        assert_eq!(
+            kit.store.file_range(f, 0, u64::MAX).expect("r").extents,
+            all
+        );
+    }
+
+    #[test]
     fn later_extents_in_one_command_win() {
         let mut kit = Kit::new();
         let f = kit.mkfile(ROOT_INO, "f");

@@ -115,6 +115,46 @@ impl MetaStore {
         })
     }
 
+    /// Like [`MetaStore::file_data`], with only the extents that overlap
+    /// `[offset, offset + len)`: a read of a large file does not load its whole map.
+    pub fn file_range(&self, ino: Ino, offset: u64, len: u64) -> Result<FileData, MetaError> {
+        let txn = self.read()?;
+        let node = inode(&txn.open_table(INODES)?, ino)?;
+        let end = offset.saturating_add(len);
+        let stripes = txn.open_table(STRIPES)?;
+        let table = txn.open_table(EXTENTS)?;
+        let mut extents = Vec::new();
+        // Extents never overlap: walking back from `end`, the first one that ends at or
+        // before `offset` is where the range starts.
+        for item in table.range((ino, 0)..(ino, end))?.rev() {
+            let (key, value) = item?;
+            let start = key.value().1;
+            let ext: record::ExtentRecord = decode(value.value(), "extent")?;
+            if start.saturating_add(ext.len) <= offset {
+                break;
+            }
+            let entry = record::read_stripe(&stripes, ext.stripe.0)?.ok_or_else(|| {
+                MetaError::Corrupt(format!(
+                    "inode {ino} references stripe {}, which is not recorded",
+                    ext.stripe
+                ))
+            })?;
+            extents.push(Extent {
+                offset: start,
+                len: ext.len,
+                stripe_offset: ext.stripe_offset,
+                stripe: entry.record,
+            });
+        }
+        extents.reverse();
+        Ok(FileData {
+            attr: node.attr(ino),
+            inline_version: node.data_version,
+            inline: node.inline,
+            extents,
+        })
+    }
+
     /// Where a file's data lives.
     pub fn file_layout(&self, ino: Ino) -> Result<FileLayout, MetaError> {
         let txn = self.read()?;

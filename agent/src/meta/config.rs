@@ -21,6 +21,11 @@ pub struct MetaConfig {
     /// dies takes about `max` plus a random part of the range.
     #[serde(default = "default_election_ms")]
     pub election_ms: [u64; 2],
+    /// Log entries between two snapshots of the state machine; the log is then compacted
+    /// up to the snapshot, keeping `min(1000, snapshot_every)` entries behind it for
+    /// followers that lag a little. A member further behind receives the snapshot.
+    #[serde(default = "default_snapshot_every")]
+    pub snapshot_every: u64,
     /// Seconds between garbage-collection passes (freed stripes, orphan inodes).
     #[serde(default = "default_gc_interval_s")]
     pub gc_interval_s: u64,
@@ -48,6 +53,9 @@ fn default_heartbeat_ms() -> u64 {
 fn default_election_ms() -> [u64; 2] {
     [1000, 2000]
 }
+fn default_snapshot_every() -> u64 {
+    5_000
+}
 fn default_gc_interval_s() -> u64 {
     5
 }
@@ -65,6 +73,7 @@ impl Default for MetaConfig {
             inline_max: default_inline_max(),
             heartbeat_ms: default_heartbeat_ms(),
             election_ms: default_election_ms(),
+            snapshot_every: default_snapshot_every(),
             gc_interval_s: default_gc_interval_s(),
             orphan_grace_s: default_orphan_grace_s(),
             orphan_shard_grace_s: default_orphan_shard_grace_s(),
@@ -99,6 +108,9 @@ impl MetaConfig {
                 "meta.orphan_shard_grace_s",
                 format!("must be at least gc_interval_s ({})", self.gc_interval_s),
             ));
+        }
+        if self.snapshot_every == 0 {
+            return Err(("meta.snapshot_every", "must be positive".into()));
         }
         if self.gc_interval_s == 0 {
             return Err(("meta.gc_interval_s", "must be positive".into()));

@@ -63,14 +63,20 @@ impl FsService {
         }
     }
 
-    pub async fn handle(self: &Arc<Self>, req: FsRequest) -> FsResponse {
-        match self.serve(req).await {
+    /// Serves one request from the local client with process id `pid` (from the socket's
+    /// peer credentials).
+    pub async fn handle(self: &Arc<Self>, req: FsRequest, pid: Option<i32>) -> FsResponse {
+        match self.serve(req, pid).await {
             Ok(r) => r,
             Err(e) => FsResponse::Error(e),
         }
     }
 
-    async fn serve(self: &Arc<Self>, req: FsRequest) -> Result<FsResponse, FsError> {
+    async fn serve(
+        self: &Arc<Self>,
+        req: FsRequest,
+        pid: Option<i32>,
+    ) -> Result<FsResponse, FsError> {
         let store = self.meta.store();
         Ok(match req {
             FsRequest::Lookup { parent, name } => {
@@ -104,7 +110,7 @@ impl FsService {
             } => {
                 self.meta.barrier().await?;
                 let attr = store.getattr(ino).map_err(from_meta)?;
-                self.meta.hold(session, handle, ino);
+                self.meta.hold(session, handle, ino, pid);
                 FsResponse::Attr(attr)
             }
             FsRequest::Release { session, handle } => {
@@ -215,7 +221,11 @@ impl FsService {
     }
 
     async fn read(&self, ino: Ino, offset: u64, len: u64) -> Result<Vec<u8>, FsError> {
-        let data = self.meta.store().file_data(ino).map_err(from_meta)?;
+        let data = self
+            .meta
+            .store()
+            .file_range(ino, offset, len)
+            .map_err(from_meta)?;
         match data.attr.kind {
             FileKind::File => {}
             FileKind::Dir => return Err(FsError::IsDir),

@@ -34,6 +34,12 @@ const IN_FLIGHT_ENTRIES: usize = 8;
 /// How long a request waits for a leader (elections, restarts) before it fails.
 const LEADER_WAIT: Duration = Duration::from_secs(60);
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after this agent starts its mounts have to re-announce their open handles
+/// (they ping the agent every few seconds).
+const REANNOUNCE_GRACE: Duration = Duration::from_secs(60);
+
+/// Open handles of local mounts: (session, handle) → (inode, mount pid).
+type Holds = HashMap<(u64, u64), (Ino, Option<i32>)>;
 
 struct Pending {
     proposals: Vec<Proposal>,
@@ -48,8 +54,10 @@ pub struct MetaService {
     transport: Arc<Transport>,
     batcher: mpsc::Sender<Pending>,
     pub metrics: MetaMetrics,
-    /// Inodes the local mounts hold open: (mount session, handle) → inode.
-    held: Mutex<HashMap<(u64, u64), Ino>>,
+    started: Instant,
+    /// Inodes the local mounts hold open: (mount session, handle) → (inode, the mount's
+    /// pid when known).
+    held: Mutex<Holds>,
 }
 
 fn meta_err(e: impl std::fmt::Display) -> AgentError {
@@ -79,8 +87,8 @@ impl MetaService {
             election_timeout_min: config.election_ms[0],
             election_timeout_max: config.election_ms[1],
             install_snapshot_timeout: 10_000,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(5_000),
-            max_in_snapshot_log_to_keep: 1_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config.snapshot_every.min(1_000),
             ..Default::default()
         }
         .validate()
@@ -100,6 +108,7 @@ impl MetaService {
             transport: transport.clone(),
             batcher: tx,
             metrics: metrics.clone(),
+            started: Instant::now(),
             held: Mutex::new(HashMap::new()),
         });
         tokio::spawn(batch_proposals(service.raft.clone(), rx, metrics));
@@ -308,11 +317,13 @@ impl MetaService {
         }
     }
 
-    pub fn hold(&self, session: u64, handle: u64, ino: Ino) {
+    /// Records an open handle (idempotent: a mount re-announces its handles after
+    /// reconnecting).
+    pub fn hold(&self, session: u64, handle: u64, ino: Ino, pid: Option<i32>) {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((session, handle), ino);
+            .insert((session, handle), (ino, pid));
     }
 
     pub fn release(&self, session: u64, handle: u64) {
@@ -322,12 +333,19 @@ impl MetaService {
             .remove(&(session, handle));
     }
 
-    /// Which of `inos` a local mount holds open.
+    /// Which of `inos` a live local mount holds open. Handles of a mount process that
+    /// has exited are forgotten here (it cannot close them any more). Right after this
+    /// agent started, mounts may not have re-announced their handles yet: then every
+    /// inode counts as held.
     pub fn held_among(&self, inos: &[Ino]) -> Vec<Ino> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if self.started.elapsed() < REANNOUNCE_GRACE {
+            return inos.to_vec();
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.retain(|_, (_, pid)| pid.is_none_or(|p| Path::new(&format!("/proc/{p}")).exists()));
         inos.iter()
             .copied()
-            .filter(|i| held.values().any(|h| h == i))
+            .filter(|i| held.values().any(|(h, _)| h == i))
             .collect()
     }
 

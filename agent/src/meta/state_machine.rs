@@ -2,6 +2,9 @@
 //! installs snapshots. The last snapshot is kept in a file beside the store so that
 //! `get_current_snapshot` returns exactly what was built or installed.
 
+// The error type is openraft's (the trait methods return it); helpers return the same.
+#![allow(clippy::result_large_err)]
+
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -195,11 +198,14 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
             this.store
                 .apply(&[], &marker)
                 .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+            let index = meta.last_log_id.map_or(0, |l| l.index);
             this.save_snapshot_file(&SnapshotFile {
                 version: MARKER_VERSION,
                 meta,
                 data,
-            })
+            })?;
+            tracing::info!(index, "installed a metadata snapshot from the leader");
+            Ok(())
         })
         .await
         .map_err(|e| snap_err(ErrorVerb::Write, e))?

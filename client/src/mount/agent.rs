@@ -9,13 +9,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fuser::Errno;
 use shoal_agent_api::{
-    AgentClient, ApiError, FsError, FsRequest, FsResponse, Ino, Request, RequestId, Response,
+    AgentClient, ApiError, FsError, FsRequest, FsResponse, Ino, ROOT_INO, Request, RequestId,
+    Response,
 };
 use tokio::sync::Semaphore;
 
@@ -24,6 +25,8 @@ const MAX_CONNECTIONS: usize = 16;
 /// Of those, most that carry file data (`Read`, `Write`): a write waits until its stripe is
 /// durable, and lookups must not queue behind them.
 const MAX_DATA_CONNECTIONS: usize = 12;
+/// How often the mount pings its agent while files are open (see `Agent::keepalive`).
+const KEEPALIVE: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -99,6 +102,22 @@ impl Agent {
     /// an agent restart.
     pub async fn remember_handle(&self, handle: u64, ino: Ino) {
         self.handles.lock().await.insert(handle, ino);
+    }
+
+    /// While files are open, asks the agent something cheap every few seconds: after an
+    /// agent restart this reconnects and re-announces the open handles even when no file
+    /// operation comes (the agent keeps unlinked files alive only for announced handles).
+    pub async fn keepalive(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(KEEPALIVE);
+        loop {
+            tick.tick().await;
+            if self.handles.lock().await.is_empty() {
+                continue;
+            }
+            let _ = self
+                .call(&Request::Fs(FsRequest::GetAttr { ino: ROOT_INO }))
+                .await;
+        }
     }
 
     /// Forgets a handle (before its `Release` is sent).
@@ -289,7 +308,6 @@ mod tests {
 
     use super::super::testkit::{attr_answer, fake_agent, socket_path};
     use shoal_agent_api::SetAttr;
-    use std::sync::Arc;
     use tokio::sync::mpsc;
 
     #[tokio::test]

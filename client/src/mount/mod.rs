@@ -123,6 +123,7 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
         .build()?;
     let agent = Arc::new(agent::Agent::new(args.socket.clone(), args.retry_for));
     let stripe = rt.block_on(prepare(&agent))?;
+    rt.spawn(agent.clone().keepalive());
     let state = Arc::new(ops::FsState::new(agent, &args, stripe));
     let filesystem = fs::ShoalFs::new(state.clone(), rt.handle().clone());
     let config = fs::session_config(&args);

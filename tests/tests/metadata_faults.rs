@@ -171,3 +171,56 @@ fn futures_lookup(fs: &mut Fs, dir: u64) -> Option<u64> {
         tokio::runtime::Handle::current().block_on(async { fs.lookup(dir, "f79").await.ok() })
     })
 }
+
+fn all_shard_files(c: &DevCluster) -> usize {
+    shard_files_of(c, "")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overwritten_truncated_and_deleted_data_frees_its_shards() {
+    let c = DevCluster::up_with(
+        3,
+        39,
+        &["--meta", "gc_interval_s=1", "--meta", "orphan_grace_s=1"],
+    );
+    let mut fs = Fs::connect(&c, 2).await;
+    let a = fs.mknod(ROOT_INO, "a", FileKind::File).await;
+    let b = fs.mknod(ROOT_INO, "b", FileKind::File).await;
+    // Two stripes of 2+1 each (3 shard files per stripe).
+    fs.write(a, 0, pattern(4 << 20, 1)).await;
+    fs.write(b, 0, pattern(4 << 20, 2)).await;
+    assert_eq!(all_shard_files(&c), 4 * 3);
+    // Overwrite all of `a`: copy-on-write leaves its old stripes unreferenced.
+    fs.write(a, 0, pattern(4 << 20, 3)).await;
+    // Truncate `b` to zero and unlink `a`: nothing references any stripe then but the
+    // new ones of `a`, which go with `a` once the orphan is purged.
+    let id = fs.id();
+    let r = fs
+        .call(shoal_agent_api::FsRequest::SetAttr {
+            id,
+            ino: b,
+            set: shoal_agent_api::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            },
+        })
+        .await;
+    assert!(matches!(r, shoal_agent_api::FsResponse::Attr(_)), "{r:?}");
+    let id = fs.id();
+    let r = fs
+        .call(shoal_agent_api::FsRequest::Unlink {
+            id,
+            parent: ROOT_INO,
+            name: "a".into(),
+        })
+        .await;
+    assert_eq!(r, shoal_agent_api::FsResponse::Done);
+    wait_for(Duration::from_secs(20), "the old stripes freed", || {
+        (all_shard_files(&c) <= 2 * 3).then_some(())
+    });
+    // The unlinked file goes once no mount holds it (after the agents' first 15 s, in
+    // which mounts re-announce their open files).
+    wait_for(Duration::from_secs(40), "every shard freed", || {
+        (all_shard_files(&c) == 0).then_some(())
+    });
+}

@@ -35,8 +35,8 @@ const IN_FLIGHT_ENTRIES: usize = 8;
 const LEADER_WAIT: Duration = Duration::from_secs(60);
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long after this agent starts its mounts have to re-announce their open handles
-/// (they ping the agent every few seconds).
-const REANNOUNCE_GRACE: Duration = Duration::from_secs(60);
+/// (they ping the agent every 5 s while files are open: three chances).
+const REANNOUNCE_GRACE: Duration = Duration::from_secs(15);
 
 /// Open handles of local mounts: (session, handle) → (inode, mount pid).
 type Holds = HashMap<(u64, u64), (Ino, Option<i32>)>;

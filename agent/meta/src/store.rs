@@ -49,8 +49,36 @@ impl MetaStore {
     /// proposal, grouped per batch. A refused command ([`Outcome::Failed`]) changes
     /// nothing; an error means nothing of this call was applied.
     pub fn apply(&self, batches: &[Batch], applied: &[u8]) -> Result<Vec<Vec<Outcome>>, MetaError> {
+        self.apply_with(batches, applied, Durability::Immediate)
+    }
+
+    /// Like [`MetaStore::apply`], but not flushed to disk: a crash may lose it, up to the
+    /// last durable commit (an `apply` or [`MetaStore::persist`]). For a replica whose log
+    /// can replay what was lost; it must `persist` before the log behind it is discarded.
+    pub fn apply_unflushed(
+        &self,
+        batches: &[Batch],
+        applied: &[u8],
+    ) -> Result<Vec<Vec<Outcome>>, MetaError> {
+        self.apply_with(batches, applied, Durability::None)
+    }
+
+    /// Makes every earlier commit durable.
+    pub fn persist(&self) -> Result<(), MetaError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    fn apply_with(
+        &self,
+        batches: &[Batch],
+        applied: &[u8],
+        durability: Durability,
+    ) -> Result<Vec<Vec<Outcome>>, MetaError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(durability)?;
         let mut out = Vec::with_capacity(batches.len());
         {
             let mut tx = Tx::open(&txn)?;
@@ -167,6 +195,8 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
 #[cfg(test)]
 mod tests {
     use shoal_agent_api::{FileKind, FsError, ROOT_INO, RequestId};
+
+    use crate::MetaStore;
     use shoal_placement::{Layout, LayoutNode, NodeId};
 
     use crate::testkit::{Kit, at, mknode_cmd};
@@ -245,6 +275,30 @@ mod tests {
             kit.store.applied().expect("applied").as_deref(),
             Some(&b"m1"[..])
         );
+    }
+
+    #[test]
+    fn unflushed_applies_are_visible_and_persist_on_demand() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("m.redb");
+        {
+            let store = MetaStore::open(&path).expect("open");
+            store
+                .apply_unflushed(
+                    &[Batch(vec![Proposal {
+                        id: None,
+                        now: at(1),
+                        command: mknode_cmd(ROOT_INO, "x", FileKind::File),
+                    }])],
+                    b"m1",
+                )
+                .expect("apply");
+            assert!(store.lookup(ROOT_INO, "x").is_ok(), "visible at once");
+            store.persist().expect("persist");
+        }
+        let store = MetaStore::open(&path).expect("reopen");
+        assert!(store.lookup(ROOT_INO, "x").is_ok(), "durable after persist");
+        assert_eq!(store.applied().expect("m").as_deref(), Some(&b"m1"[..]));
     }
 
     #[test]

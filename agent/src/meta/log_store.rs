@@ -184,6 +184,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             .map(|e| encode(&e).map(|b| (e.log_id.index, b)))
             .collect();
         let rows = rows.map_err(|e| log_err(ErrorVerb::Write, e))?;
+        let started = std::time::Instant::now();
         let res = self
             .blocking(move |db| {
                 let txn = db.begin_write().map_err(|e| e.to_string())?;
@@ -198,6 +199,10 @@ impl RaftLogStorage<MetaRaft> for LogStore {
                 txn.commit().map_err(|e| e.to_string())
             })
             .await;
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "log append"
+        );
         match res {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));

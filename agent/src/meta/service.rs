@@ -30,7 +30,7 @@ use crate::AgentError;
 const MAX_BATCH: usize = 1024;
 /// Log entries proposed but not yet applied, at most. While all are in flight, new
 /// proposals queue and go out together in the next entry.
-const IN_FLIGHT_ENTRIES: usize = 8;
+const IN_FLIGHT_ENTRIES: usize = 2;
 /// How long a request waits for a leader (elections, restarts) before it fails.
 const LEADER_WAIT: Duration = Duration::from_secs(60);
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -404,6 +404,7 @@ async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: M
         }
         metrics.entries.inc();
         metrics.proposals.inc_by(proposals.len() as u64);
+        let proposed = Instant::now();
         let receiver = raft.client_write_ff(Batch(proposals)).await;
         tokio::spawn(async move {
             let result: Result<Committed, ForwardRefused> = match receiver {
@@ -418,6 +419,11 @@ async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: M
                 },
             };
             drop(permit);
+            debug!(
+                elapsed_us = proposed.elapsed().as_micros() as u64,
+                proposals = count,
+                "entry committed"
+            );
             match result {
                 Ok((mut outcomes, index)) => {
                     for (n, reply) in waiters {

@@ -21,11 +21,18 @@ use super::types::{AppliedMarker, Entry, Membership, MetaRaft, StorageError, sto
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 const MARKER_VERSION: u8 = 1;
 
+/// Applies between two durable state-machine commits, at most. The log (always durable)
+/// replays whatever a crash loses; a snapshot (after which the log is compacted) is only
+/// built from a durable state.
+const UNFLUSHED_APPLIES: u32 = 64;
+
 /// The state machine; cheap to clone.
 #[derive(Clone)]
 pub struct StateMachine {
     store: Arc<MetaStore>,
     dir: PathBuf,
+    /// Applies since the last durable commit.
+    unflushed: Arc<std::sync::atomic::AtomicU32>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -49,6 +56,7 @@ impl StateMachine {
         StateMachine {
             store,
             dir: dir.to_owned(),
+            unflushed: Arc::default(),
         }
     }
 
@@ -87,6 +95,12 @@ impl StateMachine {
     }
 
     fn build(&self) -> Result<Snapshot<MetaRaft>, StorageError> {
+        // The log up to this snapshot may be discarded next: what it covers must be on disk.
+        self.store
+            .persist()
+            .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        self.unflushed
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         let data = self
             .store
             .snapshot()
@@ -160,10 +174,30 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
         }
         let bytes = Self::encode_marker(marker.last_applied, &marker.membership)?;
         let store = self.store.clone();
-        let mut outcomes = tokio::task::spawn_blocking(move || store.apply(&batches, &bytes))
-            .await
-            .map_err(|e| sm_err(ErrorVerb::Write, e))?
-            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        let started = std::time::Instant::now();
+        let flush = self
+            .unflushed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+            >= UNFLUSHED_APPLIES;
+        if flush {
+            self.unflushed
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut outcomes = tokio::task::spawn_blocking(move || {
+            if flush {
+                store.apply(&batches, &bytes)
+            } else {
+                store.apply_unflushed(&batches, &bytes)
+            }
+        })
+        .await
+        .map_err(|e| sm_err(ErrorVerb::Write, e))?
+        .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "state machine apply"
+        );
         Ok(slots
             .into_iter()
             .map(|slot| {

@@ -239,6 +239,11 @@ impl Node {
         if let Err(e) = self.meta.raft.shutdown().await {
             warn!(error = %e, "metadata service did not stop cleanly");
         }
+        // Applies are flushed in groups; a clean stop flushes the rest (a crash replays
+        // them from the log instead).
+        if let Err(e) = self.meta.store().persist() {
+            warn!(error = %e, "could not flush the metadata state");
+        }
         if tokio::time::timeout(Duration::from_secs(2), self.transport.close())
             .await
             .is_err()

@@ -57,11 +57,15 @@ pub fn apply(
     };
     let name = reservation.cgroup.as_str();
     if fs.exists(name) {
+        // Busy only when another live instance of the same program (another agent) holds
+        // it. Other members, such as a `shoal mount` that joined the reservation of an agent
+        // that crashed, are moved out with the stale group and join again later.
+        let mine = program_of(pid);
         let others: Vec<u32> = fs
             .procs(name)
             .unwrap_or_default()
             .into_iter()
-            .filter(|p| *p != pid && std::path::Path::new(&format!("/proc/{p}")).exists())
+            .filter(|p| *p != pid && mine.is_some() && program_of(*p) == mine)
             .collect();
         if let Some(busy) = others.first() {
             return Err(GuardError::CgroupBusy {
@@ -90,6 +94,13 @@ pub fn apply(
         fs: Some(fs),
         unenforced_reason: None,
     })
+}
+
+/// The program name of a live process (`/proc/PID/comm`), None when it is gone.
+fn program_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim().to_owned())
 }
 
 impl AppliedGuard {

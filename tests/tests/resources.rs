@@ -136,3 +136,49 @@ fn impossible_reservation_is_refused_naming_the_key_and_leaves_no_cgroup() {
         );
     }
 }
+
+fn procs_of(group: &std::path::Path) -> Vec<String> {
+    read(&group.join("cgroup.procs"))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_mount_joins_its_agents_reservation_and_survives_an_agent_crash() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root for cgroups and FUSE");
+        return;
+    }
+    let c = DevCluster::up_with(1, 28, &["--reserve-memory", "512MiB", "--mount"]);
+    let mount_pid: String = read(&c.node_dir(1).join("mount.pid"));
+    let mem = v1_cgroup_dir(c.pid(1), "memory").expect("agent memory cgroup");
+    wait_for(
+        Duration::from_secs(10),
+        "the mount in the reservation",
+        || procs_of(&mem).contains(&mount_pid).then_some(()),
+    );
+    let mnt = c.node_dir(1).join("mnt");
+    std::fs::write(mnt.join("before"), b"one").expect("write");
+
+    // The agent crashes with the mount inside its group: the next agent must start anyway
+    // (a mount is not another agent), and the mount joins the new group.
+    c.signal(1, Signal::SIGKILL);
+    wait_for(Duration::from_secs(10), "agent exit", || {
+        c.exited(1).then_some(())
+    });
+    c.start();
+    assert_eq!(std::fs::read(mnt.join("before")).expect("read"), b"one");
+    std::fs::write(mnt.join("after"), b"two").expect("write after the restart");
+    let mem = v1_cgroup_dir(c.pid(1), "memory").expect("new agent memory cgroup");
+    wait_for(
+        Duration::from_secs(15),
+        "the mount back in the reservation",
+        || procs_of(&mem).contains(&mount_pid).then_some(()),
+    );
+    assert_eq!(
+        read(&c.node_dir(1).join("mount.pid")),
+        mount_pid,
+        "same mount process"
+    );
+}

@@ -264,6 +264,15 @@ impl Agent {
                 other => tracing::warn!(handle, ino, "re-open failed: {other:?}"),
             }
         }
+        // The agent restarted: join its reservation again (a crashed agent's group was
+        // replaced, with this process moved out).
+        let join = Request::JoinReservation {
+            pid: std::process::id(),
+        };
+        match conn.client.call(&join).await? {
+            Response::Joined(_) => {}
+            other => tracing::warn!("could not rejoin the agent's reservation: {other:?}"),
+        }
         *done = conn.epoch;
         Ok(())
     }
@@ -350,6 +359,13 @@ mod tests {
         let _second = fake_agent(sock, tx, |r| Some(attr_answer(r)));
         assert!(matches!(call.await.expect("join"), Ok(FsResponse::Attr(_))));
         assert_eq!(seen.recv().await, Some(Request::Fs(open)));
+        assert_eq!(
+            seen.recv().await,
+            Some(Request::JoinReservation {
+                pid: std::process::id()
+            }),
+            "the mount joins the new agent's reservation"
+        );
         assert_eq!(seen.recv().await, Some(Request::Fs(setattr)));
     }
 

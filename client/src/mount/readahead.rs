@@ -24,6 +24,10 @@ pub struct Window {
     streak: u32,
 }
 
+/// How far from the previous read's end a read still counts as sequential (the kernel's
+/// own read-ahead requests are at most a few hundred KiB apart).
+const NEAR_SLACK: u64 = 512 << 10;
+
 /// How to serve one read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Plan {
@@ -50,10 +54,11 @@ impl Window {
     pub fn plan(&mut self, offset: u64, len: u32) -> Plan {
         let end = offset.saturating_add(u64::from(len));
         // The kernel issues its own read-ahead asynchronously, so reads of one sequential
-        // stream may arrive slightly out of order: "near the previous end" counts.
-        let near = self
-            .next
-            .is_some_and(|next| offset.abs_diff(next) <= self.chunk.max(1));
+        // stream may arrive slightly out of order: "near the previous end" counts. Near is
+        // at most NEAR_SLACK, not a whole chunk: a random reader landing within a chunk of
+        // its previous read must not pay for fetching the chunk.
+        let slack = self.chunk.clamp(1, NEAR_SLACK);
+        let near = self.next.is_some_and(|next| offset.abs_diff(next) <= slack);
         self.streak = if near {
             self.streak.saturating_add(1)
         } else {
@@ -231,7 +236,7 @@ mod tests {
         assert_eq!(w.plan(0, 4096), Plan::Direct);
         assert_eq!(w.plan(4096, 4096), Plan::Chunks { first: 0, last: 0 });
         assert_eq!(
-            w.plan((1 << 20) - 100, 200),
+            w.plan(8192, (1 << 20) - 8192 + 100),
             Plan::Chunks { first: 0, last: 1 }
         );
     }
@@ -259,6 +264,14 @@ mod tests {
         w.plan(256 << 10, 128 << 10);
         assert!(matches!(w.plan(128 << 10, 128 << 10), Plan::Chunks { .. }));
         assert!(matches!(w.plan(384 << 10, 128 << 10), Plan::Chunks { .. }));
+    }
+
+    #[test]
+    fn random_reads_within_a_chunk_of_each_other_stay_direct() {
+        let mut w = Window::new(8 << 20);
+        assert_eq!(w.plan(0, 4096), Plan::Direct);
+        assert_eq!(w.plan(3 << 20, 4096), Plan::Direct);
+        assert_eq!(w.plan(1 << 20, 4096), Plan::Direct);
     }
 
     #[test]

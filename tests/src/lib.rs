@@ -10,7 +10,7 @@ pub mod fs_api;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -124,6 +124,30 @@ impl DevCluster {
         );
     }
 
+    /// Like [`DevCluster::start`], but says whether it worked instead of panicking (for
+    /// drop guards).
+    pub fn try_start(&self) -> bool {
+        let nodes = self.nodes.to_string();
+        let base_ip = self.ip(1).to_string();
+        let Some(dir) = self.path().to_str() else {
+            return false;
+        };
+        let mut args = vec![
+            "dev-cluster",
+            "up",
+            "--nodes",
+            &nodes,
+            "--dir",
+            dir,
+            "--base-ip",
+            &base_ip,
+            "--timeout",
+            "60",
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        shoal(&args).status.success()
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -220,6 +244,122 @@ impl DevCluster {
     }
 }
 
+/// Mounts (`dev-cluster up --mount`) and single agents stopped and killed.
+impl DevCluster {
+    /// Node `i`'s mountpoint (`nodeN/mnt`, mounted by `dev-cluster up --mount`).
+    pub fn mnt(&self, i: u8) -> PathBuf {
+        self.node_dir(i).join("mnt")
+    }
+
+    /// The pid of node `i`'s `shoal mount` process.
+    pub fn mount_pid(&self, i: u8) -> Pid {
+        let text =
+            std::fs::read_to_string(self.node_dir(i).join("mount.pid")).expect("mount.pid file");
+        Pid::from_raw(text.trim().parse().expect("pid"))
+    }
+
+    pub fn mount_log(&self, i: u8) -> String {
+        std::fs::read_to_string(self.node_dir(i).join("mount.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM to node `i`'s agent, and waits (up to 20 s) until it has exited.
+    pub fn stop_agent(&self, i: u8) {
+        self.signal(i, Signal::SIGTERM);
+        wait_for(Duration::from_secs(20), "the agent to stop", || {
+            self.exited(i).then_some(())
+        });
+    }
+
+    /// SIGKILL to node `i`'s agent, and waits until it is gone.
+    pub fn kill_agent(&self, i: u8) {
+        self.signal(i, Signal::SIGKILL);
+        wait_for(Duration::from_secs(10), "the agent to die", || {
+            self.exited(i).then_some(())
+        });
+    }
+
+    /// One more `shoal mount` of node `i` on `mountpoint` (created), with extra `args`
+    /// (`--allow-other`, ...); unmounted and stopped on drop. Waits until it is mounted.
+    pub fn mount_extra(&self, i: u8, mountpoint: &Path, args: &[&str]) -> ExtraMount {
+        std::fs::create_dir_all(mountpoint).expect("create the mountpoint");
+        let log = std::fs::File::create(self.node_dir(i).join("extra-mount.log")).expect("log");
+        let child = Command::new(binaries().shoal)
+            .arg("mount")
+            .arg(mountpoint)
+            .arg("--socket")
+            .arg(self.socket(i))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("run shoal mount");
+        let mut m = ExtraMount {
+            path: mountpoint.to_owned(),
+            child,
+        };
+        wait_for(Duration::from_secs(30), "the extra mount", || {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                panic!(
+                    "shoal mount exited ({status}):\n{}",
+                    std::fs::read_to_string(self.node_dir(i).join("extra-mount.log"))
+                        .unwrap_or_default()
+                );
+            }
+            is_mounted(&m.path).then_some(())
+        });
+        m
+    }
+}
+
+/// A `shoal mount` started by [`DevCluster::mount_extra`].
+pub struct ExtraMount {
+    pub path: PathBuf,
+    child: Child,
+}
+
+impl Drop for ExtraMount {
+    fn drop(&mut self) {
+        for cmd in [&["umount"][..], &["umount", "-l"]] {
+            let _ = Command::new(cmd[0])
+                .args(&cmd[1..])
+                .arg(&self.path)
+                .stderr(Stdio::null())
+                .status();
+            if !is_mounted(&self.path) {
+                break;
+            }
+        }
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `path` is a FUSE mountpoint (by /proc/self/mountinfo).
+pub fn is_mounted(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(path) = path.to_str() else {
+        return false;
+    };
+    text.lines().any(|l| {
+        let Some((left, right)) = l.split_once(" - ") else {
+            return false;
+        };
+        left.split(' ').nth(4) == Some(path) && right.starts_with("fuse")
+    })
+}
+
+/// Whether process `pid` is alive (not gone, not a zombie).
+pub fn process_alive(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z')),
+    }
+}
+
 impl Drop for DevCluster {
     fn drop(&mut self) {
         let _ = shoal(&[
@@ -273,4 +413,53 @@ pub fn http_get(addr: &str, path: &str) -> String {
     let mut body = String::new();
     s.read_to_string(&mut body).expect("read");
     body
+}
+
+/// Deterministic test bytes with no short period: byte `p` of stream `seed` is byte `p % 8`
+/// of a 64-bit mix of `(seed, p / 8)`, so a block read back from the wrong offset or the
+/// wrong file never matches. `stream_bytes(s, off, n)` is bytes `off..off + n` of stream `s`.
+pub fn stream_bytes(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let end = offset + len as u64;
+    let mut p = offset;
+    while p < end {
+        let word = mix64(seed ^ (p / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes();
+        let from = (p % 8) as usize;
+        let take = ((end - p) as usize).min(8 - from);
+        out.extend_from_slice(&word[from..from + take]);
+        p += take as u64;
+    }
+    out
+}
+
+/// splitmix64's finaliser.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Panics naming `what` and the first differing offset unless `got == want` (without
+/// printing megabytes of bytes).
+pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let first = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    panic!(
+        "{what}: {} bytes read, {} expected; first difference at offset {first}",
+        got.len(),
+        want.len()
+    );
+}
+
+/// Closes `f` and returns what close(2) said (dropping a `File` ignores it; on a mount,
+/// close reports whether the cluster committed the data).
+pub fn close(f: std::fs::File) -> nix::Result<()> {
+    nix::unistd::close(f)
 }

@@ -106,6 +106,17 @@ pub fn unmount_all(dir: &Path, nodes: &[u8]) -> usize {
 /// Unmounts `mnt`: normally, else lazily (open files keep it alive until closed).
 fn unmount(mnt: &Path) {
     let root = nix::unistd::geteuid().is_root();
+    if root {
+        // The syscall, not umount(8): the tool stats the mountpoint first, which waits on
+        // the mount process, which waits (up to --retry-for) for an agent that may be gone.
+        use nix::mount::{MntFlags, umount2};
+        if umount2(mnt, MntFlags::empty()).is_ok()
+            || umount2(mnt, MntFlags::MNT_DETACH).is_ok()
+            || !is_mounted(mnt)
+        {
+            return;
+        }
+    }
     let (plain, lazy): (&[&str], &[&str]) = if root {
         (&["umount"], &["umount", "-l"])
     } else {

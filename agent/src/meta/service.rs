@@ -199,6 +199,19 @@ impl MetaService {
         self.leader() == Some(self.me)
     }
 
+    /// Resolves once this node sees a leader other than `leader` (or none).
+    async fn leader_changes_from(&self, leader: u64) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if metrics.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// The RPC address of a member of the group.
     pub fn member_addr(&self, id: u64) -> Option<SocketAddr> {
         let metrics = self.raft.metrics();
@@ -229,11 +242,16 @@ impl MetaService {
             let res = match self.leader() {
                 Some(l) if l == self.me => self.submit_local(proposals.clone()).await,
                 Some(l) => match self.member_addr(l) {
-                    Some(addr) => self
-                        .transport
-                        .call(addr, &Forward(proposals.clone()), RPC_TIMEOUT)
-                        .await
-                        .unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
+                    Some(addr) => {
+                        let msg = Forward(proposals.clone());
+                        let call = self.transport.call(addr, &msg, RPC_TIMEOUT);
+                        tokio::select! {
+                            r = call => r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
+                            // A dead leader never answers: resend (same request ids) to
+                            // the next one as soon as there is one.
+                            _ = self.leader_changes_from(l) => Err(ForwardRefused::NotLeader(None)),
+                        }
+                    }
                     None => Err(ForwardRefused::NotLeader(None)),
                 },
                 None => Err(ForwardRefused::NotLeader(None)),
@@ -286,11 +304,13 @@ impl MetaService {
                     Err(e) => Err(ForwardRefused::Failed(e.to_string())),
                 },
                 Some(l) => match self.member_addr(l) {
-                    Some(addr) => self
-                        .transport
-                        .call(addr, &ReadIndex, RPC_TIMEOUT)
-                        .await
-                        .unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
+                    Some(addr) => {
+                        let call = self.transport.call(addr, &ReadIndex, RPC_TIMEOUT);
+                        tokio::select! {
+                            r = call => r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
+                            _ = self.leader_changes_from(l) => Err(ForwardRefused::NotLeader(None)),
+                        }
+                    }
                     None => Err(ForwardRefused::NotLeader(None)),
                 },
                 None => Err(ForwardRefused::NotLeader(None)),

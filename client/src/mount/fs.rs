@@ -79,7 +79,7 @@ fn empty(reply: ReplyEmpty, result: Result<(), Errno>) {
 fn entry_reply(state: &FsState, reply: ReplyEntry, result: Result<FileAttr, Errno>) {
     match result {
         Ok(a) => reply.entry_with_ttls(
-            &state.attr_ttl,
+            &state.attr_ttl_of(&a),
             &state.entry_ttl,
             &to_kernel(&a),
             Generation(0),
@@ -90,7 +90,7 @@ fn entry_reply(state: &FsState, reply: ReplyEntry, result: Result<FileAttr, Errn
 
 fn attr_reply(state: &FsState, reply: ReplyAttr, result: Result<FileAttr, Errno>) {
     match result {
-        Ok(a) => reply.attr(&state.attr_ttl, &to_kernel(&a)),
+        Ok(a) => reply.attr(&state.attr_ttl_of(&a), &to_kernel(&a)),
         Err(e) => reply.error(e),
     }
 }
@@ -522,8 +522,10 @@ impl fuser::Filesystem for ShoalFs {
                 s.create(parent.0, name, node, exclusive, truncate).await
             },
             move |s, r| match r {
+                // One TTL for both the name and the attributes here: the file's (0 by
+                // default), so another node's write is seen at the next open.
                 Ok((a, fh)) => reply.created(
-                    &s.entry_ttl,
+                    &s.attr_ttl_of(&a),
                     &to_kernel(&a),
                     Generation(0),
                     FileHandle(fh),

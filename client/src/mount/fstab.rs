@@ -61,6 +61,7 @@ const IGNORED: &[&str] = &[
 const VALUED: &[&str] = &[
     "socket",
     "attr_ttl_ms",
+    "file_attr_ttl_ms",
     "entry_ttl_ms",
     "threads",
     "write_buffer",

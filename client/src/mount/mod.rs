@@ -50,9 +50,15 @@ pub struct MountArgs {
     /// `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
     pub allow_other: bool,
-    /// How long the kernel may cache attributes, in milliseconds.
+    /// How long the kernel may cache attributes of directories, symlinks and other
+    /// non-files, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub attr_ttl_ms: u64,
+    /// How long the kernel may cache a regular file's attributes, in milliseconds. 0 (the
+    /// default) makes every open see the size another node committed before it
+    /// (close-to-open); raise it only where files are not shared between nodes.
+    #[arg(long, default_value_t = 0)]
+    pub file_attr_ttl_ms: u64,
     /// How long the kernel may cache a name → inode lookup, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub entry_ttl_ms: u64,

@@ -25,6 +25,8 @@ pub struct FsState {
     /// File and directory handles share one counter; never 0.
     next_handle: AtomicU64,
     pub attr_ttl: Duration,
+    /// Attribute TTL of regular files (0 by default: see `--file-attr-ttl-ms`).
+    pub file_attr_ttl: Duration,
     pub entry_ttl: Duration,
 }
 
@@ -45,7 +47,17 @@ impl FsState {
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             attr_ttl: Duration::from_millis(args.attr_ttl_ms),
+            file_attr_ttl: Duration::from_millis(args.file_attr_ttl_ms),
             entry_ttl: Duration::from_millis(args.entry_ttl_ms),
+        }
+    }
+
+    /// How long the kernel may keep `attr`: regular files change size on other nodes.
+    pub fn attr_ttl_of(&self, attr: &FileAttr) -> Duration {
+        if attr.kind == FileKind::File {
+            self.file_attr_ttl
+        } else {
+            self.attr_ttl
         }
     }
 

@@ -8,6 +8,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$(cd "${1:?usage: $0 BIN_DIR}" && pwd)
 shoal=$bin/shoal
 dir=$(mktemp -d /tmp/shoal-pjdfstest.XXXXXX)
+# mktemp makes it 0700; pjdfstest's other users must be able to reach the mount below it.
+chmod 755 "$dir"
 mnt=$dir/mnt
 out=${PJDFSTEST_OUT:-/var/tmp/shoal-pjdfstest}
 

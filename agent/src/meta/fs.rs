@@ -80,17 +80,11 @@ impl FsService {
         let store = self.meta.store();
         Ok(match req {
             FsRequest::Lookup { parent, name } => {
-                let attr = match store.lookup(parent, &name) {
-                    Err(MetaError::Fs(FsError::NotFound)) => {
-                        // Maybe created on another node a moment ago: read at the
-                        // leader's commit point before answering "no such file".
-                        self.meta.barrier().await?;
-                        store.lookup(parent, &name)
-                    }
-                    other => other,
-                }
-                .map_err(from_meta)?;
-                FsResponse::Entry(attr)
+                // At the leader's commit point: a name another node just created, removed
+                // or renamed over must resolve as it does there now (the kernel then caches
+                // the answer for the entry TTL). Concurrent lookups share one round.
+                self.meta.barrier().await?;
+                FsResponse::Entry(store.lookup(parent, &name).map_err(from_meta)?)
             }
             FsRequest::GetAttr { ino } => FsResponse::Attr(self.getattr_fresh(ino).await?),
             FsRequest::ReadLink { ino } => {

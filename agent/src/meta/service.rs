@@ -55,6 +55,8 @@ pub struct MetaService {
     batcher: mpsc::Sender<Pending>,
     pub metrics: MetaMetrics,
     started: Instant,
+    /// When the last completed read-barrier round started (see [`Self::barrier`]).
+    barrier_round: tokio::sync::Mutex<Option<Instant>>,
     /// Inodes the local mounts hold open: (mount session, handle) → (inode, the mount's
     /// pid when known).
     held: Mutex<Holds>,
@@ -109,6 +111,7 @@ impl MetaService {
             batcher: tx,
             metrics: metrics.clone(),
             started: Instant::now(),
+            barrier_round: tokio::sync::Mutex::new(None),
             held: Mutex::new(HashMap::new()),
         });
         tokio::spawn(batch_proposals(service.raft.clone(), rx, metrics));
@@ -293,8 +296,23 @@ impl MetaService {
     }
 
     /// Waits until the local replica has applied everything committed before this call
-    /// (a linearizable read point).
+    /// (a linearizable read point). Concurrent callers share rounds: a round that started
+    /// after a caller arrived covers it (its read index is at least the commit index at
+    /// the caller's arrival), so one round at a time serves every caller queued behind it.
     pub async fn barrier(&self) -> Result<(), FsError> {
+        let arrived = Instant::now();
+        let mut last_round = self.barrier_round.lock().await;
+        if last_round.is_some_and(|started| started >= arrived) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.read_index_round().await?;
+        *last_round = Some(started);
+        Ok(())
+    }
+
+    /// One read-index round: the leader's read index, then wait until applied here.
+    async fn read_index_round(&self) -> Result<(), FsError> {
         let deadline = Instant::now() + LEADER_WAIT;
         let mut pause = Duration::from_millis(20);
         loop {

@@ -32,7 +32,16 @@ fn detection_limit(c: &DevCluster) -> Duration {
 fn five_agents_form_a_cluster_and_report_every_member() {
     let c = DevCluster::up(5, 21);
     for observer in 1..=5 {
-        let status = c.status(observer).expect("status answers");
+        // Membership converges first; facts (failure domain, capacity, addresses) follow
+        // as gossip broadcasts, a moment later on a loaded machine.
+        let (status, _) = wait_for(Duration::from_secs(20), "every member's facts", || {
+            let status = c.status(observer)?;
+            let complete = status["nodes"]
+                .as_array()?
+                .iter()
+                .all(|n| !n["failure_domain"].is_null() && !n["rpc_addr"].is_null());
+            complete.then_some(status)
+        });
         let nodes = status["nodes"].as_array().expect("nodes array");
         assert_eq!(nodes.len(), 5, "node{observer} sees {status}");
         assert!(states(&status).iter().all(|s| s == "alive"), "{status}");

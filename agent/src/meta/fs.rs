@@ -220,11 +220,7 @@ impl FsService {
             .store()
             .file_range(ino, offset, len)
             .map_err(from_meta)?;
-        match data.attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(FsError::IsDir),
-            _ => return Err(FsError::Invalid),
-        }
+        regular_file(data.attr.kind)?;
         let end = offset.saturating_add(len).min(data.attr.size);
         if offset >= end {
             return Ok(Vec::new());
@@ -270,11 +266,7 @@ impl FsService {
     ) -> Result<FileAttr, FsError> {
         let store = self.meta.store();
         let current = store.file_data(ino).map_err(from_meta)?;
-        match current.attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(FsError::IsDir),
-            _ => return Err(FsError::Invalid),
-        }
+        regular_file(current.attr.kind)?;
         if data.is_empty() {
             return Ok(current.attr);
         }
@@ -452,6 +444,15 @@ impl FsService {
             files_free: u32::MAX as u64,
             block_size: (ec.k as u64 * DEFAULT_SHARD_SIZE) as u32,
         })
+    }
+}
+
+/// File data is read and written only on regular files.
+fn regular_file(kind: FileKind) -> Result<(), FsError> {
+    match kind {
+        FileKind::File => Ok(()),
+        FileKind::Dir => Err(FsError::IsDir),
+        _ => Err(FsError::Invalid),
     }
 }
 

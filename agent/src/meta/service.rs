@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use shoal_agent_api::{FsError, Ino};
-use shoal_mesh::Transport;
+use shoal_mesh::{Rpc, Transport};
 use shoal_meta::{Batch, MetaStore, Outcome, Proposal};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, warn};
@@ -202,6 +202,23 @@ impl MetaService {
         self.leader() == Some(self.me)
     }
 
+    /// Sends `msg` to `leader`. A dead leader never answers: the call gives up as soon as
+    /// this node sees another leader (or none), and the caller resends (same request ids).
+    async fn ask_leader<M, T>(&self, leader: u64, msg: &M) -> Result<T, ForwardRefused>
+    where
+        M: Rpc<Response = Result<T, ForwardRefused>>,
+    {
+        let Some(addr) = self.member_addr(leader) else {
+            return Err(ForwardRefused::NotLeader(None));
+        };
+        tokio::select! {
+            r = self.transport.call(addr, msg, RPC_TIMEOUT) => {
+                r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string())))
+            }
+            _ = self.leader_changes_from(leader) => Err(ForwardRefused::NotLeader(None)),
+        }
+    }
+
     /// Resolves once this node sees a leader other than `leader` (or none).
     async fn leader_changes_from(&self, leader: u64) {
         let mut metrics = self.raft.metrics();
@@ -244,19 +261,7 @@ impl MetaService {
         loop {
             let res = match self.leader() {
                 Some(l) if l == self.me => self.submit_local(proposals.clone()).await,
-                Some(l) => match self.member_addr(l) {
-                    Some(addr) => {
-                        let msg = Forward(proposals.clone());
-                        let call = self.transport.call(addr, &msg, RPC_TIMEOUT);
-                        tokio::select! {
-                            r = call => r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
-                            // A dead leader never answers: resend (same request ids) to
-                            // the next one as soon as there is one.
-                            _ = self.leader_changes_from(l) => Err(ForwardRefused::NotLeader(None)),
-                        }
-                    }
-                    None => Err(ForwardRefused::NotLeader(None)),
-                },
+                Some(l) => self.ask_leader(l, &Forward(proposals.clone())).await,
                 None => Err(ForwardRefused::NotLeader(None)),
             };
             match res {
@@ -321,16 +326,7 @@ impl MetaService {
                     Ok(_) => return Ok(()),
                     Err(e) => Err(ForwardRefused::Failed(e.to_string())),
                 },
-                Some(l) => match self.member_addr(l) {
-                    Some(addr) => {
-                        let call = self.transport.call(addr, &ReadIndex, RPC_TIMEOUT);
-                        tokio::select! {
-                            r = call => r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string()))),
-                            _ = self.leader_changes_from(l) => Err(ForwardRefused::NotLeader(None)),
-                        }
-                    }
-                    None => Err(ForwardRefused::NotLeader(None)),
-                },
+                Some(l) => self.ask_leader(l, &ReadIndex).await,
                 None => Err(ForwardRefused::NotLeader(None)),
             };
             match index {

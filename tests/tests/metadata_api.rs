@@ -40,6 +40,9 @@ async fn namespace_and_data_are_shared_by_every_node() {
     // An overwrite in the middle is copy-on-write and reads back merged.
     let patch = pattern(100_000, 3);
     a.write(big, 5_000_000, patch.clone()).await;
+    // Close-to-open: the reader opens after the write returned. Without the open, node 3's
+    // replica may not have applied the commit yet (the API promises no more than that).
+    b.open(big).await;
     let got = b.read(big, 4_990_000, 120_000).await;
     assert_eq!(&got[..10_000], &big_bytes[4_990_000..5_000_000]);
     assert_eq!(&got[10_000..110_000], &patch[..]);

@@ -381,11 +381,13 @@ fn wait_converged(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<()
         missing = Vec::new();
         for i in 1..=nodes {
             let sock = node_dir(dir, i).join("agent.sock");
-            let alive = rt.block_on(alive_count(&sock));
-            if alive != Some(nodes as usize) {
+            let ready = rt.block_on(ready_count(&sock));
+            if ready != Some(nodes as usize) {
                 missing.push(format!(
                     "node{i} sees {}",
-                    alive.map_or("nothing (not answering)".into(), |n| format!("{n} alive"))
+                    ready.map_or("nothing (not answering)".into(), |n| format!(
+                        "{n} alive with their addresses and failure domains"
+                    ))
                 ));
             }
         }
@@ -402,13 +404,20 @@ fn wait_converged(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<()
     }
 }
 
-async fn alive_count(sock: &Path) -> Option<usize> {
+/// Members the agent at `sock` sees alive and whose gossiped facts (RPC address, failure
+/// domain) have arrived: facts follow membership by a gossip round or two, and placement
+/// cannot use a member without them.
+async fn ready_count(sock: &Path) -> Option<usize> {
     let mut client = AgentClient::connect(sock).await.ok()?;
     match client.call(&Request::Status).await.ok()? {
         Response::Status(r) => Some(
             r.nodes
                 .iter()
-                .filter(|n| n.state == MemberState::Alive)
+                .filter(|n| {
+                    n.state == MemberState::Alive
+                        && n.rpc_addr.is_some()
+                        && n.failure_domain.is_some()
+                })
                 .count(),
         ),
         _ => None,
@@ -465,11 +474,19 @@ pub fn stop_process(nd: &Path, pid_file: &str) -> bool {
         return false;
     };
     let _ = kill(pid, Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut deadline = Instant::now() + Duration::from_secs(10);
+    let mut killed = false;
+    // Wait for the process to be gone after SIGKILL too (a restart must not find the old
+    // agent still holding its database lock or ports), but not forever: a process stuck in
+    // uninterruptible sleep does not die.
     while kill(pid, None).is_ok() && !is_zombie(pid) {
         if Instant::now() > deadline {
+            if killed {
+                break;
+            }
             let _ = kill(pid, Signal::SIGKILL);
-            break;
+            killed = true;
+            deadline = Instant::now() + Duration::from_secs(5);
         }
         std::thread::sleep(Duration::from_millis(50));
     }

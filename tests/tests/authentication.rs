@@ -77,12 +77,14 @@ fn agent_of_another_cluster_cannot_join_and_is_counted() {
     .expect("write");
 
     let log = std::fs::File::create(p("agent.log")).expect("log");
-    let mut outsider = Command::new(binaries().agent)
-        .args(["--config", &p("agent.toml")])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start outsider");
+    let _outsider = KillOnDrop(
+        Command::new(binaries().agent)
+            .args(["--config", &p("agent.toml")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start outsider"),
+    );
 
     // The cluster counts the outsider's packets as rejected ...
     wait_for(
@@ -114,9 +116,17 @@ fn agent_of_another_cluster_cannot_join_and_is_counted() {
     // Rejections are logged once per source, not once per packet.
     let rejections = c.log(1).matches("rejected gossip packet").count();
     assert_eq!(rejections, 1, "node1 log:\n{}", c.log(1));
+}
 
-    let _ = outsider.kill();
-    let _ = outsider.wait();
+/// The outsider agent goes with the test, also when an assertion fails (it would hold
+/// its addresses against a rerun).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]

@@ -45,7 +45,9 @@ async fn leader_kill_during_writes_loses_no_acknowledged_write() {
             "{name} differs after the leader was killed"
         );
     }
-    let new_leader = c.meta_leader(reader).expect("a new leader");
+    let (new_leader, _) = wait_for(Duration::from_secs(10), "a new leader", || {
+        c.meta_leader(reader)
+    });
     assert_ne!(new_leader, leader);
 }
 
@@ -100,8 +102,10 @@ async fn shards_never_committed_are_collected_and_committed_ones_kept() {
         3,
         38,
         &[
+            // Longer than any commit on a loaded machine (a committed stripe's shards are
+            // unknown to a replica until it applies the commit), far below the default.
             "--meta",
-            "orphan_shard_grace_s=2",
+            "orphan_shard_grace_s=8",
             "--meta",
             "gc_interval_s=1",
         ],

@@ -216,7 +216,9 @@ fn leader_kill_under_mount_writes_loses_no_fsynced_file() {
         "writes failed across the leader kill: {failed:?}\nmount.log:\n{}",
         c.mount_log(writer_node)
     );
-    let new_leader = c.meta_leader(reader).expect("a new leader");
+    let (new_leader, _) = wait_for(Duration::from_secs(10), "a new leader", || {
+        c.meta_leader(reader)
+    });
     assert_ne!(new_leader, leader);
 
     // The old leader comes back, and its mount (idle while its agent was dead) serves the

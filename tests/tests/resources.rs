@@ -45,7 +45,10 @@ fn agent_runs_inside_its_reservation_and_removes_its_cgroup_at_stop() {
             .any(|l| l == pid.to_string())
     );
 
-    let status = c.status(1).expect("status");
+    // The GPU sampler's first sample may still be on its way right after start.
+    let (status, _) = wait_for(Duration::from_secs(10), "the first GPU sample", || {
+        c.status(1).filter(|s| !s["gpu"]["note"].is_null())
+    });
     let r = &status["resources"];
     assert_eq!(r["enforced"], true, "{status}");
     assert_eq!(r["memory_limit_bytes"], 512u64 << 20);

@@ -3,8 +3,8 @@
 //! Every table is keyed by inode first — `inodes(ino)`, `dirents((parent, name))`,
 //! `extents((ino, offset))`, `orphans(ino)` — so a later split of the namespace into Raft
 //! groups by `hash(ino)` is a key filter. A stripe (`stripes(id)`, `garbage(id)`) belongs
-//! to the group of the inode whose extents reference it. `dedup((client, seq))` and
-//! `state(name)` are per group.
+//! to the group of the inode whose extents reference it. `dedup((client, seq))`,
+//! `clients(client)` and `state(name)` are per group.
 //!
 //! Every value is one version byte ([`RECORD_VERSION`]) followed by the postcard encoding
 //! of the record, so a later format can be told apart from this one. The applied marker is
@@ -37,6 +37,9 @@ pub(crate) const GARBAGE: TableDefinition<u128, Bytes> = TableDefinition::new("g
 pub(crate) const ORPHANS: TableDefinition<u64, Bytes> = TableDefinition::new("orphans");
 /// (Client, seq) → the [`crate::Outcome`] of the first application of that request.
 pub(crate) const DEDUP: TableDefinition<(u64, u64), Bytes> = TableDefinition::new("dedup");
+/// Client → [`Timestamp`] of its latest request in `dedup`: a client idle for
+/// [`crate::tx::CLIENT_IDLE_SECS`] is forgotten with its requests.
+pub(crate) const CLIENTS: TableDefinition<u64, Bytes> = TableDefinition::new("clients");
 /// Name → value; the names are the `KEY_*` constants.
 pub(crate) const STATE: TableDefinition<&str, Bytes> = TableDefinition::new("state");
 
@@ -48,6 +51,8 @@ pub(crate) const KEY_LAYOUT: &str = "layout";
 pub(crate) const KEY_APPLIED: &str = "applied";
 /// `state` key: the sum of `len` over live stripes (u64 record).
 pub(crate) const KEY_STRIPE_BYTES: &str = "stripe_bytes";
+/// `state` key: the client the idle-client sweep looks at next (u64 record).
+pub(crate) const KEY_CLIENT_SWEEP: &str = "client_sweep";
 
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;

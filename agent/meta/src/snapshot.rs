@@ -1,7 +1,9 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`]. Records inside are decoded (and so checked) on install.
+//! encoding of [`SnapshotV1`] and, from version 2, of [`Clients`] after it. Version 1
+//! snapshots (no clients) still install. Records inside are decoded (and so
+//! checked) on install.
 
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -9,16 +11,16 @@ use shoal_agent_api::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::Layout;
 
 use crate::record::{
-    self, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
-    InodeRecord, KEY_APPLIED, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, STATE, STRIPES,
-    StripeEntry, decode, decode_exact, encode,
+    self, CLIENTS, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
+    InodeRecord, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
+    ORPHANS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
 };
 use crate::{MetaError, MetaStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 1;
+const SNAPSHOT_VERSION: u8 = 2;
 
-/// Everything the state machine holds.
+/// Everything the state machine holds but the clients table (version 2 appends it).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct SnapshotV1 {
     applied: Option<Vec<u8>>,
@@ -76,19 +78,24 @@ impl MetaStore {
                 (RequestId { client, seq }, v)
             })?,
         };
+        let clients = Clients {
+            clients: rows(&txn.open_table(CLIENTS)?, "client", |k, v| (k, v))?,
+            sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
+        };
         let mut out = MAGIC.to_vec();
         out.push(SNAPSHOT_VERSION);
-        postcard::to_extend(&snap, out)
-            .map_err(|e| MetaError::Storage(format!("encoding the snapshot: {e}")))
+        let encoding = |e| MetaError::Storage(format!("encoding the snapshot: {e}"));
+        let out = postcard::to_extend(&snap, out).map_err(encoding)?;
+        postcard::to_extend(&clients, out).map_err(encoding)
     }
 
     /// Replaces the whole state with `snapshot`, atomically. Bytes that are not a snapshot
     /// of a known version are refused with [`MetaError::Corrupt`] and change nothing.
     pub fn install(&self, snapshot: &[u8]) -> Result<(), MetaError> {
-        let snap = parse(snapshot)?;
+        let (snap, clients) = parse(snapshot)?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
-        write_all(&txn, &snap)?;
+        write_all(&txn, &snap, &clients)?;
         txn.commit()?;
         Ok(())
     }
@@ -97,29 +104,43 @@ impl MetaStore {
 /// The applied marker a snapshot carries (how far it covers the log), read without
 /// decoding the rest: it is the first field of every version's body.
 pub fn snapshot_marker(snapshot: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-    let body = body(snapshot)?;
+    let (_, body) = body(snapshot)?;
     postcard::take_from_bytes::<Option<Vec<u8>>>(body)
         .map(|(marker, _)| marker)
         .map_err(|e| MetaError::Corrupt(format!("snapshot marker: {e}")))
 }
 
-fn body(bytes: &[u8]) -> Result<&[u8], MetaError> {
+/// The clients table and the idle-client sweep's position (version 2 on).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Clients {
+    clients: Vec<(u64, Timestamp)>,
+    sweep: u64,
+}
+
+/// The version byte and the body after it.
+fn body(bytes: &[u8]) -> Result<(u8, &[u8]), MetaError> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(MetaError::Corrupt(
             "not a metadata snapshot (bad magic)".into(),
         ));
     };
     match rest.split_first() {
-        Some((&SNAPSHOT_VERSION, body)) => Ok(body),
+        Some((&v, body)) if (1..=SNAPSHOT_VERSION).contains(&v) => Ok((v, body)),
         Some((v, _)) => Err(MetaError::Corrupt(format!(
-            "snapshot version {v} unknown (this build reads {SNAPSHOT_VERSION})"
+            "snapshot version {v} unknown (this build reads 1 to {SNAPSHOT_VERSION})"
         ))),
         None => Err(MetaError::Corrupt("snapshot truncated".into())),
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<SnapshotV1, MetaError> {
-    decode_exact(body(bytes)?, "snapshot")
+fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Clients), MetaError> {
+    let (version, body) = body(bytes)?;
+    if version == 1 {
+        return Ok((decode_exact(body, "snapshot")?, Clients::default()));
+    }
+    let (snap, rest) = postcard::take_from_bytes(body)
+        .map_err(|e| MetaError::Corrupt(format!("snapshot: {e}")))?;
+    Ok((snap, decode_exact(rest, "snapshot clients")?))
 }
 
 /// Empties a table (deleting and recreating it).
@@ -132,7 +153,11 @@ fn clear<K: redb::Key + 'static>(
     Ok(())
 }
 
-fn write_all(txn: &WriteTransaction, snap: &SnapshotV1) -> Result<(), MetaError> {
+fn write_all(
+    txn: &WriteTransaction,
+    snap: &SnapshotV1,
+    clients: &Clients,
+) -> Result<(), MetaError> {
     clear(txn, INODES)?;
     clear(txn, DIRENTS)?;
     clear(txn, EXTENTS)?;
@@ -140,6 +165,7 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1) -> Result<(), MetaError>
     clear(txn, GARBAGE)?;
     clear(txn, ORPHANS)?;
     clear(txn, DEDUP)?;
+    clear(txn, CLIENTS)?;
     clear(txn, STATE)?;
 
     let mut t = txn.open_table(INODES)?;
@@ -172,9 +198,16 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1) -> Result<(), MetaError>
     for (id, outcome) in &snap.dedup {
         t.insert((id.client, id.seq), encode(outcome)?.as_slice())?;
     }
+    let mut t = txn.open_table(CLIENTS)?;
+    for (client, last) in &clients.clients {
+        t.insert(*client, encode(last)?.as_slice())?;
+    }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
     t.insert(KEY_STRIPE_BYTES, encode(&stripe_bytes)?.as_slice())?;
+    if clients.sweep != 0 {
+        t.insert(KEY_CLIENT_SWEEP, encode(&clients.sweep)?.as_slice())?;
+    }
     if let Some(layout) = &snap.layout {
         t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
     }
@@ -261,6 +294,29 @@ mod tests {
     }
 
     #[test]
+    fn version_1_snapshot_installs_without_clients() {
+        let kit = populated();
+        let v2 = kit.store.snapshot().expect("snapshot");
+        let tail = postcard::to_allocvec(&super::Clients {
+            clients: vec![(1, crate::testkit::at(kit.clock))],
+            sweep: 0,
+        })
+        .expect("encode");
+        assert!(v2.ends_with(&tail), "one client, seen at the last apply");
+        let mut v1 = v2[..v2.len() - tail.len()].to_vec();
+        v1[4] = 1;
+        let mut other = Kit::new();
+        other.store.install(&v1).expect("install v1");
+        assert_eq!(other.names(ROOT_INO), ["d", "g", "s"]);
+        // The requests came along; only the clients table is empty.
+        let repeat = other.run_with(
+            Some(RequestId { client: 1, seq: 1 }),
+            mknode_cmd(ROOT_INO, "s", FileKind::Symlink),
+        );
+        assert!(matches!(repeat, crate::Outcome::Attr(_)));
+    }
+
+    #[test]
     fn corrupt_snapshot_is_an_error() {
         let kit = populated();
         let snap = kit.store.snapshot().expect("snapshot");
@@ -268,7 +324,7 @@ mod tests {
         let mut bad_magic = snap.clone();
         bad_magic[0] = b'X';
         let mut bad_version = snap.clone();
-        bad_version[4] = 2;
+        bad_version[4] = 3;
         let mut flipped = snap.clone();
         for byte in flipped.iter_mut().skip(5).step_by(7) {
             *byte ^= 0xa5;

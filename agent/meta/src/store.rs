@@ -8,7 +8,7 @@ use shoal_agent_api::Timestamp;
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
-    DEDUP, DIRENTS, EXTENTS, GARBAGE, INODES, KEY_APPLIED, ORPHANS, STATE, STRIPES,
+    CLIENTS, DEDUP, DIRENTS, EXTENTS, GARBAGE, INODES, KEY_APPLIED, ORPHANS, STATE, STRIPES,
 };
 use crate::tx::Tx;
 use crate::{Batch, Command, MetaError, Outcome, data};
@@ -39,6 +39,7 @@ impl MetaStore {
         txn.open_table(GARBAGE)?;
         txn.open_table(ORPHANS)?;
         txn.open_table(DEDUP)?;
+        txn.open_table(CLIENTS)?;
         txn.open_table(STATE)?;
         txn.commit()?;
         Ok(MetaStore { db })
@@ -98,7 +99,8 @@ impl MetaStore {
                         Err(e) => return Err(e),
                     };
                     if let Some(id) = proposal.id {
-                        tx.dedup_put(id, &outcome)?;
+                        tx.dedup_put(id, proposal.now, &outcome)?;
+                        tx.expire_idle_clients(proposal.now)?;
                     }
                     outcomes.push(outcome);
                 }
@@ -248,6 +250,51 @@ mod tests {
         );
         let forgotten = kit.run_with(id(1), mknode_cmd(ROOT_INO, "a", FileKind::File));
         assert_eq!(forgotten, Outcome::Failed(FsError::Exists));
+    }
+
+    #[test]
+    fn idle_clients_are_forgotten_with_their_requests() {
+        use crate::record::{CLIENTS, DEDUP};
+        use crate::tx::CLIENT_IDLE_SECS;
+        use redb::{ReadableDatabase, ReadableTableMetadata};
+
+        let mut kit = Kit::new();
+        let req = |client, seq| Some(RequestId { client, seq });
+        let rows = |kit: &Kit| {
+            let txn = kit.store.db.begin_read().expect("read");
+            let dedup = txn.open_table(DEDUP).expect("dedup").len().expect("len");
+            let clients = txn
+                .open_table(CLIENTS)
+                .expect("clients")
+                .len()
+                .expect("len");
+            (dedup, clients)
+        };
+        let gone = kit.run_with(req(7, 1), mknode_cmd(ROOT_INO, "gone", FileKind::File));
+        kit.run_with(req(7, 2), mknode_cmd(ROOT_INO, "gone2", FileKind::File));
+        kit.clock += CLIENT_IDLE_SECS / 2;
+        let kept = kit.run_with(req(8, 1), mknode_cmd(ROOT_INO, "kept", FileKind::File));
+        assert_eq!(rows(&kit), (3, 2));
+        // Client 7 has now been idle for longer than the limit, client 8 not.
+        kit.clock += CLIENT_IDLE_SECS / 2 + 10;
+        for seq in 1..=3 {
+            let name = format!("n{seq}");
+            kit.run_with(req(9, seq), mknode_cmd(ROOT_INO, &name, FileKind::File));
+        }
+        assert_eq!(rows(&kit), (4, 2), "client 7 and its two requests are gone");
+        let again = kit.run_with(req(8, 1), mknode_cmd(ROOT_INO, "kept", FileKind::File));
+        assert_eq!(again, kept, "a client inside the limit is still answered");
+        let again = kit.run_with(req(7, 1), mknode_cmd(ROOT_INO, "gone", FileKind::File));
+        assert_ne!(again, gone);
+        assert_eq!(again, Outcome::Failed(FsError::Exists), "applied anew");
+        // The state survives a restart, and the sweep goes on from where it was.
+        let mut kit = kit.restart();
+        kit.clock += CLIENT_IDLE_SECS + 10;
+        for seq in 4..=8 {
+            let name = format!("n{seq}");
+            kit.run_with(req(9, seq), mknode_cmd(ROOT_INO, &name, FileKind::File));
+        }
+        assert_eq!(rows(&kit), (8, 1), "only client 9 is left");
     }
 
     #[test]

@@ -12,14 +12,24 @@ use shoal_agent_api::{Ino, ROOT_INO, RequestId, StripeRecord, Timestamp};
 use shoal_placement::{Layout, StripeId};
 
 use crate::record::{
-    self, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
-    InodeRecord, KEY_APPLIED, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, STATE, STRIPES,
-    StripeEntry, decode, encode,
+    self, CLIENTS, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
+    InodeRecord, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
+    ORPHANS, STATE, STRIPES, StripeEntry, decode, encode,
 };
 use crate::{MetaError, Outcome};
 
 /// How many recent request ids per client keep their outcome.
 pub(crate) const DEDUP_WINDOW: u64 = 4096;
+
+/// A client (a mount session) with no request for this long is forgotten, with the
+/// outcomes kept for it: a mount retries a request for minutes at most, and without this
+/// every mount session ever started would keep up to [`DEDUP_WINDOW`] rows. Measured on
+/// the proposals' clocks, so agents' clocks skewed by more than this would shorten it.
+pub(crate) const CLIENT_IDLE_SECS: i64 = 3600;
+
+/// How many clients one request-carrying proposal checks for idleness. Clients only
+/// appear through proposals, so the sweep keeps pace with their arrival.
+const CLIENT_SWEEP_STEP: usize = 2;
 
 type Bytes = &'static [u8];
 
@@ -37,6 +47,7 @@ pub(crate) struct Tx<'t> {
     garbage: Table<'t, u128, Bytes>,
     orphans: Table<'t, u64, Bytes>,
     dedup: Table<'t, (u64, u64), Bytes>,
+    clients: Table<'t, u64, Bytes>,
     state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
@@ -56,6 +67,7 @@ impl<'t> Tx<'t> {
             garbage: txn.open_table(GARBAGE)?,
             orphans: txn.open_table(ORPHANS)?,
             dedup: txn.open_table(DEDUP)?,
+            clients: txn.open_table(CLIENTS)?,
             state,
             cache: BTreeMap::new(),
             next_ino,
@@ -310,11 +322,17 @@ impl<'t> Tx<'t> {
         }
     }
 
-    /// Remembers a request's outcome and forgets the client's requests that fell out of
-    /// the window (seq below the highest seen minus [`DEDUP_WINDOW`]).
-    pub(crate) fn dedup_put(&mut self, id: RequestId, outcome: &Outcome) -> Result<(), MetaError> {
+    /// Remembers a request's outcome, applied at `now`, and forgets the client's requests
+    /// that fell out of the window (seq below the highest seen minus [`DEDUP_WINDOW`]).
+    pub(crate) fn dedup_put(
+        &mut self,
+        id: RequestId,
+        now: Timestamp,
+        outcome: &Outcome,
+    ) -> Result<(), MetaError> {
         self.dedup
             .insert((id.client, id.seq), encode(outcome)?.as_slice())?;
+        self.clients.insert(id.client, encode(&now)?.as_slice())?;
         let highest = match self
             .dedup
             .range((id.client, 0)..=(id.client, u64::MAX))?
@@ -332,6 +350,40 @@ impl<'t> Tx<'t> {
         }
         for seq in stale {
             self.dedup.remove((id.client, seq))?;
+        }
+        Ok(())
+    }
+
+    /// Checks the next few clients (in id order, wrapping around) and forgets those idle
+    /// for [`CLIENT_IDLE_SECS`] before `now`, with every outcome kept for them.
+    pub(crate) fn expire_idle_clients(&mut self, now: Timestamp) -> Result<(), MetaError> {
+        let start = record::read_state_u64(&self.state, KEY_CLIENT_SWEEP, 0)?;
+        let mut seen: Vec<(u64, Timestamp)> = Vec::with_capacity(CLIENT_SWEEP_STEP);
+        for item in self.clients.range(start..)?.take(CLIENT_SWEEP_STEP) {
+            let (client, at) = item?;
+            seen.push((client.value(), decode(at.value(), "client")?));
+        }
+        let next = match seen.last() {
+            Some(&(client, _)) if seen.len() == CLIENT_SWEEP_STEP => client.saturating_add(1),
+            _ => 0,
+        };
+        if next != start {
+            self.state
+                .insert(KEY_CLIENT_SWEEP, encode(&next)?.as_slice())?;
+        }
+        let cutoff = now.secs.saturating_sub(CLIENT_IDLE_SECS);
+        for (client, last) in seen {
+            if last.secs >= cutoff {
+                continue;
+            }
+            let mut seqs = Vec::new();
+            for item in self.dedup.range((client, 0)..=(client, u64::MAX))? {
+                seqs.push(item?.0.value().1);
+            }
+            for seq in seqs {
+                self.dedup.remove((client, seq))?;
+            }
+            self.clients.remove(client)?;
         }
         Ok(())
     }

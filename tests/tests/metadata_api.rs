@@ -82,4 +82,47 @@ async fn namespace_and_data_are_shared_by_every_node() {
     );
     assert_eq!(a.lookup(ROOT_INO, "moved").await, Ok(small));
     assert_eq!(a.lookup(dir, "small").await, Err(FsError::NotFound));
+
+    // Directory listings come in pages, in name order, each continuing after a name.
+    let list = a.mknod(ROOT_INO, "list", FileKind::Dir).await;
+    for i in (0..10).rev() {
+        a.mknod(list, &format!("e{i}"), FileKind::File).await;
+    }
+    let mut after = None;
+    let mut pages = Vec::new();
+    loop {
+        let req = FsRequest::ReadDir {
+            ino: list,
+            after: after.clone(),
+            limit: 4,
+        };
+        let FsResponse::Entries { entries, more } = b.call(req).await else {
+            panic!("readdir");
+        };
+        let names: Vec<String> = entries.into_iter().map(|e| e.name).collect();
+        after = names.last().cloned();
+        pages.push(names);
+        if !more {
+            break;
+        }
+    }
+    let want: Vec<Vec<String>> = [0..4, 4..8, 8..10]
+        .into_iter()
+        .map(|r| r.map(|i| format!("e{i}")).collect())
+        .collect();
+    assert_eq!(pages, want);
+    // A limit of 0 still makes progress; a huge one is capped.
+    let req = |limit| FsRequest::ReadDir {
+        ino: list,
+        after: None,
+        limit,
+    };
+    assert!(matches!(
+        b.call(req(0)).await,
+        FsResponse::Entries { ref entries, more: true } if entries.len() == 1
+    ));
+    assert!(matches!(
+        b.call(req(u32::MAX)).await,
+        FsResponse::Entries { ref entries, more: false } if entries.len() == 10
+    ));
 }

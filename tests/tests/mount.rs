@@ -524,6 +524,14 @@ fn two_thousand_files_in_one_directory() {
     );
     let ls = run(Command::new("ls").arg("-1").arg(&dir2));
     assert_eq!(ls.lines().count(), 2000, "ls on node 2");
+    {
+        // Listed in pages of 7 names (the default page, 4,096, holds them all).
+        let small_pages = c.mount_extra(3, &c.path().join("paged"), &["--readdir-page", "7"]);
+        let paged = run(Command::new("ls")
+            .arg("-1")
+            .arg(small_pages.path.join("many")));
+        assert_eq!(paged, ls, "ls in pages of 7 on node 3");
+    }
     for i in 0..2000 {
         let meta = fs::metadata(dir2.join(format!("f{i:04}"))).expect("stat");
         assert!(meta.is_file());

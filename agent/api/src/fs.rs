@@ -105,6 +105,10 @@ pub struct Owner {
     pub gid: u32,
 }
 
+/// The most entries one [`FsRequest::ReadDir`] answers with (names are at most 255 bytes,
+/// so a page stays near 1 MiB).
+pub const MAX_DIR_PAGE: u32 = 4096;
+
 /// One name in a directory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
@@ -207,9 +211,13 @@ pub enum FsRequest {
     ReadLink {
         ino: Ino,
     },
-    /// Every entry of a directory, without "." and "..".
+    /// A directory's entries (without "." and "..") in name order: those after the name
+    /// `after` (from the first when `None`), at most `limit` of them (the agent caps it
+    /// at [`MAX_DIR_PAGE`]). A listing from the start reads at the leader's commit point.
     ReadDir {
         ino: Ino,
+        after: Option<String>,
+        limit: u32,
     },
     /// Opens a file: waits until this agent has applied everything committed before the
     /// open (close-to-open consistency) and keeps an unlinked file alive while open.
@@ -309,7 +317,11 @@ pub enum FsResponse {
     /// Unlink, Rmdir, Rename, Release.
     Done,
     ReadLink(String),
-    Entries(Vec<DirEntry>),
+    /// ReadDir: one page of entries; `more` when the directory goes on after them.
+    Entries {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     StatFs(FsStats),
     Layout(FileLayout),

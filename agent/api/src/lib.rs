@@ -15,7 +15,7 @@ pub use client::AgentClient;
 pub use error::ApiError;
 pub use fs::{
     DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, FsRequest, FsResponse, FsStats, Ino,
-    NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
+    MAX_DIR_PAGE, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
 };
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
@@ -27,7 +27,7 @@ pub use stripe::{ShardLocation, StripeRead, StripeRecord};
 use serde::{Deserialize, Serialize};
 
 /// Version of the admin/client protocol; carried in every frame.
-pub const API_VERSION: u8 = 2;
+pub const API_VERSION: u8 = 3;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";

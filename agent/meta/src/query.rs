@@ -1,6 +1,8 @@
 //! Queries on the applied state, each in one read transaction. Before anything was
 //! applied the root directory answers as an empty directory with zero times.
 
+use std::ops::Bound;
+
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use shoal_agent_api::{
     DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, Ino, ROOT_INO, StripeRecord,
@@ -66,15 +68,33 @@ impl MetaStore {
 
     /// Every entry of a directory except "." and "..", sorted by name.
     pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>, MetaError> {
+        Ok(self.readdir_page(ino, None, usize::MAX)?.0)
+    }
+
+    /// Up to `limit` entries of a directory (not "." and "..") in name order, those after
+    /// the name `after` (from the first when `None`), and whether more follow.
+    pub fn readdir_page(
+        &self,
+        ino: Ino,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<DirEntry>, bool), MetaError> {
         let txn = self.read()?;
         directory(&txn.open_table(INODES)?, ino)?;
         let dirents = txn.open_table(DIRENTS)?;
+        let start = match after {
+            Some(name) => Bound::Excluded((ino, name)),
+            None => Bound::Included((ino, "")),
+        };
         let mut out = Vec::new();
-        for item in dirents.range((ino, "")..)? {
+        for item in dirents.range::<(u64, &str)>((start, Bound::Unbounded))? {
             let (key, value) = item?;
             let (dir, name) = key.value();
             if dir != ino {
                 break;
+            }
+            if out.len() == limit {
+                return Ok((out, true));
             }
             let entry: record::DirentRecord = decode(value.value(), "dirent")?;
             out.push(DirEntry {
@@ -83,7 +103,7 @@ impl MetaStore {
                 kind: entry.kind,
             });
         }
-        Ok(out)
+        Ok((out, false))
     }
 
     /// A directory's parent, for ".."; the root's parent is the root.
@@ -273,6 +293,37 @@ mod tests {
     use crate::MetaError;
     use crate::record::INODES;
     use crate::testkit::Kit;
+
+    #[test]
+    fn readdir_pages_follow_name_order_and_stop_at_the_directory_end() {
+        let mut kit = Kit::new();
+        let d = kit.mkdir(ROOT_INO, "d");
+        for name in ["e", "a", "c", "b", "d"] {
+            kit.mkfile(d, name);
+        }
+        // A neighbouring directory's entries are not part of d's listing.
+        let after_d = kit.mkdir(ROOT_INO, "z");
+        kit.mkfile(after_d, "0");
+        let file = kit.mkfile(ROOT_INO, "f");
+        let page = |after: Option<&str>, limit| {
+            let (entries, more) = kit.store.readdir_page(d, after, limit).expect("page");
+            let names: Vec<String> = entries.into_iter().map(|e| e.name).collect();
+            (names, more)
+        };
+        assert_eq!(page(None, 2), (vec!["a".into(), "b".into()], true));
+        assert_eq!(page(Some("b"), 2), (vec!["c".into(), "d".into()], true));
+        assert_eq!(page(Some("d"), 2), (vec!["e".into()], false));
+        assert_eq!(page(Some("e"), 2), (vec![], false));
+        // Exactly the rest: no empty page needed to learn the end.
+        assert_eq!(page(Some("c"), 2), (vec!["d".into(), "e".into()], false));
+        // A name that is gone (or never was) still marks a position.
+        assert_eq!(page(Some("bb"), 1), (vec!["c".into()], true));
+        assert_eq!(page(None, usize::MAX).0.len(), 5);
+        assert!(matches!(
+            kit.store.readdir_page(file, None, 1),
+            Err(MetaError::Fs(shoal_agent_api::FsError::NotDir))
+        ));
+    }
 
     #[test]
     fn damaged_record_on_disk_is_corrupt_not_a_panic() {

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use shoal_agent_api::{
-    FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, RequestId, Timestamp,
+    FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, RequestId,
+    Timestamp,
 };
 use shoal_mesh::{GossipHandle, MemberState};
 use shoal_meta::{Command, MetaError, NewExtent, Outcome, Proposal};
@@ -90,9 +91,17 @@ impl FsService {
             FsRequest::ReadLink { ino } => {
                 FsResponse::ReadLink(store.readlink(ino).map_err(from_meta)?)
             }
-            FsRequest::ReadDir { ino } => {
-                self.meta.barrier().await?;
-                FsResponse::Entries(store.readdir(ino).map_err(from_meta)?)
+            FsRequest::ReadDir { ino, after, limit } => {
+                // A listing from the start is an open of the directory (close-to-open);
+                // the pages after it come from a replica at least that fresh.
+                if after.is_none() {
+                    self.meta.barrier().await?;
+                }
+                let limit = limit.clamp(1, MAX_DIR_PAGE) as usize;
+                let (entries, more) = store
+                    .readdir_page(ino, after.as_deref(), limit)
+                    .map_err(from_meta)?;
+                FsResponse::Entries { entries, more }
             }
             FsRequest::Layout { ino } => {
                 FsResponse::Layout(store.file_layout(ino).map_err(from_meta)?)

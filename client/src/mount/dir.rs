@@ -1,42 +1,70 @@
-//! Open directories: the entries fetched once at `opendir`, served by offset.
+//! Open directories: the entries fetched from the agent page by page, as the kernel reads
+//! on, and served by offset.
 //!
-//! Offsets are positions in the snapshot: 0 is ".", 1 is "..", 2.. the agent's entries.
-//! Each entry is given the offset of the one after it, which the kernel passes back to
-//! continue, so a listing stays consistent however the kernel splits it.
+//! Offsets are positions in the listing: 0 is ".", 1 is "..", 2.. the agent's entries in
+//! name order. Each entry is given the offset of the one after it, which the kernel passes
+//! back to continue. Fetched entries are kept until the directory is closed, so a rewind or
+//! a seek back gets the same names; the next page starts after the last name fetched, so
+//! a listing shows no name twice however the directory changes meanwhile.
 
 use shoal_agent_api::{DirEntry, FileKind, Ino};
 
-/// One directory's entries as they were when it was opened.
+/// One open directory's entries fetched so far.
 #[derive(Debug)]
-pub struct DirSnapshot {
+pub struct Listing {
     ino: Ino,
     parent: Ino,
     entries: Vec<DirEntry>,
+    /// The agent has more entries after the last one fetched.
+    more: bool,
 }
 
 /// One entry to hand the kernel: its inode, the offset to continue after it, its kind and
 /// name.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Listed<'a> {
+pub struct Listed {
     pub ino: Ino,
     pub next: u64,
     pub kind: FileKind,
-    pub name: &'a str,
+    pub name: String,
 }
 
-impl DirSnapshot {
+impl Listing {
     /// `parent` is reported as the inode of ".."; the kernel does not use it, so the
-    /// directory's own inode does when the parent is unknown.
-    pub fn new(ino: Ino, parent: Ino, entries: Vec<DirEntry>) -> Self {
-        DirSnapshot {
+    /// directory's own inode does when the parent is unknown. `first` is the first page.
+    pub fn new(ino: Ino, parent: Ino, first: Vec<DirEntry>, more: bool) -> Self {
+        Listing {
             ino,
             parent,
-            entries,
+            more: more && !first.is_empty(),
+            entries: first,
         }
     }
 
-    /// The entries from `offset` on.
-    pub fn listing_at(&self, offset: u64) -> impl Iterator<Item = Listed<'_>> {
+    pub fn ino(&self) -> Ino {
+        self.ino
+    }
+
+    /// Where the next page starts (after this name), when a read at `offset` needs one:
+    /// the entries fetched end at or before it and the directory goes on.
+    pub fn next_page_for(&self, offset: u64) -> Option<&str> {
+        let fetched = self.entries.len() as u64 + 2;
+        if offset < fetched || !self.more {
+            return None;
+        }
+        self.entries.last().map(|e| e.name.as_str())
+    }
+
+    /// Adds the page that follows the entries fetched so far.
+    pub fn append(&mut self, page: Vec<DirEntry>, more: bool) {
+        // A page that brings nothing new ends the listing, whatever it says: asking again
+        // would not get further.
+        self.more = more && !page.is_empty();
+        self.entries.extend(page);
+    }
+
+    /// At most `max` entries from `offset` on, of those fetched.
+    pub fn listing_at(&self, offset: u64, max: usize) -> Vec<Listed> {
         let dots = [(self.ino, "."), (self.parent, "..")]
             .into_iter()
             .map(|(ino, name)| (ino, FileKind::Dir, name));
@@ -47,12 +75,14 @@ impl DirSnapshot {
         dots.chain(rest)
             .enumerate()
             .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .take(max)
             .map(|(i, (ino, kind, name))| Listed {
                 ino,
                 next: i as u64 + 1,
                 kind,
-                name,
+                name: name.to_owned(),
             })
+            .collect()
     }
 }
 
@@ -60,39 +90,78 @@ impl DirSnapshot {
 mod tests {
     use super::*;
 
-    fn snapshot() -> DirSnapshot {
-        let e = |name: &str, ino| DirEntry {
+    fn e(name: &str, ino: Ino) -> DirEntry {
+        DirEntry {
             name: name.into(),
             ino,
             kind: FileKind::File,
-        };
-        DirSnapshot::new(7, 1, vec![e("a", 10), e("b", 11), e("c", 12)])
+        }
+    }
+
+    fn listing() -> Listing {
+        Listing::new(7, 1, vec![e("a", 10), e("b", 11), e("c", 12)], false)
+    }
+
+    fn names(l: &Listing, offset: u64) -> Vec<String> {
+        l.listing_at(offset, usize::MAX)
+            .into_iter()
+            .map(|l| l.name)
+            .collect()
     }
 
     #[test]
     fn listing_starts_with_dot_entries_and_offsets_point_past_each_entry() {
-        let s = snapshot();
-        let all: Vec<_> = s.listing_at(0).map(|l| (l.name, l.ino, l.next)).collect();
-        assert_eq!(
-            all,
-            vec![
-                (".", 7, 1),
-                ("..", 1, 2),
-                ("a", 10, 3),
-                ("b", 11, 4),
-                ("c", 12, 5)
-            ]
-        );
+        let all: Vec<_> = listing()
+            .listing_at(0, usize::MAX)
+            .into_iter()
+            .map(|l| (l.name, l.ino, l.next))
+            .collect();
+        let want = [
+            (".", 7, 1),
+            ("..", 1, 2),
+            ("a", 10, 3),
+            ("b", 11, 4),
+            ("c", 12, 5),
+        ];
+        let want: Vec<_> = want.iter().map(|&(n, i, x)| (n.to_owned(), i, x)).collect();
+        assert_eq!(all, want);
     }
 
     #[test]
     fn listing_resumes_at_the_offset_the_kernel_passes_back() {
-        let s = snapshot();
-        let first: Vec<_> = s.listing_at(0).take(3).collect();
+        let l = listing();
+        let first = l.listing_at(0, 3);
         let resume = first.last().expect("three entries").next;
-        let rest: Vec<_> = s.listing_at(resume).map(|l| l.name).collect();
-        assert_eq!(rest, vec!["b", "c"]);
-        assert_eq!(s.listing_at(5).count(), 0);
-        assert_eq!(s.listing_at(u64::MAX).count(), 0);
+        assert_eq!(names(&l, resume), ["b", "c"]);
+        assert!(l.listing_at(5, 10).is_empty());
+        assert!(l.listing_at(u64::MAX, 10).is_empty());
+        assert_eq!(l.next_page_for(5), None, "the agent said there is no more");
+    }
+
+    #[test]
+    fn pages_are_fetched_only_when_a_read_reaches_past_them() {
+        let mut l = Listing::new(7, 1, vec![e("a", 10), e("b", 11)], true);
+        // Offsets 0..=3 are ".", "..", "a", "b": all fetched.
+        assert_eq!(l.next_page_for(3), None);
+        assert_eq!(l.next_page_for(4), Some("b"));
+        l.append(vec![e("c", 12)], true);
+        assert_eq!(l.next_page_for(4), None);
+        assert_eq!(l.next_page_for(5), Some("c"));
+        l.append(vec![e("d", 13)], false);
+        assert_eq!(l.next_page_for(6), None, "the directory ends at d");
+        assert_eq!(names(&l, 2), ["a", "b", "c", "d"]);
+        // A rewind gets the same names without asking the agent again.
+        assert_eq!(l.next_page_for(0), None);
+    }
+
+    #[test]
+    fn an_empty_page_ends_the_listing() {
+        let mut l = Listing::new(7, 1, vec![e("a", 10)], true);
+        l.append(Vec::new(), true);
+        assert_eq!(l.next_page_for(3), None);
+        let mut empty = Listing::new(7, 1, Vec::new(), true);
+        assert_eq!(empty.next_page_for(2), None, "no name to continue after");
+        empty.append(Vec::new(), false);
+        assert_eq!(names(&empty, 0), [".", ".."]);
     }
 }

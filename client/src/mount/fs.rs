@@ -437,15 +437,20 @@ impl fuser::Filesystem for ShoalFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(dir) = self.state.dir(fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        for e in dir.listing_at(offset) {
-            if reply.add(INodeNo(e.ino), e.next, attr::file_type(e.kind), e.name) {
-                break;
-            }
-        }
-        reply.ok();
+        self.spawn(
+            move |s: Arc<FsState>| async move { s.readdir(fh.0, offset).await },
+            move |_, r| match r {
+                Ok(listed) => {
+                    for e in listed {
+                        if reply.add(INodeNo(e.ino), e.next, attr::file_type(e.kind), &e.name) {
+                            break;
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(e),
+            },
+        );
     }
 
     fn releasedir(

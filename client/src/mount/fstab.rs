@@ -66,6 +66,7 @@ const VALUED: &[&str] = &[
     "threads",
     "write_buffer",
     "read_ahead",
+    "readdir_page",
     "retry_for",
 ];
 

@@ -5,7 +5,7 @@
 //! agent) first, then [`agent::Agent`] (the connection pool and the retry that carries a
 //! request across an agent restart), [`files::OpenFiles`] (open handles, their write
 //! buffers and read-ahead). The pure parts — [`write::Coalescer`], [`readahead::Window`],
-//! [`dir::DirSnapshot`] and the `mount.shoal` argument parser — test without a kernel.
+//! [`dir::Listing`] and the `mount.shoal` argument parser — test without a kernel.
 
 mod agent;
 mod attr;
@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use shoal_agent_api::{DEFAULT_SOCKET, FsRequest, FsResponse, Request, Response, SOCKET_ENV};
+use shoal_agent_api::{
+    DEFAULT_SOCKET, FsRequest, FsResponse, MAX_DIR_PAGE, Request, Response, SOCKET_ENV,
+};
 
 use crate::bench::parse_size;
 
@@ -73,6 +75,9 @@ pub struct MountArgs {
     /// read-ahead off).
     #[arg(long, default_value = "8MiB", value_parser = parse_size)]
     pub read_ahead: u64,
+    /// Directory entries fetched from the agent per request while listing (1 to 4096).
+    #[arg(long, default_value_t = MAX_DIR_PAGE)]
+    pub readdir_page: u32,
     /// How long a request waits for an unreachable agent or an unavailable cluster before
     /// it fails with EIO, e.g. "600s", "10m".
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
@@ -83,6 +88,9 @@ impl MountArgs {
     fn validate(&self) -> anyhow::Result<()> {
         if self.threads == 0 || self.threads > 64 {
             bail!("--threads must be between 1 and 64");
+        }
+        if !(1..=MAX_DIR_PAGE).contains(&self.readdir_page) {
+            bail!("--readdir-page must be between 1 and {MAX_DIR_PAGE}");
         }
         if self.read_ahead > MAX_REQUEST {
             bail!("--read-ahead must be at most {} MiB", MAX_REQUEST >> 20);

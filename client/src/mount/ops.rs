@@ -8,22 +8,28 @@ use std::time::Duration;
 
 use fuser::Errno;
 use shoal_agent_api::{
-    FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner, RenameFlags, SetAttr,
+    DirEntry, FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner, RenameFlags, SetAttr,
 };
 
 use super::MountArgs;
 use super::agent::Agent;
-use super::dir::DirSnapshot;
+use super::dir::{Listed, Listing};
 use super::files::OpenFiles;
 use super::readahead::read_direct;
+
+/// The most directory entries one readdir reply is built from: more than a kernel
+/// readdir buffer holds, few enough that a huge directory is not copied whole per reply.
+const READDIR_REPLY_MAX: usize = 1024;
 
 /// The state behind the mount: shared by every request.
 pub struct FsState {
     pub agent: Arc<Agent>,
     pub files: OpenFiles,
-    dirs: Mutex<HashMap<u64, Arc<DirSnapshot>>>,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Listing>>>>,
     /// File and directory handles share one counter; never 0.
     next_handle: AtomicU64,
+    /// Entries asked for per ReadDir request.
+    readdir_page: u32,
     pub attr_ttl: Duration,
     /// Attribute TTL of regular files (0 by default: see `--file-attr-ttl-ms`).
     pub file_attr_ttl: Duration,
@@ -46,6 +52,7 @@ impl FsState {
             agent,
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            readdir_page: args.readdir_page,
             attr_ttl: Duration::from_millis(args.attr_ttl_ms),
             file_attr_ttl: Duration::from_millis(args.file_attr_ttl_ms),
             entry_ttl: Duration::from_millis(args.entry_ttl_ms),
@@ -257,19 +264,43 @@ impl FsState {
         result
     }
 
+    /// Opens a directory with its first page of entries (read at the leader's commit
+    /// point: close-to-open for listings).
     pub async fn opendir(&self, ino: Ino) -> Result<u64, Errno> {
-        let entries = match self.agent.fs(FsRequest::ReadDir { ino }).await? {
-            FsResponse::Entries(entries) => entries,
-            other => return Err(unexpected("readdir", &other)),
-        };
+        let (entries, more) = self.read_dir_page(ino, None).await?;
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let snapshot = Arc::new(DirSnapshot::new(ino, ino, entries));
-        lock(&self.dirs).insert(fh, snapshot);
+        let listing = Listing::new(ino, ino, entries, more);
+        lock(&self.dirs).insert(fh, Arc::new(tokio::sync::Mutex::new(listing)));
         Ok(fh)
     }
 
-    pub fn dir(&self, fh: u64) -> Option<Arc<DirSnapshot>> {
-        lock(&self.dirs).get(&fh).cloned()
+    /// The entries of open directory `fh` from `offset` on, fetching the next page first
+    /// when the ones fetched end there (at most [`READDIR_REPLY_MAX`]; the kernel asks
+    /// again for the rest).
+    pub async fn readdir(&self, fh: u64, offset: u64) -> Result<Vec<Listed>, Errno> {
+        let dir = lock(&self.dirs).get(&fh).cloned().ok_or(Errno::EBADF)?;
+        let mut listing = dir.lock().await;
+        if let Some(after) = listing.next_page_for(offset).map(str::to_owned) {
+            let (page, more) = self.read_dir_page(listing.ino(), Some(after)).await?;
+            listing.append(page, more);
+        }
+        Ok(listing.listing_at(offset, READDIR_REPLY_MAX))
+    }
+
+    async fn read_dir_page(
+        &self,
+        ino: Ino,
+        after: Option<String>,
+    ) -> Result<(Vec<DirEntry>, bool), Errno> {
+        let req = FsRequest::ReadDir {
+            ino,
+            after,
+            limit: self.readdir_page,
+        };
+        match self.agent.fs(req).await? {
+            FsResponse::Entries { entries, more } => Ok((entries, more)),
+            other => Err(unexpected("readdir", &other)),
+        }
     }
 
     pub fn releasedir(&self, fh: u64) {
@@ -323,7 +354,7 @@ pub fn kind(r: &FsResponse) -> &'static str {
         FsResponse::Attr(_) => "Attr",
         FsResponse::Done => "Done",
         FsResponse::ReadLink(_) => "ReadLink",
-        FsResponse::Entries(_) => "Entries",
+        FsResponse::Entries { .. } => "Entries",
         FsResponse::Data(_) => "Data",
         FsResponse::StatFs(_) => "StatFs",
         FsResponse::Layout(_) => "Layout",

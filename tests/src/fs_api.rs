@@ -87,6 +87,7 @@ impl Fs {
                 ino,
                 session: self.id,
                 handle: 1,
+                synced: false,
             })
             .await;
         assert!(matches!(r, FsResponse::Attr(_)), "{r:?}");

@@ -110,8 +110,11 @@ impl FsService {
                 ino,
                 session,
                 handle,
+                synced,
             } => {
-                self.meta.barrier().await?;
+                if !synced {
+                    self.meta.barrier().await?;
+                }
                 let attr = store.getattr(ino).map_err(from_meta)?;
                 self.meta.hold(session, handle, ino, pid);
                 FsResponse::Attr(attr)

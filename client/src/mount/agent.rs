@@ -258,6 +258,7 @@ impl Agent {
                 ino,
                 session: self.session,
                 handle,
+                synced: true,
             });
             match conn.client.call(&open).await? {
                 Response::Fs(FsResponse::Attr(_)) => {}
@@ -334,6 +335,7 @@ mod tests {
             ino: 42,
             session: agent.session(),
             handle: 7,
+            synced: false,
         };
         assert!(matches!(
             agent.fs(open.clone()).await,
@@ -358,7 +360,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _second = fake_agent(sock, tx, |r| Some(attr_answer(r)));
         assert!(matches!(call.await.expect("join"), Ok(FsResponse::Attr(_))));
-        assert_eq!(seen.recv().await, Some(Request::Fs(open)));
+        // The same open again; it re-announces a handle, so it waits for no barrier.
+        let reannounce = FsRequest::Open {
+            ino: 42,
+            session: agent.session(),
+            handle: 7,
+            synced: true,
+        };
+        assert_eq!(seen.recv().await, Some(Request::Fs(reannounce)));
         assert_eq!(
             seen.recv().await,
             Some(Request::JoinReservation {

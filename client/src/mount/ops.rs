@@ -170,6 +170,12 @@ impl FsState {
 
     /// Opens a file on the agent; the new handle.
     pub async fn open(&self, ino: Ino) -> Result<u64, Errno> {
+        self.open_handle(ino, false).await
+    }
+
+    /// Opens `ino`; `synced` when this operation already read at a commit point through
+    /// the agent (see [`FsRequest::Open`]).
+    async fn open_handle(&self, ino: Ino, synced: bool) -> Result<u64, Errno> {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         let session = self.agent.session();
         self.agent.remember_handle(fh, ino).await;
@@ -177,6 +183,7 @@ impl FsState {
             ino,
             session,
             handle: fh,
+            synced,
         };
         match self.agent.fs(request).await {
             Ok(_) => {
@@ -219,7 +226,9 @@ impl FsState {
             }
             Err(e) => return Err(e),
         };
-        let fh = self.open(attr.ino).await?;
+        // The new name was committed through this agent, or the lookup just read at the
+        // commit point: the open needs no read barrier of its own.
+        let fh = self.open_handle(attr.ino, true).await?;
         Ok((attr, fh))
     }
 

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tracing::warn;
 
-use crate::header::{HEADER_LEN, ShardHeader};
+use crate::header::{self, BLOCK_SHIFT, HEADER_LEN, ShardHeader};
 use crate::{Ring, ShardKey, ShardStore, StoreError, StoreUsage, slice};
 
 /// (stripe, index) → (data length, data crc32c).
@@ -69,9 +69,10 @@ fn index_err(e: impl std::fmt::Display) -> StoreError {
 /// O_DIRECT needs buffers, offsets and lengths aligned to this.
 const DIRECT_ALIGN: usize = 4096;
 
-/// Bytes a shard file takes: header and data, padded to [`DIRECT_ALIGN`] under O_DIRECT.
+/// Bytes a shard file takes: header, block table and data, padded to [`DIRECT_ALIGN`]
+/// under O_DIRECT.
 fn file_size(data_len: u64, direct: bool) -> u64 {
-    let raw = HEADER_LEN as u64 + data_len;
+    let raw = header::data_offset(data_len) + data_len;
     if direct {
         raw.next_multiple_of(DIRECT_ALIGN as u64)
     } else {
@@ -264,7 +265,13 @@ impl DiskStore {
         .map_err(|e| StoreError::Index(format!("index task failed: {e}")))?
     }
 
-    async fn write_file(&self, key: ShardKey, data: &[u8]) -> Result<(), StoreError> {
+    async fn write_file(
+        &self,
+        key: ShardKey,
+        head: &ShardHeader,
+        table: &[u8],
+        data: &[u8],
+    ) -> Result<(), StoreError> {
         let tmp = self.shards.join(format!("{key}.tmp"));
         let file = File::options()
             .create(true)
@@ -280,8 +287,11 @@ impl DiskStore {
         } else {
             (vec![0u8; size], 0)
         };
-        buf[start..start + HEADER_LEN].copy_from_slice(&ShardHeader::for_data(key, data).encode());
-        buf[start + HEADER_LEN..start + HEADER_LEN + data.len()].copy_from_slice(data);
+        let at = start + HEADER_LEN;
+        buf[start..at].copy_from_slice(&head.encode());
+        buf[at..at + table.len()].copy_from_slice(table);
+        let at = at + table.len();
+        buf[at..at + data.len()].copy_from_slice(data);
         let res = async {
             self.ring
                 .write_range(file.clone(), buf, start..start + size, 0)
@@ -298,6 +308,84 @@ impl DiskStore {
             let _ = std::fs::remove_file(&tmp);
         }
         res
+    }
+
+    /// A range read that checks only the blocks it returns; `None` for a version-1 file
+    /// (no block table: the caller reads and checks all of it).
+    async fn get_blocks(
+        &self,
+        key: ShardKey,
+        (data_len, crc): (u64, u32),
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let end = match len {
+            Some(l) => offset.checked_add(l),
+            None => Some(data_len),
+        };
+        let Some(end) = end.filter(|&e| offset <= e && e <= data_len) else {
+            return Err(StoreError::OutOfRange {
+                key,
+                offset,
+                len,
+                size: data_len,
+            });
+        };
+        if offset == end {
+            return Ok(Some(Bytes::new()));
+        }
+        let path = self.path(key);
+        let file = File::options()
+            .read(true)
+            .custom_flags(open_flags(self.direct))
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        let file = Arc::new(file);
+        // The header and block table, and the blocks holding the range, read at once.
+        let start = header::data_offset(data_len);
+        let from = (offset >> BLOCK_SHIFT) << BLOCK_SHIFT;
+        let to = (end.next_multiple_of(1 << BLOCK_SHIFT)).min(data_len);
+        let (head, blocks) = tokio::try_join!(
+            self.read_at(file.clone(), 0, start),
+            self.read_at(file, start + from, to - from),
+        )
+        .map_err(io_err("read", &path))?;
+        let corrupt = |reason: String| StoreError::Corrupt { key, reason };
+        let h = ShardHeader::decode(&head).map_err(corrupt)?;
+        if h.key != key {
+            return Err(corrupt(format!("header names shard {}", h.key)));
+        }
+        if h.data_len != data_len || h.data_crc != crc {
+            return Err(corrupt("shard differs from its index entry".into()));
+        }
+        if h.block_shift != BLOCK_SHIFT {
+            return Ok(None);
+        }
+        if head.len() as u64 != start || blocks.len() as u64 != to - from {
+            return Err(corrupt("shard file is shorter than its header says".into()));
+        }
+        h.verify_blocks(&head[HEADER_LEN..], from >> BLOCK_SHIFT, &blocks)
+            .map_err(corrupt)?;
+        let skip = (offset - from) as usize;
+        Ok(Some(blocks.slice(skip..skip + (end - offset) as usize)))
+    }
+
+    /// `len` bytes of `file` at `pos` (fewer at its end), read through an aligned buffer
+    /// under O_DIRECT.
+    async fn read_at(&self, file: Arc<File>, pos: u64, len: u64) -> std::io::Result<Bytes> {
+        let align = if self.direct { DIRECT_ALIGN as u64 } else { 1 };
+        let from = pos - pos % align;
+        let size = ((pos + len).next_multiple_of(align) - from) as usize;
+        let (mut buf, start) = if self.direct {
+            aligned_buffer(size)
+        } else {
+            (vec![0u8; size], 0)
+        };
+        buf.truncate(start + size);
+        let bytes = Bytes::from(self.ring.read_into(file, buf, start, from).await?);
+        let skip = ((pos - from) as usize).min(bytes.len());
+        let got = (bytes.len() - skip).min(len as usize);
+        Ok(bytes.slice(skip..skip + got))
     }
 }
 
@@ -329,7 +417,8 @@ fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
     if h.key != key {
         return Err(format!("header names shard {}", h.key));
     }
-    let end = (HEADER_LEN as u64).saturating_add(h.data_len);
+    let start = h.data_offset();
+    let end = start.saturating_add(h.data_len);
     // Files written with O_DIRECT carry zero padding up to the next 4 KiB.
     if (bytes.len() as u64) < end || bytes.len() as u64 >= end.saturating_add(DIRECT_ALIGN as u64) {
         return Err(format!(
@@ -338,17 +427,18 @@ fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
             h.data_len
         ));
     }
-    let data = &bytes[HEADER_LEN..end as usize];
-    if crc32c::crc32c(data) != h.data_crc {
-        return Err("data checksum mismatch".into());
-    }
+    h.verify_all(
+        &bytes[HEADER_LEN..start as usize],
+        &bytes[start as usize..end as usize],
+    )?;
     Ok(h)
 }
 
 impl ShardStore for DiskStore {
     async fn put(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
         let size = file_size(data.len() as u64, self.direct);
-        let crc = crc32c::crc32c(&data);
+        let (head, table) = ShardHeader::for_data(key, &data);
+        let crc = head.data_crc;
         {
             let mut st = self.lock();
             if let Some(&(len, known)) = st.index.get(&key) {
@@ -372,7 +462,7 @@ impl ShardStore for DiskStore {
             st.reserved += size;
             st.writing.insert(key);
         }
-        let res = match self.write_file(key, &data).await {
+        let res = match self.write_file(key, &head, &table, &data).await {
             Ok(()) => self.index_update(key, Some((data.len() as u64, crc))).await,
             Err(e) => Err(e),
         };
@@ -392,6 +482,10 @@ impl ShardStore for DiskStore {
             .index
             .get(&key)
             .ok_or(StoreError::NotFound(key))?;
+        let whole = offset == 0 && len.is_none_or(|l| l >= data_len);
+        if !whole && let Some(bytes) = self.get_blocks(key, (data_len, crc), offset, len).await? {
+            return Ok(bytes);
+        }
         let path = self.path(key);
         let file = File::options()
             .read(true)
@@ -415,7 +509,8 @@ impl ShardStore for DiskStore {
         if h.data_len != data_len || h.data_crc != crc {
             return Err(corrupt("shard differs from its index entry".into()));
         }
-        let data = Bytes::from(bytes).slice(HEADER_LEN..HEADER_LEN + data_len as usize);
+        let start = h.data_offset() as usize;
+        let data = Bytes::from(bytes).slice(start..start + data_len as usize);
         slice(key, data, offset, len)
     }
 

@@ -58,7 +58,8 @@ pub trait ShardStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Reads `len` bytes at `offset` of the shard's data (to the end when `len` is None),
-    /// after checking the whole shard against its checksum.
+    /// after checking what it returns against the checksums (of the blocks holding the
+    /// range, or of the whole shard).
     fn get(
         &self,
         key: ShardKey,

@@ -222,9 +222,9 @@ pub enum FsRequest {
     /// Opens a file: waits until this agent has applied everything committed before the
     /// open (close-to-open consistency) and keeps an unlinked file alive while open.
     /// `handle` is chosen by the mount and unique within its `session`. `synced` skips the
-    /// wait: the open is part of an operation that already read at a commit point through
-    /// this agent (a create, whose new name or lookup came just before), or re-announces a
-    /// handle opened earlier.
+    /// wait unless the inode is not found: the open is part of an operation that already
+    /// read at a commit point through this agent (a create, whose new name or lookup came
+    /// just before).
     Open {
         ino: Ino,
         session: u64,

@@ -98,10 +98,18 @@ impl FsService {
                     self.meta.barrier().await?;
                 }
                 let limit = limit.clamp(1, MAX_DIR_PAGE) as usize;
-                let (entries, more) = store
-                    .readdir_page(ino, after.as_deref(), limit)
-                    .map_err(from_meta)?;
-                FsResponse::Entries { entries, more }
+                match store.readdir_page(ino, after.as_deref(), limit) {
+                    Ok((entries, more)) => FsResponse::Entries { entries, more },
+                    // Removed while being listed: it was empty (rmdir), so the listing
+                    // ends, as on a local filesystem.
+                    Err(MetaError::Fs(FsError::NotFound)) if after.is_some() => {
+                        FsResponse::Entries {
+                            entries: Vec::new(),
+                            more: false,
+                        }
+                    }
+                    Err(e) => return Err(from_meta(e)),
+                }
             }
             FsRequest::Layout { ino } => {
                 FsResponse::Layout(store.file_layout(ino).map_err(from_meta)?)
@@ -112,10 +120,15 @@ impl FsService {
                 handle,
                 synced,
             } => {
-                if !synced {
+                // A synced open still barriers when the inode is not here yet (its create
+                // went through an agent that has restarted since, or the local apply was
+                // slow).
+                let attr = if synced {
+                    self.getattr_fresh(ino).await?
+                } else {
                     self.meta.barrier().await?;
-                }
-                let attr = store.getattr(ino).map_err(from_meta)?;
+                    store.getattr(ino).map_err(from_meta)?
+                };
                 self.meta.hold(session, handle, ino, pid);
                 FsResponse::Attr(attr)
             }

@@ -254,11 +254,12 @@ impl Agent {
             tracing::info!(handles = handles.len(), "re-opening files on the agent");
         }
         for (&handle, &ino) in handles.iter() {
+            // Not synced: a restarted agent's replica may be behind what the mount saw.
             let open = Request::Fs(FsRequest::Open {
                 ino,
                 session: self.session,
                 handle,
-                synced: true,
+                synced: false,
             });
             match conn.client.call(&open).await? {
                 Response::Fs(FsResponse::Attr(_)) => {}
@@ -360,14 +361,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _second = fake_agent(sock, tx, |r| Some(attr_answer(r)));
         assert!(matches!(call.await.expect("join"), Ok(FsResponse::Attr(_))));
-        // The same open again; it re-announces a handle, so it waits for no barrier.
-        let reannounce = FsRequest::Open {
-            ino: 42,
-            session: agent.session(),
-            handle: 7,
-            synced: true,
-        };
-        assert_eq!(seen.recv().await, Some(Request::Fs(reannounce)));
+        assert_eq!(seen.recv().await, Some(Request::Fs(open)));
         assert_eq!(
             seen.recv().await,
             Some(Request::JoinReservation {

@@ -37,6 +37,9 @@ pub use fstab::{helper_main, is_mount_helper};
 const DEFAULT_STRIPE: u64 = 4 << 20;
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE: u32 = 1 << 20;
+/// Longest `--retry-for`: well inside the hour for which the metadata keeps a session's
+/// request outcomes, so a retry is never applied twice.
+const MAX_RETRY_FOR: Duration = Duration::from_secs(30 * 60);
 /// Largest single read or write request the mount sends (a frame holds 64 MiB).
 const MAX_REQUEST: u64 = 32 << 20;
 
@@ -79,7 +82,8 @@ pub struct MountArgs {
     #[arg(long, default_value_t = MAX_DIR_PAGE)]
     pub readdir_page: u32,
     /// How long a request waits for an unreachable agent or an unavailable cluster before
-    /// it fails with EIO, e.g. "600s", "10m".
+    /// it fails with EIO, e.g. "600s", "10m"; at most 30 minutes (the cluster remembers a
+    /// mount's requests, to answer a retry with the first outcome, for an hour).
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     pub retry_for: Duration,
 }
@@ -88,6 +92,9 @@ impl MountArgs {
     fn validate(&self) -> anyhow::Result<()> {
         if self.threads == 0 || self.threads > 64 {
             bail!("--threads must be between 1 and 64");
+        }
+        if self.retry_for > MAX_RETRY_FOR {
+            bail!("--retry-for must be at most 30m");
         }
         if !(1..=MAX_DIR_PAGE).contains(&self.readdir_page) {
             bail!("--readdir-page must be between 1 and {MAX_DIR_PAGE}");
@@ -291,5 +298,14 @@ mod tests {
         assert_eq!((a.attr_ttl_ms, a.entry_ttl_ms, a.threads), (1000, 1000, 4));
         assert!(!a.allow_other);
         a.validate().expect("defaults are valid");
+        for bad in [
+            ["--retry-for", "31m"],
+            ["--readdir-page", "0"],
+            ["--readdir-page", "4097"],
+        ] {
+            let args = ["shoal", "/mnt/x"].into_iter().chain(bad);
+            let a = Cli::try_parse_from(args).expect("parse").args;
+            assert!(a.validate().is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -227,7 +227,8 @@ impl FsState {
             Err(e) => return Err(e),
         };
         // The new name was committed through this agent, or the lookup just read at the
-        // commit point: the open needs no read barrier of its own.
+        // commit point: the open needs no read barrier of its own (the agent still takes
+        // one if it does not find the inode).
         let fh = self.open_handle(attr.ino, true).await?;
         Ok((attr, fh))
     }

@@ -125,4 +125,39 @@ async fn namespace_and_data_are_shared_by_every_node() {
         b.call(req(u32::MAX)).await,
         FsResponse::Entries { ref entries, more: false } if entries.len() == 10
     ));
+    // A directory emptied and removed while being listed: the listing just ends.
+    for i in 0..10 {
+        let id = a.id();
+        let unlink = FsRequest::Unlink {
+            id,
+            parent: list,
+            name: format!("e{i}"),
+        };
+        assert_eq!(a.call(unlink).await, FsResponse::Done);
+    }
+    let id = a.id();
+    let rmdir = FsRequest::Rmdir {
+        id,
+        parent: ROOT_INO,
+        name: "list".into(),
+    };
+    assert_eq!(a.call(rmdir).await, FsResponse::Done);
+    assert_eq!(a.lookup(ROOT_INO, "list").await, Err(FsError::NotFound));
+    let next_page = FsRequest::ReadDir {
+        ino: list,
+        after: Some("e3".into()),
+        limit: 4,
+    };
+    assert_eq!(
+        a.call(next_page).await,
+        FsResponse::Entries {
+            entries: Vec::new(),
+            more: false
+        }
+    );
+    assert_eq!(
+        a.call(req(4)).await,
+        FsResponse::Error(FsError::NotFound),
+        "a listing from the start of a removed directory fails"
+    );
 }

@@ -334,13 +334,7 @@ impl DiskStore {
         if offset == end {
             return Ok(Some(Bytes::new()));
         }
-        let path = self.path(key);
-        let file = File::options()
-            .read(true)
-            .custom_flags(open_flags(self.direct))
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        let file = Arc::new(file);
+        let (file, path) = self.open_shard(key)?;
         // The header and block table, and the blocks holding the range, read at once.
         let start = header::data_offset(data_len);
         let from = (offset >> BLOCK_SHIFT) << BLOCK_SHIFT;
@@ -368,6 +362,17 @@ impl DiskStore {
             .map_err(corrupt)?;
         let skip = (offset - from) as usize;
         Ok(Some(blocks.slice(skip..skip + (end - offset) as usize)))
+    }
+
+    /// A shard's file, opened for reading, and its path.
+    fn open_shard(&self, key: ShardKey) -> Result<(Arc<File>, PathBuf), StoreError> {
+        let path = self.path(key);
+        let file = File::options()
+            .read(true)
+            .custom_flags(open_flags(self.direct))
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        Ok((Arc::new(file), path))
     }
 
     /// `len` bytes of `file` at `pos` (fewer at its end), read through an aligned buffer
@@ -486,22 +491,9 @@ impl ShardStore for DiskStore {
         if !whole && let Some(bytes) = self.get_blocks(key, (data_len, crc), offset, len).await? {
             return Ok(bytes);
         }
-        let path = self.path(key);
-        let file = File::options()
-            .read(true)
-            .custom_flags(open_flags(self.direct))
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        let size = file_size(data_len, self.direct) as usize;
-        let (mut buf, start) = if self.direct {
-            aligned_buffer(size)
-        } else {
-            (vec![0u8; size], 0)
-        };
-        buf.truncate(start + size);
+        let (file, path) = self.open_shard(key)?;
         let bytes = self
-            .ring
-            .read_into(Arc::new(file), buf, start, 0)
+            .read_at(file, 0, file_size(data_len, self.direct))
             .await
             .map_err(io_err("read", &path))?;
         let corrupt = |reason: String| StoreError::Corrupt { key, reason };
@@ -510,7 +502,7 @@ impl ShardStore for DiskStore {
             return Err(corrupt("shard differs from its index entry".into()));
         }
         let start = h.data_offset() as usize;
-        let data = Bytes::from(bytes).slice(start..start + data_len as usize);
+        let data = bytes.slice(start..start + data_len as usize);
         slice(key, data, offset, len)
     }
 

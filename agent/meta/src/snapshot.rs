@@ -1,8 +1,9 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`] and, from version 2, of [`Clients`] after it. Version 1
-//! snapshots (no clients) still install. Records inside are decoded (and so
+//! encoding of [`SnapshotV1`] and, from version 2, of [`Clients`] after it and the crc32c
+//! of all the bytes before it (u32 little-endian) at the end. Version 1 snapshots (no
+//! clients, no checksum) still install. Records inside are decoded (and so
 //! checked) on install.
 
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
@@ -86,7 +87,10 @@ impl MetaStore {
         out.push(SNAPSHOT_VERSION);
         let encoding = |e| MetaError::Storage(format!("encoding the snapshot: {e}"));
         let out = postcard::to_extend(&snap, out).map_err(encoding)?;
-        postcard::to_extend(&clients, out).map_err(encoding)
+        let mut out = postcard::to_extend(&clients, out).map_err(encoding)?;
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Ok(out)
     }
 
     /// Replaces the whole state with `snapshot`, atomically. Bytes that are not a snapshot
@@ -117,7 +121,7 @@ struct Clients {
     sweep: u64,
 }
 
-/// The version byte and the body after it.
+/// The version byte and the body after it (checked against its checksum from version 2).
 fn body(bytes: &[u8]) -> Result<(u8, &[u8]), MetaError> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(MetaError::Corrupt(
@@ -125,7 +129,17 @@ fn body(bytes: &[u8]) -> Result<(u8, &[u8]), MetaError> {
         ));
     };
     match rest.split_first() {
-        Some((&v, body)) if (1..=SNAPSHOT_VERSION).contains(&v) => Ok((v, body)),
+        Some((1, body)) => Ok((1, body)),
+        Some((&v, body)) if v == SNAPSHOT_VERSION => {
+            let Some((body, crc)) = body.split_last_chunk::<4>() else {
+                return Err(MetaError::Corrupt("snapshot truncated".into()));
+            };
+            let covered = &bytes[..bytes.len() - 4];
+            if crc32c::crc32c(covered) != u32::from_le_bytes(*crc) {
+                return Err(MetaError::Corrupt("snapshot checksum mismatch".into()));
+            }
+            Ok((v, body))
+        }
         Some((v, _)) => Err(MetaError::Corrupt(format!(
             "snapshot version {v} unknown (this build reads 1 to {SNAPSHOT_VERSION})"
         ))),
@@ -297,6 +311,7 @@ mod tests {
     fn version_1_snapshot_installs_without_clients() {
         let kit = populated();
         let v2 = kit.store.snapshot().expect("snapshot");
+        let v2 = &v2[..v2.len() - 4];
         let tail = postcard::to_allocvec(&super::Clients {
             clients: vec![(1, crate::testkit::at(kit.clock))],
             sweep: 0,
@@ -343,6 +358,17 @@ mod tests {
             match kit.store.install(bytes) {
                 Err(MetaError::Corrupt(_)) => {}
                 other => panic!("{} bytes: expected Corrupt, got {other:?}", bytes.len()),
+            }
+        }
+        assert_eq!(kit.store.snapshot().expect("snapshot"), before);
+        // Any one flipped bit after the version byte, even inside a name (which would
+        // decode as another name), is caught by the checksum.
+        for at in 5..snap.len() {
+            let mut one = snap.clone();
+            one[at] ^= 0x08;
+            match kit.store.install(&one) {
+                Err(MetaError::Corrupt(_)) => {}
+                other => panic!("flip at {at} of {}: {other:?}", snap.len()),
             }
         }
         assert_eq!(kit.store.snapshot().expect("snapshot"), before);

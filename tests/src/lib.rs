@@ -100,22 +100,7 @@ impl DevCluster {
 
     /// (Re)runs `dev-cluster up`: starts every node that is not running.
     pub fn start(&self) {
-        let nodes = self.nodes.to_string();
-        let base_ip = self.ip(1).to_string();
-        let mut args = vec![
-            "dev-cluster",
-            "up",
-            "--nodes",
-            &nodes,
-            "--dir",
-            self.path().to_str().expect("utf-8 path"),
-            "--base-ip",
-            &base_ip,
-            "--timeout",
-            "60",
-        ];
-        args.extend(self.extra.iter().map(String::as_str));
-        let out = shoal(&args);
+        let out = self.run_up();
         assert!(
             out.status.success(),
             "dev-cluster up failed:\n{}\n{}",
@@ -127,25 +112,27 @@ impl DevCluster {
     /// Like [`DevCluster::start`], but says whether it worked instead of panicking (for
     /// drop guards).
     pub fn try_start(&self) -> bool {
+        self.run_up().status.success()
+    }
+
+    fn run_up(&self) -> Output {
         let nodes = self.nodes.to_string();
         let base_ip = self.ip(1).to_string();
-        let Some(dir) = self.path().to_str() else {
-            return false;
-        };
+        let dir = self.path().to_string_lossy();
         let mut args = vec![
             "dev-cluster",
             "up",
             "--nodes",
             &nodes,
             "--dir",
-            dir,
+            &dir,
             "--base-ip",
             &base_ip,
             "--timeout",
             "60",
         ];
         args.extend(self.extra.iter().map(String::as_str));
-        shoal(&args).status.success()
+        shoal(&args)
     }
 
     pub fn path(&self) -> &Path {

@@ -6,7 +6,9 @@
 //! clients, no checksum) still install. Records inside are decoded (and so
 //! checked) on install.
 
-use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 use serde::{Deserialize, Serialize};
 use shoal_agent_api::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::Layout;
@@ -54,35 +56,50 @@ where
     Ok(out)
 }
 
+/// Every table, decoded, as of `txn`.
+fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Clients), MetaError> {
+    let state = txn.open_table(STATE)?;
+    let layout = match state.get(KEY_LAYOUT)? {
+        Some(guard) => Some(decode(guard.value(), "layout")?),
+        None => None,
+    };
+    let snap = SnapshotV1 {
+        applied: state.get(KEY_APPLIED)?.map(|g| g.value().to_vec()),
+        next_ino: record::read_state_u64(&state, KEY_NEXT_INO, FIRST_INO)?,
+        layout,
+        inodes: rows(&txn.open_table(INODES)?, "inode", |k, v| (k, v))?,
+        dirents: rows(&txn.open_table(DIRENTS)?, "dirent", |(d, n), v| {
+            (d, n.to_owned(), v)
+        })?,
+        extents: rows(&txn.open_table(EXTENTS)?, "extent", |(i, o), v| (i, o, v))?,
+        stripes: rows(&txn.open_table(STRIPES)?, "stripe", |_, v| v)?,
+        garbage: rows(&txn.open_table(GARBAGE)?, "garbage", |_, v| v)?,
+        orphans: rows(&txn.open_table(ORPHANS)?, "orphan", |k, v| (k, v))?,
+        dedup: rows(&txn.open_table(DEDUP)?, "dedup", |(client, seq), v| {
+            (RequestId { client, seq }, v)
+        })?,
+    };
+    let clients = Clients {
+        clients: rows(&txn.open_table(CLIENTS)?, "client", |k, v| (k, v))?,
+        sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
+    };
+    Ok((snap, clients))
+}
+
+/// 64-bit FNV-1a: a cheap digest to tell replicas apart (not for adversarial input).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 impl MetaStore {
-    /// A consistent export of the whole state, including the applied marker.
+    /// A consistent export of the whole state, including the applied marker: one read
+    /// transaction, so the marker is exactly the position the exported rows reflect
+    /// (read it back with [`snapshot_marker`]).
     pub fn snapshot(&self) -> Result<Vec<u8>, MetaError> {
         let txn = self.db.begin_read()?;
-        let state = txn.open_table(STATE)?;
-        let layout = match state.get(KEY_LAYOUT)? {
-            Some(guard) => Some(decode(guard.value(), "layout")?),
-            None => None,
-        };
-        let snap = SnapshotV1 {
-            applied: state.get(KEY_APPLIED)?.map(|g| g.value().to_vec()),
-            next_ino: record::read_state_u64(&state, KEY_NEXT_INO, FIRST_INO)?,
-            layout,
-            inodes: rows(&txn.open_table(INODES)?, "inode", |k, v| (k, v))?,
-            dirents: rows(&txn.open_table(DIRENTS)?, "dirent", |(d, n), v| {
-                (d, n.to_owned(), v)
-            })?,
-            extents: rows(&txn.open_table(EXTENTS)?, "extent", |(i, o), v| (i, o, v))?,
-            stripes: rows(&txn.open_table(STRIPES)?, "stripe", |_, v| v)?,
-            garbage: rows(&txn.open_table(GARBAGE)?, "garbage", |_, v| v)?,
-            orphans: rows(&txn.open_table(ORPHANS)?, "orphan", |k, v| (k, v))?,
-            dedup: rows(&txn.open_table(DEDUP)?, "dedup", |(client, seq), v| {
-                (RequestId { client, seq }, v)
-            })?,
-        };
-        let clients = Clients {
-            clients: rows(&txn.open_table(CLIENTS)?, "client", |k, v| (k, v))?,
-            sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
-        };
+        let (snap, clients) = export(&txn)?;
         let mut out = MAGIC.to_vec();
         out.push(SNAPSHOT_VERSION);
         let encoding = |e| MetaError::Storage(format!("encoding the snapshot: {e}"));
@@ -91,6 +108,20 @@ impl MetaStore {
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         Ok(out)
+    }
+
+    /// The applied marker and a digest of everything else, read in one transaction.
+    /// Two replicas that applied the same log up to the same marker have the same digest;
+    /// a replica that missed an entry (or installed a snapshot that claimed more than it
+    /// held) has another one.
+    pub fn digest(&self) -> Result<(Option<Vec<u8>>, u64), MetaError> {
+        let txn = self.db.begin_read()?;
+        let (mut snap, clients) = export(&txn)?;
+        let applied = snap.applied.take();
+        let encoding = |e| MetaError::Storage(format!("encoding the state: {e}"));
+        let bytes = postcard::to_extend(&snap, Vec::new()).map_err(encoding)?;
+        let bytes = postcard::to_extend(&clients, bytes).map_err(encoding)?;
+        Ok((applied, fnv1a64(&bytes)))
     }
 
     /// Replaces the whole state with `snapshot`, atomically. Bytes that are not a snapshot

@@ -14,7 +14,7 @@ use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
 };
 use serde::{Deserialize, Serialize};
-use shoal_meta::{Batch, MetaStore, Outcome};
+use shoal_meta::{Batch, MetaStore, Outcome, snapshot_marker};
 
 use super::types::{AppliedMarker, Entry, Membership, MetaRaft, StorageError, storage_error};
 
@@ -33,6 +33,9 @@ pub struct StateMachine {
     dir: PathBuf,
     /// Applies since the last durable commit.
     unflushed: Arc<std::sync::atomic::AtomicU32>,
+    /// Runs right after a snapshot's export (tests: applies in the build's window).
+    #[cfg(test)]
+    after_export: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -57,6 +60,8 @@ impl StateMachine {
             store,
             dir: dir.to_owned(),
             unflushed: Arc::default(),
+            #[cfg(test)]
+            after_export: None,
         }
     }
 
@@ -95,18 +100,29 @@ impl StateMachine {
     }
 
     fn build(&self) -> Result<Snapshot<MetaRaft>, StorageError> {
-        // The log up to this snapshot may be discarded next: what it covers must be on disk.
+        // openraft builds snapshots while applies go on: the marker must come from the
+        // export's own read transaction, never from a later read (which would claim
+        // entries the export does not hold).
+        let data = self
+            .store
+            .snapshot()
+            .map_err(|e| snap_err(ErrorVerb::Read, e))?;
+        #[cfg(test)]
+        if let Some(hook) = &self.after_export {
+            hook();
+        }
+        // The log up to this snapshot may be discarded next: what it covers must be on
+        // disk. A durable commit makes every earlier commit durable, the exported ones too.
         self.store
             .persist()
             .map_err(|e| snap_err(ErrorVerb::Write, e))?;
         self.unflushed
             .store(0, std::sync::atomic::Ordering::Relaxed);
-        let data = self
-            .store
-            .snapshot()
-            .map_err(|e| snap_err(ErrorVerb::Read, e))?;
-        // The marker inside the export is the one this snapshot covers.
-        let marker = self.marker()?;
+        let marker = match snapshot_marker(&data).map_err(|e| snap_err(ErrorVerb::Read, e))? {
+            Some(bytes) => postcard::from_bytes::<AppliedMarker>(&bytes)
+                .map_err(|e| snap_err(ErrorVerb::Read, e))?,
+            None => AppliedMarker::default(),
+        };
         let meta = SnapshotMeta {
             last_log_id: marker.last_applied,
             last_membership: marker.membership.clone(),
@@ -264,5 +280,86 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
             meta: file.meta,
             snapshot: Box::new(Cursor::new(file.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use openraft::storage::RaftStateMachine;
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
+    use shoal_agent_api::{FileKind, Owner, ROOT_INO, Timestamp};
+    use shoal_meta::{Batch, Command, MetaStore, Proposal};
+
+    use super::StateMachine;
+    use crate::meta::types::Entry;
+
+    fn entry(index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Batch(vec![Proposal {
+                id: None,
+                now: Timestamp {
+                    secs: 1_000 + index as i64,
+                    nanos: 0,
+                },
+                command: Command::MkNode {
+                    parent: ROOT_INO,
+                    name: format!("f{index}"),
+                    kind: FileKind::File,
+                    perm: 0o644,
+                    owner: Owner { uid: 0, gid: 0 },
+                    rdev: 0,
+                    target: None,
+                },
+            }])),
+        }
+    }
+
+    fn machine(dir: &std::path::Path) -> (Arc<MetaStore>, StateMachine) {
+        let store = Arc::new(MetaStore::open(&dir.join("state.redb")).expect("open"));
+        let sm = StateMachine::new(store.clone(), dir);
+        (store, sm)
+    }
+
+    /// openraft builds a snapshot in a task of its own while entries keep being applied.
+    /// Entries applied between the export and the end of the build must not be claimed by
+    /// the snapshot: a learner that installs it applies them from the log afterwards and
+    /// ends up with the leader's state.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_built_while_applies_run_claims_only_what_it_holds() {
+        let leader_dir = tempfile::tempdir().expect("tmp");
+        let (leader, mut sm) = machine(leader_dir.path());
+        sm.apply((1..=10).map(entry)).await.expect("apply");
+        let applier = sm.clone();
+        sm.after_export = Some(Arc::new(move || {
+            let mut applier = applier.clone();
+            tokio::runtime::Handle::current()
+                .block_on(applier.apply((11..=20).map(entry)))
+                .expect("apply during the build");
+        }));
+        let snapshot = sm.build_snapshot().await.expect("build");
+        assert_eq!(
+            snapshot.meta.last_log_id.map(|l| l.index),
+            Some(10),
+            "the snapshot claims what its export holds"
+        );
+        let learner_dir = tempfile::tempdir().expect("tmp");
+        let (learner, mut lsm) = machine(learner_dir.path());
+        lsm.install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        let (applied, _) = lsm.applied_state().await.expect("applied");
+        let next = applied.map_or(1, |l| l.index + 1);
+        lsm.apply((next..=20).map(entry)).await.expect("catch up");
+        let (leader_marker, leader_digest) = leader.digest().expect("digest");
+        let (learner_marker, learner_digest) = learner.digest().expect("digest");
+        assert_eq!(learner_marker, leader_marker);
+        assert_eq!(
+            learner_digest, leader_digest,
+            "the learner's state is the leader's"
+        );
+        assert_eq!(learner.stats().expect("stats").inodes, 21);
     }
 }

@@ -224,6 +224,21 @@ impl OpenFiles {
         file.take_error()
     }
 
+    /// fsync is per file, not per descriptor: sends the buffers of every handle of the
+    /// inode, waits for all of the inode's writes, and fails if any of them failed. This
+    /// handle's failure is reported (and cleared) here; another handle's is reported but
+    /// kept for that handle's own flush or close.
+    pub async fn fsync(&self, file: &Arc<OpenFile>) -> Result<(), Errno> {
+        self.flush_inode(file.ino).await;
+        file.take_error()?;
+        for other in self.handles_of(file.ino) {
+            if let Some(e) = *lock(&other.outcome.error) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Makes every write to `ino` buffered in this mount committed (read-your-writes);
     /// failures stay on their handles.
     pub async fn flush_inode(&self, ino: Ino) {
@@ -506,6 +521,44 @@ mod tests {
         files.flush(&b).await.expect("flush b");
         files.flush(&a).await.expect("flush a");
         assert_eq!(writes(&mut seen), vec![(0, 100), (50, 100)]);
+    }
+
+    #[tokio::test]
+    async fn fsync_covers_writes_buffered_through_another_handle_of_the_file() {
+        let (files, mut seen) = files("fsync", 1 << 30);
+        let a = files.open(1, 5);
+        let b = files.open(2, 5);
+        let other = files.open(3, 6);
+        files.write(&a, 0, &[1; 100]).await.expect("write a");
+        files.write(&other, 0, &[3; 10]).await.expect("write other");
+        assert_eq!(files.fsync(&b).await, Ok(()));
+        assert_eq!(
+            writes(&mut seen),
+            vec![(0, 100)],
+            "a's buffer, not the other file's"
+        );
+        assert!(!files.has_pending(5));
+        assert!(files.has_pending(6));
+    }
+
+    #[tokio::test]
+    async fn fsync_reports_a_failed_write_through_another_handle() {
+        let (files, _seen) = files_answering("fsync-fail", 1 << 30, |r| match r {
+            Request::Fs(FsRequest::Write { .. }) => {
+                Some(Response::Fs(FsResponse::Error(FsError::NoSpace)))
+            }
+            r => Some(attr_answer(r)),
+        });
+        let a = files.open(1, 5);
+        let b = files.open(2, 5);
+        files.write(&a, 0, b"lost").await.expect("write a");
+        assert_eq!(files.fsync(&b).await, Err(Errno::ENOSPC));
+        assert_eq!(
+            files.flush(&a).await,
+            Err(Errno::ENOSPC),
+            "a still hears of it"
+        );
+        assert_eq!(files.fsync(&b).await, Ok(()));
     }
 
     #[tokio::test]

@@ -414,7 +414,7 @@ impl fuser::Filesystem for ShoalFs {
         reply: ReplyEmpty,
     ) {
         self.spawn(
-            move |s: Arc<FsState>| async move { s.flush(fh.0).await },
+            move |s: Arc<FsState>| async move { s.fsync(fh.0).await },
             move |_, r| empty(reply, r),
         );
     }

@@ -256,6 +256,14 @@ impl FsState {
         }
     }
 
+    /// fsync waits for every buffered write of the file, whichever handle took it.
+    pub async fn fsync(&self, fh: u64) -> Result<(), Errno> {
+        match self.files.get(fh) {
+            Some(file) => self.files.fsync(&file).await,
+            None => Ok(()),
+        }
+    }
+
     pub async fn release(&self, fh: u64) -> Result<(), Errno> {
         let result = self.flush(fh).await;
         self.files.close(fh);

@@ -64,6 +64,14 @@ pub enum MeshError {
     /// Bytes from the network did not decode as the expected message.
     #[error("malformed RPC message: {0}")]
     RpcDecode(String),
+    /// The request is larger than any peer accepts; it was not sent. Sending it again
+    /// fails the same way: the caller must send less.
+    #[error("RPC {endpoint} request of {bytes} bytes is over the {max}-byte limit")]
+    MessageTooLarge {
+        endpoint: &'static str,
+        bytes: usize,
+        max: usize,
+    },
 }
 
 impl MeshError {

@@ -29,8 +29,9 @@ use crate::tls::TlsFiles;
 
 /// Wire version of the RPC framing.
 pub const RPC_VERSION: u8 = 1;
-/// Largest request or response body accepted.
-const MAX_MESSAGE: usize = 16 << 20;
+/// Largest request or response accepted (head and body). A caller sending more gets
+/// [`MeshError::MessageTooLarge`] without anything being sent.
+pub const MAX_MESSAGE: usize = 16 << 20;
 
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
@@ -377,8 +378,15 @@ impl Transport {
             endpoint: M::ENDPOINT.to_owned(),
             from: self.me,
         };
-        let mut request = postcard::to_allocvec(&head).map_err(|e| stream_err(e.to_string()))?;
-        request.extend(postcard::to_allocvec(msg).map_err(|e| stream_err(e.to_string()))?);
+        let request = postcard::to_allocvec(&head).map_err(|e| stream_err(e.to_string()))?;
+        let request = postcard::to_extend(msg, request).map_err(|e| stream_err(e.to_string()))?;
+        if request.len() > MAX_MESSAGE {
+            return Err(MeshError::MessageTooLarge {
+                endpoint: M::ENDPOINT,
+                bytes: request.len(),
+                max: MAX_MESSAGE,
+            });
+        }
         let response = match (lane, self.bulk.get()) {
             (Lane::Bulk, Some(bulk)) => bulk
                 .exchange(peer, &request)

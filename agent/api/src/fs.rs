@@ -105,6 +105,9 @@ pub struct Owner {
     pub gid: u32,
 }
 
+/// The most bytes one [`FsRequest::Read`] or [`FsRequest::Write`] may move (half a frame).
+pub const MAX_READ: u32 = 32 << 20;
+
 /// The most entries one [`FsRequest::ReadDir`] answers with (names are at most 255 bytes,
 /// so a page stays near 1 MiB).
 pub const MAX_DIR_PAGE: u32 = 4096;
@@ -235,6 +238,8 @@ pub enum FsRequest {
         session: u64,
         handle: u64,
     },
+    /// Reads at most `len` bytes at `offset` (fewer only at the end of the file). `len`
+    /// over [`MAX_READ`] is refused as invalid.
     Read {
         ino: Ino,
         offset: u64,

@@ -15,7 +15,8 @@ pub use client::AgentClient;
 pub use error::ApiError;
 pub use fs::{
     DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, FsRequest, FsResponse, FsStats, Ino,
-    MAX_DIR_PAGE, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
+    MAX_DIR_PAGE, MAX_READ, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime,
+    Timestamp,
 };
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{

@@ -2,8 +2,10 @@
 //! namespace or layout change, and the [`Outcome`] the state machine gives back.
 //!
 //! Everything a command needs to apply deterministically is in the command: the time
-//! (`now`, the proposer's clock), owners, stripe records. Applying the same log on any
-//! replica gives the same state and the same outcomes.
+//! (`now`, the proposer's clock, for file times), owners, stripe records. Applying the same
+//! log on any replica gives the same state and the same outcomes. What must not depend on
+//! any one agent's wall clock (when a mount session counts as idle, when a fence may be
+//! forgotten) runs on the cluster clock instead, advanced by the leader's stamps.
 
 use serde::{Deserialize, Serialize};
 use shoal_agent_api::{
@@ -14,7 +16,35 @@ use shoal_placement::{Layout, StripeId};
 
 /// One log entry: proposals batched by the leader, applied in order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Batch(pub Vec<Proposal>);
+pub struct Batch {
+    pub proposals: Vec<Proposal>,
+    /// The leader's monotonic clock when it made the entry; `None` in entries written
+    /// before stamps existed (log record version 1) and in entries not made by a leader's
+    /// batcher. See [`LeaderStamp`].
+    pub stamp: Option<LeaderStamp>,
+}
+
+impl Batch {
+    /// A batch without a stamp (it does not advance the cluster clock).
+    pub fn new(proposals: Vec<Proposal>) -> Batch {
+        Batch {
+            proposals,
+            stamp: None,
+        }
+    }
+}
+
+/// A reading of the proposing leader's monotonic clock. The cluster clock advances by the
+/// difference between two stamps of the same leader `run` (one process lifetime of one
+/// leader); a stamp of another run advances it by nothing. So no agent's wall clock,
+/// however skewed, moves it, and every replica computes the same value from the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderStamp {
+    /// Random, drawn once per leader process.
+    pub run: u64,
+    /// Milliseconds on that process's monotonic clock.
+    pub millis: u64,
+}
 
 /// One command and who asked for it. A second proposal with the same `id` is not applied
 /// again: the state machine answers with the outcome of the first.
@@ -109,6 +139,50 @@ pub enum Command {
     SetLayout {
         layout: Layout,
     },
+    /// Fences stripes whose shards a node wants to delete because no extent references
+    /// them (a writer that failed or crashed before its commit). Stripes the metadata knows
+    /// (live or garbage) are left alone; the rest are recorded as abandoned, and a later
+    /// [`Command::WriteExtents`] naming one is refused with
+    /// [`Outcome::StripeAbandoned`]. Answered with [`Outcome::Abandoned`]: the ids whose
+    /// shards may now be deleted.
+    AbandonStripes {
+        ids: Vec<StripeId>,
+    },
+}
+
+impl Command {
+    /// Refuses, before it is proposed, a command whose names or symlink target no
+    /// directory may hold: the log should not carry (and replicate) what every replica
+    /// would refuse anyway. Applying checks the same again.
+    pub fn precheck(&self) -> Result<(), FsError> {
+        use crate::namespace::{SYMLINK_MAX, check_name};
+        let long = |name: &str| {
+            if name.len() > shoal_agent_api::NAME_MAX {
+                Err(FsError::NameTooLong)
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Command::MkNode { name, target, .. } => {
+                check_name(name)?;
+                if target.as_ref().is_some_and(|t| t.len() > SYMLINK_MAX) {
+                    return Err(FsError::NameTooLong);
+                }
+                Ok(())
+            }
+            Command::Link { new_name, .. } => check_name(new_name),
+            Command::Unlink { name, .. } | Command::Rmdir { name, .. } => long(name),
+            Command::Rename { name, new_name, .. } => {
+                long(name)?;
+                check_name(new_name)
+            }
+            Command::WriteInline {
+                data, max_inline, ..
+            } if data.len() as u64 > *max_inline => Err(FsError::Invalid),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What applying one proposal gave.
@@ -129,4 +203,54 @@ pub enum Outcome {
     Conflict,
     /// The namespace refused the command (the errno for the caller).
     Failed(FsError),
+    /// AbandonStripes: the stripes now fenced (no longer writable into a file).
+    Abandoned(Vec<StripeId>),
+    /// WriteExtents refused: this stripe was abandoned (its shards may be gone); nothing
+    /// changed. The writer writes its data to new stripes and commits again.
+    StripeAbandoned(StripeId),
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_agent_api::{FileKind, FsError, NAME_MAX, ROOT_INO, RenameFlags};
+
+    use super::Command;
+    use crate::testkit::mknode_cmd;
+
+    #[test]
+    fn precheck_refuses_names_and_targets_too_long_to_hold() {
+        let long = "n".repeat(NAME_MAX + 1);
+        assert_eq!(
+            mknode_cmd(ROOT_INO, &long, FileKind::File).precheck(),
+            Err(FsError::NameTooLong)
+        );
+        assert_eq!(
+            mknode_cmd(ROOT_INO, "a/b", FileKind::File).precheck(),
+            Err(FsError::Invalid)
+        );
+        let mut link = mknode_cmd(ROOT_INO, "l", FileKind::Symlink);
+        if let Command::MkNode { target, .. } = &mut link {
+            *target = Some("t".repeat(4096));
+        }
+        assert_eq!(link.precheck(), Err(FsError::NameTooLong));
+        let rename = Command::Rename {
+            parent: ROOT_INO,
+            name: "a".into(),
+            new_parent: ROOT_INO,
+            new_name: long.clone(),
+            flags: RenameFlags::default(),
+        };
+        assert_eq!(rename.precheck(), Err(FsError::NameTooLong));
+        let inline = Command::WriteInline {
+            ino: 2,
+            offset: 0,
+            data: vec![0; 10],
+            max_inline: 9,
+        };
+        assert_eq!(inline.precheck(), Err(FsError::Invalid));
+        assert_eq!(
+            mknode_cmd(ROOT_INO, &"n".repeat(NAME_MAX), FileKind::File).precheck(),
+            Ok(())
+        );
+    }
 }

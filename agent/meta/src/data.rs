@@ -83,6 +83,11 @@ pub(crate) fn write_extents(
     if !node.inline.is_empty() && inline_version != Some(node.data_version) {
         return Ok(Outcome::Conflict);
     }
+    for ext in extents {
+        if tx.is_abandoned(ext.stripe.id)? {
+            return Ok(Outcome::StripeAbandoned(ext.stripe.id));
+        }
+    }
 
     node.inline = Vec::new();
     for ext in extents {
@@ -183,6 +188,20 @@ pub(crate) fn stripes_freed(tx: &mut Tx<'_>, ids: &[StripeId]) -> Result<Outcome
     Ok(Outcome::Done)
 }
 
+/// Fences the stripes the metadata does not know; answers which ones (their shards may go).
+pub(crate) fn abandon_stripes(tx: &mut Tx<'_>, ids: &[StripeId]) -> Result<Outcome, MetaError> {
+    let mut fenced = Vec::new();
+    for &id in ids {
+        if tx.stripe_known(id)? {
+            continue;
+        }
+        tx.abandon(id)?;
+        fenced.push(id);
+    }
+    tx.expire_abandoned()?;
+    Ok(Outcome::Abandoned(fenced))
+}
+
 #[cfg(test)]
 mod tests {
     use shoal_agent_api::{FsError, ROOT_INO, SetAttr};
@@ -204,6 +223,70 @@ mod tests {
             size: Some(size),
             ..SetAttr::default()
         }
+    }
+
+    fn abandon(kit: &mut Kit, ids: &[u128]) -> Vec<u128> {
+        let ids = ids.iter().map(|&i| shoal_placement::StripeId(i)).collect();
+        match kit.run(Command::AbandonStripes { ids }) {
+            Outcome::Abandoned(fenced) => fenced.into_iter().map(|i| i.0).collect(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_commit_naming_an_abandoned_stripe_is_refused_and_changes_nothing() {
+        let mut kit = Kit::new();
+        let f = kit.mkfile(ROOT_INO, "f");
+        assert_eq!(abandon(&mut kit, &[7]), [7]);
+        let before = kit.store.digest().expect("digest").1;
+        assert_eq!(
+            kit.write_extents(f, vec![extent(0, 100, 8), extent(100, 10, 7)]),
+            Outcome::StripeAbandoned(shoal_placement::StripeId(7))
+        );
+        assert_eq!(
+            kit.store.digest().expect("digest").1,
+            before,
+            "nothing applied"
+        );
+        assert!(extents(&kit, f).is_empty());
+        // Other stripes still commit.
+        assert!(matches!(
+            kit.write_extents(f, vec![extent(0, 100, 8)]),
+            Outcome::Attr(_)
+        ));
+    }
+
+    #[test]
+    fn stripes_the_metadata_knows_are_never_abandoned() {
+        let mut kit = Kit::new();
+        let f = kit.mkfile(ROOT_INO, "f");
+        kit.write_extents(f, vec![extent(0, 100, 1)]);
+        kit.write_extents(f, vec![extent(0, 100, 2)]);
+        assert_eq!(kit.garbage_ids(), [1]);
+        // 1 is garbage (its shards are the collector's), 2 is live, 3 unknown.
+        assert_eq!(abandon(&mut kit, &[1, 2, 3]), [3]);
+        assert_eq!(extents(&kit, f), [(0, 100, 0, 2)]);
+        assert_eq!(abandon(&mut kit, &[3]), [3], "idempotent");
+    }
+
+    #[test]
+    fn abandoned_stripes_are_forgotten_after_a_day_of_cluster_time() {
+        let mut kit = Kit::stamped();
+        abandon(&mut kit, &[5]);
+        let f = kit.mkfile(ROOT_INO, "f");
+        kit.clock += (crate::tx::ABANDON_KEEP_MS / 1000) as i64 + 10;
+        abandon(&mut kit, &[6]);
+        assert_eq!(
+            kit.write_extents(f, vec![extent(0, 10, 6)]),
+            Outcome::StripeAbandoned(shoal_placement::StripeId(6))
+        );
+        assert!(
+            matches!(
+                kit.write_extents(f, vec![extent(0, 10, 5)]),
+                Outcome::Attr(_)
+            ),
+            "5's fence expired"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod snapshot;
 mod store;
 mod tx;
 
-pub use command::{Batch, Command, NewExtent, Outcome, Proposal};
+pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal};
 pub use error::MetaError;
 pub use query::{FileData, NamespaceStats};
 pub use snapshot::snapshot_marker;

@@ -19,7 +19,7 @@ use crate::{MetaError, Outcome};
 pub(crate) const LINK_MAX: u32 = 65000;
 
 /// Longest symlink target, in bytes (Linux `PATH_MAX` less the NUL).
-const SYMLINK_MAX: usize = 4095;
+pub(crate) const SYMLINK_MAX: usize = 4095;
 
 const S_ISGID: u16 = 0o2000;
 
@@ -643,7 +643,10 @@ mod tests {
                 },
             })
             .collect();
-        let out = kit.store.apply(&[Batch(proposals)], b"m").expect("apply");
+        let out = kit
+            .store
+            .apply(&[Batch::new(proposals)], b"m")
+            .expect("apply");
         assert!(out[0].iter().all(|o| matches!(o, Outcome::Attr(_))));
         assert_eq!(kit.nlink(f), LINK_MAX);
         let one_more = Command::Link {

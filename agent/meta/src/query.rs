@@ -187,6 +187,14 @@ impl MetaStore {
         })
     }
 
+    /// The cluster clock in milliseconds (leader time the group has seen, replica-exact).
+    pub fn clock_ms(&self) -> Result<u64, MetaError> {
+        let txn = self.read()?;
+        let clock: Option<crate::record::ClockRecord> =
+            record::read_state(&txn.open_table(STATE)?, crate::record::KEY_CLOCK)?;
+        Ok(clock.unwrap_or_default().now_ms)
+    }
+
     pub fn stats(&self) -> Result<NamespaceStats, MetaError> {
         let txn = self.read()?;
         let inodes = txn.open_table(INODES)?;
@@ -350,7 +358,9 @@ mod tests {
             command: unlink,
         };
         let before = kit.store.applied().expect("applied");
-        let applied = kit.store.apply(&[crate::Batch(vec![proposal])], b"next");
+        let applied = kit
+            .store
+            .apply(&[crate::Batch::new(vec![proposal])], b"next");
         assert!(matches!(applied, Err(MetaError::Corrupt(_))));
         assert_eq!(
             kit.store.applied().expect("applied"),

@@ -2,9 +2,9 @@
 //!
 //! Every table is keyed by inode first — `inodes(ino)`, `dirents((parent, name))`,
 //! `extents((ino, offset))`, `orphans(ino)` — so a later split of the namespace into Raft
-//! groups by `hash(ino)` is a key filter. A stripe (`stripes(id)`, `garbage(id)`) belongs
-//! to the group of the inode whose extents reference it. `dedup((client, seq))`,
-//! `clients(client)` and `state(name)` are per group.
+//! groups by `hash(ino)` is a key filter. A stripe (`stripes(id)`, `garbage(id)`,
+//! `abandoned(id)`) belongs to the group of the inode whose extents reference it.
+//! `dedup((client, seq))`, `sessions(client)` and `state(name)` are per group.
 //!
 //! Every value is one version byte ([`RECORD_VERSION`]) followed by the postcard encoding
 //! of the record, so a later format can be told apart from this one. The applied marker is
@@ -37,9 +37,16 @@ pub(crate) const GARBAGE: TableDefinition<u128, Bytes> = TableDefinition::new("g
 pub(crate) const ORPHANS: TableDefinition<u64, Bytes> = TableDefinition::new("orphans");
 /// (Client, seq) → the [`crate::Outcome`] of the first application of that request.
 pub(crate) const DEDUP: TableDefinition<(u64, u64), Bytes> = TableDefinition::new("dedup");
-/// Client → [`Timestamp`] of its latest request in `dedup`: a client idle for
-/// [`crate::tx::CLIENT_IDLE_SECS`] is forgotten with its requests.
-pub(crate) const CLIENTS: TableDefinition<u64, Bytes> = TableDefinition::new("clients");
+/// Client → the cluster clock (milliseconds, u64 record) at its latest request in
+/// `dedup`: a client idle for [`crate::tx::CLIENT_IDLE_MS`] is forgotten with its
+/// requests.
+pub(crate) const SESSIONS: TableDefinition<u64, Bytes> = TableDefinition::new("sessions");
+/// The same on proposers' wall clocks ([`Timestamp`] records), as written before the
+/// cluster clock existed; migrated into `sessions` when the store opens.
+pub(crate) const LEGACY_CLIENTS: TableDefinition<u64, Bytes> = TableDefinition::new("clients");
+/// Stripe id → the cluster clock (milliseconds, u64 record) when it was abandoned: fenced
+/// against a late commit, its shards deleted (see `Command::AbandonStripes`).
+pub(crate) const ABANDONED: TableDefinition<u128, Bytes> = TableDefinition::new("abandoned");
 /// Name → value; the names are the `KEY_*` constants.
 pub(crate) const STATE: TableDefinition<&str, Bytes> = TableDefinition::new("state");
 
@@ -53,6 +60,10 @@ pub(crate) const KEY_APPLIED: &str = "applied";
 pub(crate) const KEY_STRIPE_BYTES: &str = "stripe_bytes";
 /// `state` key: the client the idle-client sweep looks at next (u64 record).
 pub(crate) const KEY_CLIENT_SWEEP: &str = "client_sweep";
+/// `state` key: the cluster clock ([`ClockRecord`]).
+pub(crate) const KEY_CLOCK: &str = "clock";
+/// `state` key: the abandoned stripe the expiry sweep looks at next (u128 record).
+pub(crate) const KEY_ABANDON_SWEEP: &str = "abandon_sweep";
 
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;
@@ -146,6 +157,29 @@ pub(crate) struct ExtentRecord {
 pub(crate) struct StripeEntry {
     pub record: StripeRecord,
     pub refs: u64,
+}
+
+/// The cluster clock: milliseconds of leader time since the group began (or since this
+/// state was first written by a version that keeps it), and the last leader stamp seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ClockRecord {
+    pub now_ms: u64,
+    pub run: u64,
+    pub run_millis: u64,
+}
+
+impl ClockRecord {
+    /// Advances by the time between the last stamp and `stamp` when both come from the
+    /// same leader run; a stamp of another run only becomes the new reference.
+    pub(crate) fn advance(&mut self, stamp: crate::LeaderStamp) {
+        if stamp.run == self.run && stamp.millis > self.run_millis {
+            self.now_ms = self.now_ms.saturating_add(stamp.millis - self.run_millis);
+        }
+        if stamp.run != self.run || stamp.millis > self.run_millis {
+            self.run = stamp.run;
+            self.run_millis = stamp.millis;
+        }
+    }
 }
 
 /// A record as stored: the version byte, then postcard.
@@ -253,15 +287,43 @@ pub(crate) fn read_state_u64(
     key: &str,
     default: u64,
 ) -> Result<u64, MetaError> {
+    Ok(read_state(table, key)?.unwrap_or(default))
+}
+
+/// A state value, if set.
+pub(crate) fn read_state<T: DeserializeOwned>(
+    table: &impl ReadableTable<&'static str, Bytes>,
+    key: &str,
+) -> Result<Option<T>, MetaError> {
     match table.get(key)? {
-        Some(guard) => decode(guard.value(), key),
-        None => Ok(default),
+        Some(guard) => decode(guard.value(), key).map(Some),
+        None => Ok(None),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LeaderStamp;
+
+    #[test]
+    fn the_cluster_clock_advances_only_within_one_leader_run() {
+        let mut c = ClockRecord::default();
+        let at = |run, millis| LeaderStamp { run, millis };
+        c.advance(at(7, 1_000));
+        assert_eq!(c.now_ms, 0, "the first stamp of a run is only a reference");
+        c.advance(at(7, 1_500));
+        assert_eq!(c.now_ms, 500);
+        c.advance(at(7, 1_200));
+        assert_eq!(c.now_ms, 500, "an older stamp of the run changes nothing");
+        c.advance(at(7, 1_600));
+        assert_eq!(c.now_ms, 600);
+        // A new leader whose monotonic clock reads anything at all: no jump.
+        c.advance(at(9, 99_000_000));
+        assert_eq!(c.now_ms, 600);
+        c.advance(at(9, 99_000_250));
+        assert_eq!(c.now_ms, 850);
+    }
 
     #[test]
     fn records_carry_a_version_and_nothing_after() {

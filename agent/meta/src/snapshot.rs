@@ -1,9 +1,11 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`] and, from version 2, of [`Clients`] after it and the crc32c
-//! of all the bytes before it (u32 little-endian) at the end. Version 1 snapshots (no
-//! clients, no checksum) still install. Records inside are decoded (and so
+//! encoding of [`SnapshotV1`], then (version 3) of [`Tail`] — sessions on the cluster
+//! clock, the clock itself, abandoned stripes — and the crc32c of all the bytes before it
+//! (u32 little-endian) at the end. Older versions still install: version 2 carried
+//! [`ClientsV2`] (sessions on proposers' wall clocks; installed as last seen at cluster
+//! time 0), version 1 neither that nor a checksum. Records inside are decoded (and so
 //! checked) on install.
 
 use redb::{
@@ -14,16 +16,17 @@ use shoal_agent_api::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::Layout;
 
 use crate::record::{
-    self, CLIENTS, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
-    InodeRecord, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
-    ORPHANS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
+    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
+    GARBAGE, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK,
+    KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES,
+    StripeEntry, decode, decode_exact, encode,
 };
 use crate::{MetaError, MetaStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 2;
+const SNAPSHOT_VERSION: u8 = 3;
 
-/// Everything the state machine holds but the clients table (version 2 appends it).
+/// Everything the state machine held in version 1 (later versions append a tail).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct SnapshotV1 {
     applied: Option<Vec<u8>>,
@@ -57,7 +60,7 @@ where
 }
 
 /// Every table, decoded, as of `txn`.
-fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Clients), MetaError> {
+fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), MetaError> {
     let state = txn.open_table(STATE)?;
     let layout = match state.get(KEY_LAYOUT)? {
         Some(guard) => Some(decode(guard.value(), "layout")?),
@@ -79,11 +82,14 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Clients), MetaError> {
             (RequestId { client, seq }, v)
         })?,
     };
-    let clients = Clients {
-        clients: rows(&txn.open_table(CLIENTS)?, "client", |k, v| (k, v))?,
+    let tail = Tail {
+        sessions: rows(&txn.open_table(SESSIONS)?, "session", |k, v| (k, v))?,
         sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
+        clock: record::read_state(&state, KEY_CLOCK)?.unwrap_or_default(),
+        abandoned: rows(&txn.open_table(ABANDONED)?, "abandoned", |k, v| (k, v))?,
+        abandon_sweep: record::read_state(&state, KEY_ABANDON_SWEEP)?.unwrap_or(0),
     };
-    Ok((snap, clients))
+    Ok((snap, tail))
 }
 
 /// 64-bit FNV-1a: a cheap digest to tell replicas apart (not for adversarial input).
@@ -99,12 +105,12 @@ impl MetaStore {
     /// (read it back with [`snapshot_marker`]).
     pub fn snapshot(&self) -> Result<Vec<u8>, MetaError> {
         let txn = self.db.begin_read()?;
-        let (snap, clients) = export(&txn)?;
+        let (snap, tail) = export(&txn)?;
         let mut out = MAGIC.to_vec();
         out.push(SNAPSHOT_VERSION);
         let encoding = |e| MetaError::Storage(format!("encoding the snapshot: {e}"));
         let out = postcard::to_extend(&snap, out).map_err(encoding)?;
-        let mut out = postcard::to_extend(&clients, out).map_err(encoding)?;
+        let mut out = postcard::to_extend(&tail, out).map_err(encoding)?;
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         Ok(out)
@@ -116,21 +122,21 @@ impl MetaStore {
     /// held) has another one.
     pub fn digest(&self) -> Result<(Option<Vec<u8>>, u64), MetaError> {
         let txn = self.db.begin_read()?;
-        let (mut snap, clients) = export(&txn)?;
+        let (mut snap, tail) = export(&txn)?;
         let applied = snap.applied.take();
         let encoding = |e| MetaError::Storage(format!("encoding the state: {e}"));
         let bytes = postcard::to_extend(&snap, Vec::new()).map_err(encoding)?;
-        let bytes = postcard::to_extend(&clients, bytes).map_err(encoding)?;
+        let bytes = postcard::to_extend(&tail, bytes).map_err(encoding)?;
         Ok((applied, fnv1a64(&bytes)))
     }
 
     /// Replaces the whole state with `snapshot`, atomically. Bytes that are not a snapshot
     /// of a known version are refused with [`MetaError::Corrupt`] and change nothing.
     pub fn install(&self, snapshot: &[u8]) -> Result<(), MetaError> {
-        let (snap, clients) = parse(snapshot)?;
+        let (snap, tail) = parse(snapshot)?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
-        write_all(&txn, &snap, &clients)?;
+        write_all(&txn, &snap, &tail)?;
         txn.commit()?;
         Ok(())
     }
@@ -145,11 +151,32 @@ pub fn snapshot_marker(snapshot: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
         .map_err(|e| MetaError::Corrupt(format!("snapshot marker: {e}")))
 }
 
-/// The clients table and the idle-client sweep's position (version 2 on).
+/// Version 2's tail: sessions on the proposers' wall clocks, and the sweep's position.
 #[derive(Debug, Default, Serialize, Deserialize)]
-struct Clients {
+struct ClientsV2 {
     clients: Vec<(u64, Timestamp)>,
     sweep: u64,
+}
+
+/// Version 3's tail: sessions on the cluster clock (milliseconds), the idle-session
+/// sweep's position, the cluster clock, and abandoned stripes with their sweep position.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Tail {
+    sessions: Vec<(u64, u64)>,
+    sweep: u64,
+    clock: ClockRecord,
+    abandoned: Vec<(u128, u64)>,
+    abandon_sweep: u128,
+}
+
+impl From<ClientsV2> for Tail {
+    fn from(v2: ClientsV2) -> Tail {
+        Tail {
+            sessions: v2.clients.into_iter().map(|(c, _)| (c, 0)).collect(),
+            sweep: v2.sweep,
+            ..Tail::default()
+        }
+    }
 }
 
 /// The version byte and the body after it (checked against its checksum from version 2).
@@ -161,7 +188,7 @@ fn body(bytes: &[u8]) -> Result<(u8, &[u8]), MetaError> {
     };
     match rest.split_first() {
         Some((1, body)) => Ok((1, body)),
-        Some((&v, body)) if v == SNAPSHOT_VERSION => {
+        Some((&v, body)) if (2..=SNAPSHOT_VERSION).contains(&v) => {
             let Some((body, crc)) = body.split_last_chunk::<4>() else {
                 return Err(MetaError::Corrupt("snapshot truncated".into()));
             };
@@ -178,14 +205,18 @@ fn body(bytes: &[u8]) -> Result<(u8, &[u8]), MetaError> {
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Clients), MetaError> {
+fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Tail), MetaError> {
     let (version, body) = body(bytes)?;
     if version == 1 {
-        return Ok((decode_exact(body, "snapshot")?, Clients::default()));
+        return Ok((decode_exact(body, "snapshot")?, Tail::default()));
     }
     let (snap, rest) = postcard::take_from_bytes(body)
         .map_err(|e| MetaError::Corrupt(format!("snapshot: {e}")))?;
-    Ok((snap, decode_exact(rest, "snapshot clients")?))
+    let tail = match version {
+        2 => decode_exact::<ClientsV2>(rest, "snapshot clients")?.into(),
+        _ => decode_exact(rest, "snapshot tail")?,
+    };
+    Ok((snap, tail))
 }
 
 /// Empties a table (deleting and recreating it).
@@ -198,11 +229,7 @@ fn clear<K: redb::Key + 'static>(
     Ok(())
 }
 
-fn write_all(
-    txn: &WriteTransaction,
-    snap: &SnapshotV1,
-    clients: &Clients,
-) -> Result<(), MetaError> {
+fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(), MetaError> {
     clear(txn, INODES)?;
     clear(txn, DIRENTS)?;
     clear(txn, EXTENTS)?;
@@ -210,8 +237,10 @@ fn write_all(
     clear(txn, GARBAGE)?;
     clear(txn, ORPHANS)?;
     clear(txn, DEDUP)?;
-    clear(txn, CLIENTS)?;
+    clear(txn, SESSIONS)?;
+    clear(txn, ABANDONED)?;
     clear(txn, STATE)?;
+    txn.delete_table(LEGACY_CLIENTS)?;
 
     let mut t = txn.open_table(INODES)?;
     for (ino, rec) in &snap.inodes {
@@ -243,15 +272,25 @@ fn write_all(
     for (id, outcome) in &snap.dedup {
         t.insert((id.client, id.seq), encode(outcome)?.as_slice())?;
     }
-    let mut t = txn.open_table(CLIENTS)?;
-    for (client, last) in &clients.clients {
+    let mut t = txn.open_table(SESSIONS)?;
+    for (client, last) in &tail.sessions {
         t.insert(*client, encode(last)?.as_slice())?;
+    }
+    let mut t = txn.open_table(ABANDONED)?;
+    for (id, at) in &tail.abandoned {
+        t.insert(*id, encode(at)?.as_slice())?;
     }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
     t.insert(KEY_STRIPE_BYTES, encode(&stripe_bytes)?.as_slice())?;
-    if clients.sweep != 0 {
-        t.insert(KEY_CLIENT_SWEEP, encode(&clients.sweep)?.as_slice())?;
+    if tail.sweep != 0 {
+        t.insert(KEY_CLIENT_SWEEP, encode(&tail.sweep)?.as_slice())?;
+    }
+    if tail.clock != ClockRecord::default() {
+        t.insert(KEY_CLOCK, encode(&tail.clock)?.as_slice())?;
+    }
+    if tail.abandon_sweep != 0 {
+        t.insert(KEY_ABANDON_SWEEP, encode(&tail.abandon_sweep)?.as_slice())?;
     }
     if let Some(layout) = &snap.layout {
         t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
@@ -338,28 +377,44 @@ mod tests {
         assert_eq!(fresh, kit.store.lookup(ROOT_INO, "s").expect("s").ino + 1);
     }
 
+    /// The version-3 export cut down to the bytes version 1 or 2 wrote: the body without
+    /// the tail, then (v2) the sessions on wall clocks and a checksum.
+    fn older(kit: &Kit, version: u8) -> Vec<u8> {
+        let v3 = kit.store.snapshot().expect("snapshot");
+        let body = &v3[5..v3.len() - 4];
+        let (_, rest): (super::SnapshotV1, &[u8]) = postcard::take_from_bytes(body).expect("body");
+        let mut out = v3[..v3.len() - 4 - rest.len()].to_vec();
+        out[4] = version;
+        if version == 2 {
+            let clients = super::ClientsV2 {
+                clients: vec![(1, crate::testkit::at(kit.clock))],
+                sweep: 0,
+            };
+            out = postcard::to_extend(&clients, out).expect("encode");
+            let crc = crc32c::crc32c(&out);
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+        out
+    }
+
     #[test]
-    fn version_1_snapshot_installs_without_clients() {
+    fn version_1_and_2_snapshots_still_install() {
         let kit = populated();
-        let v2 = kit.store.snapshot().expect("snapshot");
-        let v2 = &v2[..v2.len() - 4];
-        let tail = postcard::to_allocvec(&super::Clients {
-            clients: vec![(1, crate::testkit::at(kit.clock))],
-            sweep: 0,
-        })
-        .expect("encode");
-        assert!(v2.ends_with(&tail), "one client, seen at the last apply");
-        let mut v1 = v2[..v2.len() - tail.len()].to_vec();
-        v1[4] = 1;
-        let mut other = Kit::new();
-        other.store.install(&v1).expect("install v1");
-        assert_eq!(other.names(ROOT_INO), ["d", "g", "s"]);
-        // The requests came along; only the clients table is empty.
-        let repeat = other.run_with(
-            Some(RequestId { client: 1, seq: 1 }),
-            mknode_cmd(ROOT_INO, "s", FileKind::Symlink),
-        );
-        assert!(matches!(repeat, crate::Outcome::Attr(_)));
+        for version in [1, 2] {
+            let mut other = Kit::new();
+            other.store.install(&older(&kit, version)).expect("install");
+            assert_eq!(other.names(ROOT_INO), ["d", "g", "s"], "v{version}");
+            // The requests came along.
+            let repeat = other.run_with(
+                Some(RequestId { client: 1, seq: 1 }),
+                mknode_cmd(ROOT_INO, "s", FileKind::Symlink),
+            );
+            assert!(matches!(repeat, crate::Outcome::Attr(_)), "v{version}");
+            // Version 1 had no sessions; version 2's come on wall clocks and are taken
+            // as last seen at cluster time 0.
+            let want: &[(u64, u64)] = if version == 1 { &[] } else { &[(1, 0)] };
+            assert_eq!(other.sessions(), want, "v{version}");
+        }
     }
 
     #[test]
@@ -370,7 +425,7 @@ mod tests {
         let mut bad_magic = snap.clone();
         bad_magic[0] = b'X';
         let mut bad_version = snap.clone();
-        bad_version[4] = 3;
+        bad_version[4] = 4;
         let mut flipped = snap.clone();
         for byte in flipped.iter_mut().skip(5).step_by(7) {
             *byte ^= 0xa5;

@@ -8,7 +8,8 @@ use shoal_agent_api::Timestamp;
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
-    CLIENTS, DEDUP, DIRENTS, EXTENTS, GARBAGE, INODES, KEY_APPLIED, ORPHANS, STATE, STRIPES,
+    ABANDONED, DEDUP, DIRENTS, EXTENTS, GARBAGE, INODES, KEY_APPLIED, LEGACY_CLIENTS, ORPHANS,
+    SESSIONS, STATE, STRIPES, encode,
 };
 use crate::tx::Tx;
 use crate::{Batch, Command, MetaError, Outcome, data};
@@ -39,8 +40,10 @@ impl MetaStore {
         txn.open_table(GARBAGE)?;
         txn.open_table(ORPHANS)?;
         txn.open_table(DEDUP)?;
-        txn.open_table(CLIENTS)?;
+        txn.open_table(SESSIONS)?;
+        txn.open_table(ABANDONED)?;
         txn.open_table(STATE)?;
+        migrate_legacy_clients(&txn)?;
         txn.commit()?;
         Ok(MetaStore { db })
     }
@@ -84,8 +87,9 @@ impl MetaStore {
         {
             let mut tx = Tx::open(&txn)?;
             for batch in batches {
-                let mut outcomes = Vec::with_capacity(batch.0.len());
-                for proposal in &batch.0 {
+                tx.advance_clock(batch.stamp);
+                let mut outcomes = Vec::with_capacity(batch.proposals.len());
+                for proposal in &batch.proposals {
                     if let Some(id) = proposal.id
                         && let Some(first) = tx.dedup_get(id)?
                     {
@@ -99,8 +103,8 @@ impl MetaStore {
                         Err(e) => return Err(e),
                     };
                     if let Some(id) = proposal.id {
-                        tx.dedup_put(id, proposal.now, &outcome)?;
-                        tx.expire_idle_clients(proposal.now)?;
+                        tx.dedup_put(id, &outcome)?;
+                        tx.expire_idle_clients()?;
                     }
                     outcomes.push(outcome);
                 }
@@ -118,6 +122,27 @@ impl MetaStore {
         let state = txn.open_table(STATE)?;
         Ok(state.get(KEY_APPLIED)?.map(|g| g.value().to_vec()))
     }
+}
+
+/// Moves the rows of the `clients` table (proposers' wall clocks, written before the
+/// cluster clock existed) into `sessions`, as last seen at cluster time 0: they expire an
+/// hour of cluster time after the upgrade unless they are heard from again.
+fn migrate_legacy_clients(txn: &redb::WriteTransaction) -> Result<(), MetaError> {
+    use redb::{ReadableTable, ReadableTableMetadata};
+    let legacy = txn.open_table(LEGACY_CLIENTS)?;
+    if legacy.is_empty()? {
+        return Ok(());
+    }
+    let mut sessions = txn.open_table(SESSIONS)?;
+    for item in legacy.iter()? {
+        let (client, _) = item?;
+        if sessions.get(client.value())?.is_none() {
+            sessions.insert(client.value(), encode(&0u64)?.as_slice())?;
+        }
+    }
+    drop(legacy);
+    txn.delete_table(LEGACY_CLIENTS)?;
+    Ok(())
 }
 
 /// Applies one command. A namespace refusal comes back as `Err(MetaError::Fs)` before
@@ -191,6 +216,7 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
             tx.set_layout(layout)?;
             Ok(Outcome::Done)
         }
+        Command::AbandonStripes { ids } => data::abandon_stripes(tx, ids),
     }
 }
 
@@ -254,18 +280,19 @@ mod tests {
 
     #[test]
     fn idle_clients_are_forgotten_with_their_requests() {
-        use crate::record::{CLIENTS, DEDUP};
-        use crate::tx::CLIENT_IDLE_SECS;
+        use crate::record::{DEDUP, SESSIONS};
+        use crate::tx::CLIENT_IDLE_MS;
+        const CLIENT_IDLE_SECS: i64 = (CLIENT_IDLE_MS / 1000) as i64;
         use redb::{ReadableDatabase, ReadableTableMetadata};
 
-        let mut kit = Kit::new();
+        let mut kit = Kit::stamped();
         let req = |client, seq| Some(RequestId { client, seq });
         let rows = |kit: &Kit| {
             let txn = kit.store.db.begin_read().expect("read");
             let dedup = txn.open_table(DEDUP).expect("dedup").len().expect("len");
             let clients = txn
-                .open_table(CLIENTS)
-                .expect("clients")
+                .open_table(SESSIONS)
+                .expect("sessions")
                 .len()
                 .expect("len");
             (dedup, clients)
@@ -298,6 +325,32 @@ mod tests {
     }
 
     #[test]
+    fn a_proposer_with_a_skewed_clock_does_not_expire_other_sessions() {
+        let mut kit = Kit::stamped();
+        let req = |client, seq| Some(RequestId { client, seq });
+        let first = kit.run_with(req(1, 1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        // An agent two hours fast proposes for its own mount: the `now` it carries is its
+        // own clock; the leader's stamps move on by seconds only.
+        let skewed = |kit: &mut Kit, seq: u64, name: &str| {
+            kit.clock += 1;
+            let batch = Batch {
+                proposals: vec![Proposal {
+                    id: req(2, seq),
+                    now: at(kit.clock + 7_200),
+                    command: mknode_cmd(ROOT_INO, name, FileKind::File),
+                }],
+                stamp: Some(kit.stamp()),
+            };
+            kit.store.apply(&[batch], b"m").expect("apply");
+        };
+        for seq in 1..=4 {
+            skewed(&mut kit, seq, &format!("s{seq}"));
+        }
+        let again = kit.run_with(req(1, 1), mknode_cmd(ROOT_INO, "a", FileKind::File));
+        assert_eq!(again, first, "session 1 is still remembered");
+    }
+
+    #[test]
     fn one_apply_answers_per_batch_and_proposal() {
         let kit = Kit::new();
         let proposal = |name: &str| Proposal {
@@ -309,9 +362,9 @@ mod tests {
             .store
             .apply(
                 &[
-                    Batch(vec![proposal("a"), proposal("a")]),
-                    Batch(vec![]),
-                    Batch(vec![proposal("b")]),
+                    Batch::new(vec![proposal("a"), proposal("a")]),
+                    Batch::new(vec![]),
+                    Batch::new(vec![proposal("b")]),
                 ],
                 b"m1",
             )
@@ -332,7 +385,7 @@ mod tests {
             let store = MetaStore::open(&path).expect("open");
             store
                 .apply_unflushed(
-                    &[Batch(vec![Proposal {
+                    &[Batch::new(vec![Proposal {
                         id: None,
                         now: at(1),
                         command: mknode_cmd(ROOT_INO, "x", FileKind::File),
@@ -408,7 +461,9 @@ mod tests {
                     ),
                 })
                 .collect();
-            kit.store.apply(&[Batch(proposals)], b"m").expect("apply");
+            kit.store
+                .apply(&[Batch::new(proposals)], b"m")
+                .expect("apply");
         }
         let entries = kit.store.readdir(ROOT_INO).expect("readdir");
         assert_eq!(entries.len(), N);

@@ -6,13 +6,16 @@ use shoal_agent_api::{
 };
 use shoal_placement::{EcProfile, NodeId, StripeId};
 
-use crate::{Batch, Command, MetaStore, NewExtent, Outcome, Proposal};
+use crate::{Batch, Command, LeaderStamp, MetaStore, NewExtent, Outcome, Proposal};
 
 pub(crate) struct Kit {
     pub dir: tempfile::TempDir,
     pub store: MetaStore,
     /// The time the next proposal carries; each apply advances it by one second.
     pub clock: i64,
+    /// Whether applies carry a leader stamp of `clock` (so the cluster clock follows it);
+    /// off by default, so refused commands leave the state byte-identical.
+    pub stamped: bool,
 }
 
 pub(crate) fn at(secs: i64) -> Timestamp {
@@ -52,15 +55,34 @@ impl Kit {
             dir,
             store,
             clock: 100,
+            stamped: false,
+        }
+    }
+
+    /// A kit whose applies drive the cluster clock with `clock`.
+    pub(crate) fn stamped() -> Kit {
+        Kit {
+            stamped: true,
+            ..Kit::new()
         }
     }
 
     /// Drops and reopens the store from its file.
     pub(crate) fn restart(self) -> Kit {
-        let Kit { dir, store, clock } = self;
+        let Kit {
+            dir,
+            store,
+            clock,
+            stamped,
+        } = self;
         drop(store);
         let store = MetaStore::open(&dir.path().join("meta.redb")).expect("reopen");
-        Kit { dir, store, clock }
+        Kit {
+            dir,
+            store,
+            clock,
+            stamped,
+        }
     }
 
     pub(crate) fn run_with(&mut self, id: Option<RequestId>, command: Command) -> Outcome {
@@ -70,11 +92,38 @@ impl Kit {
             now: at(self.clock),
             command,
         };
-        let mut out = self
-            .store
-            .apply(&[Batch(vec![proposal])], b"marker")
-            .expect("apply");
+        let batch = Batch {
+            proposals: vec![proposal],
+            stamp: self.stamped.then(|| self.stamp()),
+        };
+        let mut out = self.store.apply(&[batch], b"marker").expect("apply");
         out.remove(0).remove(0)
+    }
+
+    /// The leader stamp of the next apply: one leader run whose clock is `clock`.
+    pub(crate) fn stamp(&self) -> LeaderStamp {
+        LeaderStamp {
+            run: 1,
+            millis: u64::try_from(self.clock).expect("positive clock") * 1000,
+        }
+    }
+
+    /// The sessions table: (client, cluster clock of its last request).
+    pub(crate) fn sessions(&self) -> Vec<(u64, u64)> {
+        use redb::{ReadableDatabase, ReadableTable};
+        let txn = self.store.db.begin_read().expect("read");
+        let table = txn.open_table(crate::record::SESSIONS).expect("sessions");
+        table
+            .iter()
+            .expect("iter")
+            .map(|row| {
+                let (k, v) = row.expect("row");
+                (
+                    k.value(),
+                    crate::record::decode(v.value(), "session").expect("decode"),
+                )
+            })
+            .collect()
     }
 
     pub(crate) fn run(&mut self, command: Command) -> Outcome {

@@ -12,11 +12,12 @@ use shoal_agent_api::{Ino, ROOT_INO, RequestId, StripeRecord, Timestamp};
 use shoal_placement::{Layout, StripeId};
 
 use crate::record::{
-    self, CLIENTS, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, INODES,
-    InodeRecord, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
-    ORPHANS, STATE, STRIPES, StripeEntry, decode, encode,
+    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
+    GARBAGE, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK,
+    KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry,
+    decode, encode,
 };
-use crate::{MetaError, Outcome};
+use crate::{LeaderStamp, MetaError, Outcome};
 
 /// How many recent request ids per client keep their outcome.
 pub(crate) const DEDUP_WINDOW: u64 = 4096;
@@ -24,8 +25,15 @@ pub(crate) const DEDUP_WINDOW: u64 = 4096;
 /// A client (a mount session) with no request for this long is forgotten, with the
 /// outcomes kept for it: a mount retries a request for minutes at most, and without this
 /// every mount session ever started would keep up to [`DEDUP_WINDOW`] rows. Measured on
-/// the proposals' clocks, so agents' clocks skewed by more than this would shorten it.
-pub(crate) const CLIENT_IDLE_SECS: i64 = 3600;
+/// the cluster clock (leader stamps), so no agent's wall clock can shorten it.
+pub(crate) const CLIENT_IDLE_MS: u64 = 3_600_000;
+
+/// How long an abandoned stripe stays fenced: far longer than any commit can be delayed
+/// (a proposal waits a minute for a leader at most).
+pub(crate) const ABANDON_KEEP_MS: u64 = 24 * 3_600_000;
+
+/// How many abandoned stripes one AbandonStripes apply checks for expiry.
+const ABANDON_SWEEP_STEP: usize = 16;
 
 /// How many clients one request-carrying proposal checks for idleness. Clients only
 /// appear through proposals, so the sweep keeps pace with their arrival.
@@ -47,11 +55,13 @@ pub(crate) struct Tx<'t> {
     garbage: Table<'t, u128, Bytes>,
     orphans: Table<'t, u64, Bytes>,
     dedup: Table<'t, (u64, u64), Bytes>,
-    clients: Table<'t, u64, Bytes>,
+    sessions: Table<'t, u64, Bytes>,
+    abandoned: Table<'t, u128, Bytes>,
     state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
     stripe_bytes: u64,
+    clock: ClockRecord,
 }
 
 impl<'t> Tx<'t> {
@@ -59,6 +69,7 @@ impl<'t> Tx<'t> {
         let state = txn.open_table(STATE)?;
         let next_ino = record::read_state_u64(&state, KEY_NEXT_INO, FIRST_INO)?;
         let stripe_bytes = record::read_state_u64(&state, KEY_STRIPE_BYTES, 0)?;
+        let clock = record::read_state(&state, KEY_CLOCK)?.unwrap_or_default();
         Ok(Tx {
             inodes: txn.open_table(INODES)?,
             dirents: txn.open_table(DIRENTS)?,
@@ -67,11 +78,13 @@ impl<'t> Tx<'t> {
             garbage: txn.open_table(GARBAGE)?,
             orphans: txn.open_table(ORPHANS)?,
             dedup: txn.open_table(DEDUP)?,
-            clients: txn.open_table(CLIENTS)?,
+            sessions: txn.open_table(SESSIONS)?,
+            abandoned: txn.open_table(ABANDONED)?,
             state,
             cache: BTreeMap::new(),
             next_ino,
             stripe_bytes,
+            clock,
         })
     }
 
@@ -94,8 +107,19 @@ impl<'t> Tx<'t> {
             .insert(KEY_NEXT_INO, encode(&self.next_ino)?.as_slice())?;
         self.state
             .insert(KEY_STRIPE_BYTES, encode(&self.stripe_bytes)?.as_slice())?;
+        self.state
+            .insert(KEY_CLOCK, encode(&self.clock)?.as_slice())?;
         self.state.insert(KEY_APPLIED, applied)?;
         Ok(())
+    }
+
+    // --- the cluster clock ---
+
+    /// Takes the stamp of the entry being applied.
+    pub(crate) fn advance_clock(&mut self, stamp: Option<LeaderStamp>) {
+        if let Some(stamp) = stamp {
+            self.clock.advance(stamp);
+        }
     }
 
     // --- inodes ---
@@ -322,17 +346,14 @@ impl<'t> Tx<'t> {
         }
     }
 
-    /// Remembers a request's outcome, applied at `now`, and forgets the client's requests
-    /// that fell out of the window (seq below the highest seen minus [`DEDUP_WINDOW`]).
-    pub(crate) fn dedup_put(
-        &mut self,
-        id: RequestId,
-        now: Timestamp,
-        outcome: &Outcome,
-    ) -> Result<(), MetaError> {
+    /// Remembers a request's outcome, applied now (cluster clock), and forgets the client's
+    /// requests that fell out of the window (seq below the highest seen minus
+    /// [`DEDUP_WINDOW`]).
+    pub(crate) fn dedup_put(&mut self, id: RequestId, outcome: &Outcome) -> Result<(), MetaError> {
         self.dedup
             .insert((id.client, id.seq), encode(outcome)?.as_slice())?;
-        self.clients.insert(id.client, encode(&now)?.as_slice())?;
+        let now = self.clock.now_ms;
+        self.sessions.insert(id.client, encode(&now)?.as_slice())?;
         let highest = match self
             .dedup
             .range((id.client, 0)..=(id.client, u64::MAX))?
@@ -355,13 +376,13 @@ impl<'t> Tx<'t> {
     }
 
     /// Checks the next few clients (in id order, wrapping around) and forgets those idle
-    /// for [`CLIENT_IDLE_SECS`] before `now`, with every outcome kept for them.
-    pub(crate) fn expire_idle_clients(&mut self, now: Timestamp) -> Result<(), MetaError> {
+    /// for [`CLIENT_IDLE_MS`] of cluster time, with every outcome kept for them.
+    pub(crate) fn expire_idle_clients(&mut self) -> Result<(), MetaError> {
         let start = record::read_state_u64(&self.state, KEY_CLIENT_SWEEP, 0)?;
-        let mut seen: Vec<(u64, Timestamp)> = Vec::with_capacity(CLIENT_SWEEP_STEP);
-        for item in self.clients.range(start..)?.take(CLIENT_SWEEP_STEP) {
+        let mut seen: Vec<(u64, u64)> = Vec::with_capacity(CLIENT_SWEEP_STEP);
+        for item in self.sessions.range(start..)?.take(CLIENT_SWEEP_STEP) {
             let (client, at) = item?;
-            seen.push((client.value(), decode(at.value(), "client")?));
+            seen.push((client.value(), decode(at.value(), "session")?));
         }
         let next = match seen.last() {
             Some(&(client, _)) if seen.len() == CLIENT_SWEEP_STEP => client.saturating_add(1),
@@ -371,9 +392,9 @@ impl<'t> Tx<'t> {
             self.state
                 .insert(KEY_CLIENT_SWEEP, encode(&next)?.as_slice())?;
         }
-        let cutoff = now.secs.saturating_sub(CLIENT_IDLE_SECS);
+        let now = self.clock.now_ms;
         for (client, last) in seen {
-            if last.secs >= cutoff {
+            if now.saturating_sub(last) < CLIENT_IDLE_MS {
                 continue;
             }
             let mut seqs = Vec::new();
@@ -383,7 +404,48 @@ impl<'t> Tx<'t> {
             for seq in seqs {
                 self.dedup.remove((client, seq))?;
             }
-            self.clients.remove(client)?;
+            self.sessions.remove(client)?;
+        }
+        Ok(())
+    }
+
+    // --- abandoned stripes ---
+
+    pub(crate) fn is_abandoned(&self, id: StripeId) -> Result<bool, MetaError> {
+        Ok(self.abandoned.get(id.0)?.is_some())
+    }
+
+    /// Whether the metadata knows the stripe: referenced, or garbage awaiting deletion.
+    pub(crate) fn stripe_known(&self, id: StripeId) -> Result<bool, MetaError> {
+        Ok(self.stripes.get(id.0)?.is_some() || self.garbage.get(id.0)?.is_some())
+    }
+
+    pub(crate) fn abandon(&mut self, id: StripeId) -> Result<(), MetaError> {
+        let now = self.clock.now_ms;
+        self.abandoned.insert(id.0, encode(&now)?.as_slice())?;
+        Ok(())
+    }
+
+    /// Checks the next few abandoned stripes (wrapping around) and forgets those fenced
+    /// for [`ABANDON_KEEP_MS`] of cluster time.
+    pub(crate) fn expire_abandoned(&mut self) -> Result<(), MetaError> {
+        let start: u128 = record::read_state(&self.state, KEY_ABANDON_SWEEP)?.unwrap_or(0);
+        let mut seen: Vec<(u128, u64)> = Vec::with_capacity(ABANDON_SWEEP_STEP);
+        for item in self.abandoned.range(start..)?.take(ABANDON_SWEEP_STEP) {
+            let (id, at) = item?;
+            seen.push((id.value(), decode(at.value(), "abandoned")?));
+        }
+        let next = match seen.last() {
+            Some(&(id, _)) if seen.len() == ABANDON_SWEEP_STEP => id.saturating_add(1),
+            _ => 0,
+        };
+        self.state
+            .insert(KEY_ABANDON_SWEEP, encode(&next)?.as_slice())?;
+        let now = self.clock.now_ms;
+        for (id, at) in seen {
+            if now.saturating_sub(at) >= ABANDON_KEEP_MS {
+                self.abandoned.remove(id)?;
+            }
         }
         Ok(())
     }

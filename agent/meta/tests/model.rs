@@ -67,6 +67,8 @@ struct Model {
     issued: BTreeMap<u128, StripeRecord>,
     /// Garbage stripes the store was told are freed.
     freed: BTreeSet<u128>,
+    /// Stripes abandoned while unknown: a commit naming one is refused.
+    abandoned: BTreeSet<u128>,
     next_ino: Ino,
     dedup: BTreeMap<RequestId, Outcome>,
 }
@@ -112,6 +114,7 @@ impl Model {
             orphans: BTreeMap::new(),
             issued: BTreeMap::new(),
             freed: BTreeSet::new(),
+            abandoned: BTreeSet::new(),
             next_ino: 2,
             dedup: BTreeMap::new(),
         }
@@ -273,6 +276,18 @@ impl Model {
                     }
                 }
                 Ok(Outcome::Done)
+            }
+            Command::AbandonStripes { ids } => {
+                let live = self.referenced();
+                let garbage = self.garbage();
+                let mut fenced = Vec::new();
+                for id in ids {
+                    if !live.contains(&id.0) && !garbage.contains(&id.0) {
+                        self.abandoned.insert(id.0);
+                        fenced.push(id);
+                    }
+                }
+                Ok(Outcome::Abandoned(fenced))
             }
             Command::SetLayout { .. } => unreachable!("not generated"),
         }
@@ -589,6 +604,13 @@ impl Model {
         if !node.inline.is_empty() && inline_version != Some(node.version) {
             return Ok(Outcome::Conflict);
         }
+        if let Some(e) = extents
+            .iter()
+            .find(|e| self.abandoned.contains(&e.stripe.id.0))
+        {
+            return Ok(Outcome::StripeAbandoned(e.stripe.id));
+        }
+        let node = self.nodes.get_mut(&ino).expect("file");
         node.inline.clear();
         for ext in extents {
             for i in 0..ext.len {
@@ -831,6 +853,14 @@ impl Gen {
                     self.rng.pick(&orphans)
                 };
                 Command::Purge { ino }
+            }
+            _ if self.rng.chance(50) => {
+                // Known stripes (live or garbage), and ids this generator has issued or
+                // will issue next: a later commit naming one of those is refused.
+                let ids = (0..1 + self.rng.below(3))
+                    .map(|_| StripeId(self.rng.below(self.next_stripe as u64 + 4).into()))
+                    .collect();
+                Command::AbandonStripes { ids }
             }
             _ => {
                 let garbage: Vec<u128> = model.garbage().into_iter().collect();
@@ -1086,13 +1116,17 @@ fn run_seed(seed: u64, applies: usize) {
                 }
                 proposals.push(proposal);
             }
-            batches.push(Batch(proposals));
+            batches.push(Batch::new(proposals));
         }
         let marker = step.to_le_bytes();
         let got = h.store().apply(&batches, &marker).expect("apply");
         for (batch, outcomes) in batches.iter().zip(&got) {
-            assert_eq!(batch.0.len(), outcomes.len(), "seed {seed} step {step}");
-            for (proposal, outcome) in batch.0.iter().zip(outcomes) {
+            assert_eq!(
+                batch.proposals.len(),
+                outcomes.len(),
+                "seed {seed} step {step}"
+            );
+            for (proposal, outcome) in batch.proposals.iter().zip(outcomes) {
                 let want = model.apply(proposal);
                 assert_eq!(
                     outcome, &want,

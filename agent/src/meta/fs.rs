@@ -4,10 +4,11 @@
 //! files).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use shoal_agent_api::{
-    FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, RequestId,
-    Timestamp,
+    FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ,
+    RequestId, Timestamp,
 };
 use shoal_mesh::{GossipHandle, MemberState};
 use shoal_meta::{Command, MetaError, NewExtent, Outcome, Proposal};
@@ -22,8 +23,10 @@ use crate::stripes::Stripes;
 /// How often a write retries when the inline data it carried over changed under it.
 const CONFLICT_RETRIES: u64 = 8;
 /// How long a write keeps retrying stripes that could not be written (longer than
-/// membership takes to declare a dead node down).
-const STRIPE_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+/// membership takes to declare a dead node down), at most.
+const STRIPE_RETRY_FOR: Duration = Duration::from_secs(30);
+/// How long a write's commit waits for a leader, at most.
+const COMMIT_WAIT: Duration = Duration::from_secs(60);
 
 pub struct FsService {
     pub meta: Arc<MetaService>,
@@ -62,6 +65,15 @@ impl FsService {
             stripes,
             gossip,
         }
+    }
+
+    /// How long a write may retry its stripes, and how long its commit may wait for a
+    /// leader: each a quarter of `orphan_shard_grace_s` at most, so a write is always done
+    /// (committed, or given up and written again) well before its shards could be taken
+    /// for orphans. The abandon fence keeps a later commit safe anyway; this keeps it rare.
+    fn write_patience(&self) -> (Duration, Duration) {
+        let quarter = Duration::from_secs(self.meta.config.orphan_shard_grace_s) / 4;
+        (STRIPE_RETRY_FOR.min(quarter), COMMIT_WAIT.min(quarter))
     }
 
     /// Serves one request from the local client with process id `pid` (from the socket's
@@ -137,6 +149,9 @@ impl FsService {
                 FsResponse::Done
             }
             FsRequest::Read { ino, offset, len } => {
+                if len > MAX_READ {
+                    return Err(FsError::Invalid);
+                }
                 FsResponse::Data(self.read(ino, offset, len as u64).await?)
             }
             FsRequest::Write {
@@ -213,6 +228,7 @@ impl FsService {
 
     /// Commits one command and turns its outcome into an answer.
     async fn apply(&self, id: Option<RequestId>, command: Command) -> Result<FsResponse, FsError> {
+        command.precheck()?;
         let outcome = self
             .meta
             .propose_one(Proposal {
@@ -324,20 +340,25 @@ impl FsService {
         let data = Arc::new(data);
         for attempt in 0..CONFLICT_RETRIES {
             let (inline, version) = &carried;
-            let extents = self.write_stripes_patiently(inline, offset, &data).await?;
+            let (retry_for, commit_wait) = self.write_patience();
+            let extents = self
+                .write_stripes_patiently(inline, offset, &data, retry_for)
+                .await?;
             let records: Vec<_> = extents.iter().map(|e| e.stripe.clone()).collect();
+            let proposal = Proposal {
+                id: Some(commit_id(id, attempt)),
+                now: Timestamp::now(),
+                command: Command::WriteExtents {
+                    ino,
+                    inline_version: (!inline.is_empty()).then_some(*version),
+                    extents,
+                },
+            };
             let outcome = self
                 .meta
-                .propose_one(Proposal {
-                    id: Some(commit_id(id, attempt)),
-                    now: Timestamp::now(),
-                    command: Command::WriteExtents {
-                        ino,
-                        inline_version: (!inline.is_empty()).then_some(*version),
-                        extents,
-                    },
-                })
-                .await;
+                .propose_within(vec![proposal], commit_wait)
+                .await
+                .and_then(|mut o| o.pop().ok_or_else(|| FsError::Io("no outcome".into())));
             match outcome {
                 Ok(Outcome::Attr(a)) => return Ok(a),
                 Ok(Outcome::Conflict) => {
@@ -345,6 +366,12 @@ impl FsService {
                     self.meta.barrier().await?;
                     let now = store.file_data(ino).map_err(from_meta)?;
                     carried = (now.inline, now.inline_version);
+                }
+                // This write took so long that a node gave its shards up for orphans (the
+                // fence refused the commit): write the data again, to new stripes.
+                Ok(Outcome::StripeAbandoned(stripe)) => {
+                    warn!(%stripe, ino, "a stripe of this write was abandoned before its commit; writing again");
+                    self.discard(&records).await;
                 }
                 Ok(Outcome::Failed(e)) => {
                     self.discard(&records).await;
@@ -371,8 +398,9 @@ impl FsService {
         inline: &[u8],
         offset: u64,
         data: &Arc<Vec<u8>>,
+        retry_for: Duration,
     ) -> Result<Vec<NewExtent>, FsError> {
-        let deadline = std::time::Instant::now() + STRIPE_RETRY_FOR;
+        let deadline = std::time::Instant::now() + retry_for;
         let mut pause = std::time::Duration::from_millis(250);
         loop {
             match self.write_stripes(inline, offset, data).await {

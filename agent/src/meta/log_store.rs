@@ -22,8 +22,10 @@ const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
 const PURGED: &str = "last_purged";
-/// Version byte in front of every value this file stores.
-const FORMAT: u8 = 1;
+/// Version byte in front of every value this file stores. Version 2: log entries carry
+/// the leader's stamp in their batch; version 1 values (no stamp) are still read.
+const FORMAT: u8 = 2;
+const FORMAT_V1: u8 = 1;
 
 /// The log store; cheap to clone (one shared database).
 #[derive(Clone)]
@@ -37,11 +39,61 @@ fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// Decodes a value of a type whose encoding did not change between versions 1 and 2
+/// (vote, commit index, purge point).
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {
-        Some((&FORMAT, body)) => postcard::from_bytes(body).map_err(|e| e.to_string()),
+        Some((&(FORMAT | FORMAT_V1), body)) => {
+            postcard::from_bytes(body).map_err(|e| e.to_string())
+        }
         Some((v, _)) => Err(format!("unknown log record version {v}")),
         None => Err("empty log record".into()),
+    }
+}
+
+/// Decodes a log entry of either version.
+fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
+    match bytes.split_first() {
+        Some((&FORMAT, body)) => postcard::from_bytes(body).map_err(|e| e.to_string()),
+        Some((&FORMAT_V1, body)) => postcard::from_bytes::<v1::Entry>(body)
+            .map(v1::Entry::upgrade)
+            .map_err(|e| e.to_string()),
+        Some((v, _)) => Err(format!("unknown log record version {v}")),
+        None => Err("empty log record".into()),
+    }
+}
+
+/// The log entry as version 1 stored it: openraft's `Entry` shape (log id, then the
+/// payload enum) around a batch that was a bare list of proposals.
+mod v1 {
+    use openraft::{BasicNode, EntryPayload, LogId};
+    use serde::Deserialize;
+    use shoal_meta::{Batch, Proposal};
+
+    #[derive(Deserialize)]
+    pub(super) struct Entry {
+        log_id: LogId<u64>,
+        payload: Payload,
+    }
+
+    #[derive(Deserialize)]
+    enum Payload {
+        Blank,
+        Normal(Vec<Proposal>),
+        Membership(openraft::Membership<u64, BasicNode>),
+    }
+
+    impl Entry {
+        pub(super) fn upgrade(self) -> super::Entry {
+            super::Entry {
+                log_id: self.log_id,
+                payload: match self.payload {
+                    Payload::Blank => EntryPayload::Blank,
+                    Payload::Normal(proposals) => EntryPayload::Normal(Batch::new(proposals)),
+                    Payload::Membership(m) => EntryPayload::Membership(m),
+                },
+            }
+        }
     }
 }
 
@@ -97,7 +149,7 @@ impl LogStore {
             .map_err(|e| e.to_string())?
         {
             let (_, v) = row.map_err(|e| e.to_string())?;
-            out.push(decode(v.value())?);
+            out.push(decode_entry(v.value())?);
         }
         Ok(out)
     }
@@ -129,7 +181,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             let txn = db.begin_read().map_err(|e| e.to_string())?;
             let table = txn.open_table(LOG).map_err(|e| e.to_string())?;
             let last = match table.last().map_err(|e| e.to_string())? {
-                Some((_, v)) => Some(decode::<Entry>(v.value())?.log_id),
+                Some((_, v)) => Some(decode_entry(v.value())?.log_id),
                 None => None,
             };
             Ok(LogState {
@@ -248,5 +300,78 @@ impl RaftLogStorage<MetaRaft> for LogStore {
         })
         .await
         .map_err(|e| log_err(ErrorVerb::Delete, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    use shoal_agent_api::{FileKind, Owner, ROOT_INO, Timestamp};
+    use shoal_meta::{Batch, Command, LeaderStamp, Proposal};
+
+    use super::{Entry, decode_entry, encode};
+
+    fn proposal() -> Proposal {
+        Proposal {
+            id: None,
+            now: Timestamp { secs: 5, nanos: 6 },
+            command: Command::MkNode {
+                parent: ROOT_INO,
+                name: "a".into(),
+                kind: FileKind::File,
+                perm: 0o644,
+                owner: Owner { uid: 1, gid: 2 },
+                rdev: 0,
+                target: None,
+            },
+        }
+    }
+
+    /// Bytes as the previous version wrote them: format 1, a batch without a stamp.
+    const V1_ENTRY: &[u8] = &[
+        1, // format
+        3, 9,  // log id: term 3, node 9
+        12, // index
+        1,  // EntryPayload::Normal
+        1,  // one proposal
+        0,  // id: None
+        10, 6, // now: secs 5 (zigzag), nanos 6
+        0, // Command::MkNode
+        1, // parent
+        1, b'a', // name
+        0,    // FileKind::File
+        0xa4, 0x03, // perm 0o644
+        1, 2, // owner
+        0, // rdev
+        0, // target: None
+    ];
+
+    #[test]
+    fn version_1_entries_still_decode() {
+        let entry = decode_entry(V1_ENTRY).expect("decode v1");
+        assert_eq!(entry.log_id, LogId::new(CommittedLeaderId::new(3, 9), 12));
+        match entry.payload {
+            EntryPayload::Normal(batch) => assert_eq!(batch, Batch::new(vec![proposal()])),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_with_their_stamp() {
+        let entry = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 9), 12),
+            payload: EntryPayload::Normal(Batch {
+                proposals: vec![proposal()],
+                stamp: Some(LeaderStamp { run: 7, millis: 8 }),
+            }),
+        };
+        let bytes = encode(&entry).expect("encode");
+        assert_eq!(bytes[0], 2);
+        let back = decode_entry(&bytes).expect("decode");
+        assert_eq!(back.log_id, entry.log_id);
+        assert_eq!(
+            format!("{:?}", back.payload),
+            format!("{:?}", entry.payload)
+        );
     }
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use openraft::BasicNode;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -17,7 +18,7 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 use shoal_agent_api::Ino;
-use shoal_mesh::{Rpc, Transport};
+use shoal_mesh::{MeshError, Rpc, Transport};
 use shoal_meta::{Outcome, Proposal};
 
 use super::types::MetaRaft;
@@ -93,6 +94,25 @@ impl Rpc for Hello {
     type Response = bool;
 }
 
+/// Bytes of entries one append message may carry: the RPC limit less room for the head and
+/// the rest of the request.
+const APPEND_BUDGET: usize = shoal_mesh::MAX_RPC_MESSAGE - (64 << 10);
+
+/// `None` when all of `entries` fit in `budget` encoded bytes; otherwise how many of the
+/// first ones do (at least one: a single entry is always smaller than the budget, since
+/// the batcher caps entries far below it).
+fn entries_that_fit<T: Serialize>(entries: &[T], budget: usize) -> Option<u64> {
+    let mut total = 0usize;
+    for (n, e) in entries.iter().enumerate() {
+        total += postcard::serialize_with_flavor(e, postcard::ser_flavors::Size::default())
+            .unwrap_or(usize::MAX);
+        if total > budget {
+            return Some((n as u64).max(1));
+        }
+    }
+    None
+}
+
 /// Builds Raft clients for peers from their membership address.
 pub struct Network {
     pub transport: Arc<Transport>,
@@ -138,6 +158,17 @@ impl PeerClient {
                 "peer has no metadata service running".into(),
             )))),
             Ok(reply) => Ok(reply),
+            // Sending it again cannot work: openraft sends fewer entries next time.
+            Err(e @ MeshError::MessageTooLarge { .. }) => {
+                let entries = match &msg {
+                    RaftMessage::Append(r) => r.entries.len() as u64,
+                    _ => 2,
+                };
+                Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint((entries / 2).max(1))
+                        .with_source_error(&PeerError(e.to_string())),
+                ))
+            }
             Err(e) => Err(RPCError::Unreachable(Unreachable::new(&PeerError(
                 e.to_string(),
             )))),
@@ -159,6 +190,11 @@ impl RaftNetwork<MetaRaft> for PeerClient {
         rpc: AppendEntriesRequest<MetaRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        if let Some(fit) = entries_that_fit(&rpc.entries, APPEND_BUDGET) {
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fit),
+            ));
+        }
         match self
             .send(RaftMessage::Append(rpc), option.hard_ttl())
             .await?
@@ -194,5 +230,19 @@ impl RaftNetwork<MetaRaft> for PeerClient {
             RaftReply::Vote(r) => r.map_err(|e| self.remote(e)),
             _ => Err(self.unexpected()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entries_that_fit;
+
+    #[test]
+    fn appends_larger_than_the_budget_are_cut_to_what_fits() {
+        let entries: Vec<Vec<u8>> = (0..10).map(|_| vec![7u8; 1000]).collect();
+        assert_eq!(entries_that_fit(&entries, 20_000), None);
+        // Each encodes to 1,002 bytes: three fit in 3,500.
+        assert_eq!(entries_that_fit(&entries, 3_500), Some(3));
+        assert_eq!(entries_that_fit(&entries, 10), Some(1), "never zero");
     }
 }

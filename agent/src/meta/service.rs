@@ -12,7 +12,7 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use shoal_agent_api::{FsError, Ino};
 use shoal_mesh::{Rpc, Transport};
-use shoal_meta::{Batch, MetaStore, Outcome, Proposal};
+use shoal_meta::{Batch, LeaderStamp, MetaStore, Outcome, Proposal};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, warn};
 
@@ -28,6 +28,10 @@ use crate::AgentError;
 
 /// Most proposals in one log entry.
 const MAX_BATCH: usize = 1024;
+/// Most encoded bytes of proposals in one log entry (a proposal alone may be larger).
+/// Replication sends entries in messages capped by the RPC limit, so every entry must fit
+/// one message with room to spare.
+const MAX_BATCH_BYTES: usize = 4 << 20;
 /// Log entries proposed but not yet applied, at most. While all are in flight, new
 /// proposals queue and go out together in the next entry.
 const IN_FLIGHT_ENTRIES: usize = 2;
@@ -43,7 +47,14 @@ type Holds = HashMap<(u64, u64), (Ino, Option<i32>)>;
 
 struct Pending {
     proposals: Vec<Proposal>,
+    /// Encoded size of `proposals`.
+    bytes: usize,
     reply: oneshot::Sender<Result<Committed, ForwardRefused>>,
+}
+
+/// Encoded size of a value, without encoding it into memory.
+fn encoded_len<T: serde::Serialize>(value: &T) -> usize {
+    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default()).unwrap_or(0)
 }
 
 pub struct MetaService {
@@ -244,8 +255,13 @@ impl MetaService {
 
     async fn submit_local(&self, proposals: Vec<Proposal>) -> Result<Committed, ForwardRefused> {
         let (reply, rx) = oneshot::channel();
+        let bytes = encoded_len(&proposals);
         self.batcher
-            .send(Pending { proposals, reply })
+            .send(Pending {
+                proposals,
+                bytes,
+                reply,
+            })
             .await
             .map_err(|_| ForwardRefused::Failed("metadata service stopped".into()))?;
         rx.await
@@ -256,7 +272,17 @@ impl MetaService {
     /// outcome each. Retries across elections; proposals with a request id are applied
     /// once however often they are sent.
     pub async fn propose(&self, proposals: Vec<Proposal>) -> Result<Vec<Outcome>, FsError> {
-        let deadline = Instant::now() + LEADER_WAIT;
+        self.propose_within(proposals, LEADER_WAIT).await
+    }
+
+    /// Like [`Self::propose`], waiting at most `wait` for a leader to commit them (the
+    /// outcome is then unknown: they may still commit later).
+    pub async fn propose_within(
+        &self,
+        proposals: Vec<Proposal>,
+        wait: Duration,
+    ) -> Result<Vec<Outcome>, FsError> {
+        let deadline = Instant::now() + wait;
         let mut pause = Duration::from_millis(20);
         loop {
             let res = match self.leader() {
@@ -409,22 +435,36 @@ impl MetaService {
 }
 
 /// The leader's proposal batcher: everything that queued while earlier entries were in
-/// flight goes out as one log entry (Raft costs one flush per entry, not per proposal).
+/// flight goes out as one log entry (Raft costs one flush per entry, not per proposal), up
+/// to [`MAX_BATCH`] proposals and [`MAX_BATCH_BYTES`]. Each entry carries this process's
+/// [`LeaderStamp`], which drives the cluster clock.
 async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: MetaMetrics) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES));
+    let run: u64 = rand::random();
+    let origin = Instant::now();
+    let mut carried: Option<Pending> = None;
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else {
-            return;
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
         };
-        let mut count = first.proposals.len();
+        let (mut count, mut bytes) = (first.proposals.len(), first.bytes);
         let mut group = vec![first];
         while count < MAX_BATCH {
             match rx.try_recv() {
+                Ok(p) if bytes + p.bytes > MAX_BATCH_BYTES => {
+                    carried = Some(p);
+                    break;
+                }
                 Ok(p) => {
                     count += p.proposals.len();
+                    bytes += p.bytes;
                     group.push(p);
                 }
                 Err(_) => break,
@@ -439,7 +479,15 @@ async fn batch_proposals(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: M
         metrics.entries.inc();
         metrics.proposals.inc_by(proposals.len() as u64);
         let proposed = Instant::now();
-        let receiver = raft.client_write_ff(Batch(proposals)).await;
+        let stamp = LeaderStamp {
+            run,
+            millis: u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        let batch = Batch {
+            proposals,
+            stamp: Some(stamp),
+        };
+        let receiver = raft.client_write_ff(batch).await;
         tokio::spawn(async move {
             let result: Result<Committed, ForwardRefused> = match receiver {
                 Err(fatal) => Err(ForwardRefused::Failed(fatal.to_string())),

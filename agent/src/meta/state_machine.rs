@@ -298,7 +298,7 @@ mod tests {
     fn entry(index: u64) -> Entry {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(Batch(vec![Proposal {
+            payload: EntryPayload::Normal(Batch::new(vec![Proposal {
                 id: None,
                 now: Timestamp {
                     secs: 1_000 + index as i64,

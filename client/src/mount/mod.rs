@@ -40,8 +40,8 @@ pub const MAX_WRITE: u32 = 1 << 20;
 /// Longest `--retry-for`: well inside the hour for which the metadata keeps a session's
 /// request outcomes, so a retry is never applied twice.
 const MAX_RETRY_FOR: Duration = Duration::from_secs(30 * 60);
-/// Largest single read or write request the mount sends (a frame holds 64 MiB).
-const MAX_REQUEST: u64 = 32 << 20;
+/// Largest single read or write request the mount sends (the agent takes no more).
+const MAX_REQUEST: u64 = shoal_agent_api::MAX_READ as u64;
 
 /// Options of `shoal mount` (and, as `-o` options, of `mount.shoal`).
 #[derive(clap::Args, Clone, Debug)]

@@ -34,11 +34,23 @@ pub(crate) fn bind(config: &AdminConfig) -> Result<UnixListener, AgentError> {
     Ok(listener)
 }
 
+/// Local clients served at once, at most; more wait in the listen backlog. Each mount
+/// keeps a small pool of connections.
+const MAX_CLIENTS: usize = 512;
+
 pub(crate) async fn serve(listener: UnixListener, node: Arc<Node>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(serve_client(stream, node.clone()));
+                let node = node.clone();
+                tokio::spawn(async move {
+                    serve_client(stream, node).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 warn!(error = %e, "admin accept failed");
@@ -95,6 +107,10 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
                     "cannot move process {pid} into the reservation: {e}"
                 )),
             },
+        },
+        Request::MetaDigest => match node.meta.digest().await {
+            Ok((applied, digest)) => Response::MetaDigest { applied, digest },
+            Err(e) => Response::Error(e.to_string()),
         },
     }
 }

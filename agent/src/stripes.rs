@@ -532,9 +532,10 @@ impl Stripes {
         len: u64,
     ) -> Result<StripeRead, AgentError> {
         let ec = record.ec;
+        record.check().map_err(stripe_err)?;
         let geometry = StripeGeometry::new(record.len, ec.k, DEFAULT_SHARD_SIZE)
             .map_err(|e| stripe_err(e.to_string()))?;
-        if geometry.shard_len() != record.shard_len || record.shards.len() != ec.total() {
+        if geometry.shard_len() != record.shard_len {
             return Err(stripe_err("stripe record does not match its geometry"));
         }
         let slices = geometry

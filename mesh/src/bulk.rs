@@ -32,6 +32,8 @@ const ACK: u8 = 0x06;
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 8;
+/// Incoming connections served at once, at most (pools of every peer, with room).
+const MAX_INCOMING: usize = 1024;
 
 /// How shard payloads travel between nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,8 +83,11 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>>
             format!("bulk frame of {len} bytes"),
         ));
     }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload).await?;
+    // Grow with the bytes that arrive, not with the length a peer claims.
+    let mut payload = Vec::with_capacity(len.min(1 << 20));
+    if r.take(len as u64).read_to_end(&mut payload).await? < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     if crc32c::crc32c(&payload) != crc {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -227,13 +232,18 @@ pub(crate) async fn serve<F, Fut>(
     Fut: std::future::Future<Output = Vec<u8>> + Send,
 {
     let on_reject = Arc::new(on_reject);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_INCOMING));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((tcp, remote)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
         let (bulk, dispatch, on_reject) = (bulk.clone(), dispatch.clone(), on_reject.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             // A peer that connects and stalls the handshake must not hold a task forever.
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, bulk.accept(tcp)).await;
             let mut conn = match handshake {

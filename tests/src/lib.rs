@@ -202,6 +202,43 @@ impl DevCluster {
         http_get(&format!("{}:9464", self.ip(i)), "/metrics")
     }
 
+    /// Node `i`'s metadata replica: (applied index, state digest), read together; None
+    /// when the agent does not answer.
+    pub fn meta_digest(&self, i: u8) -> Option<(Option<u64>, u64)> {
+        use shoal_agent_api::{AgentClient, Request, Response};
+        let socket = self.socket(i);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async move {
+            let mut client = AgentClient::connect(socket).await.ok()?;
+            match client.call(&Request::MetaDigest).await.ok()? {
+                Response::MetaDigest { applied, digest } => Some((applied, digest)),
+                _ => None,
+            }
+        })
+    }
+
+    /// Waits until every node's replica has applied the same index with the same digest,
+    /// and returns it. Panics after `limit` with each node's last answer.
+    pub fn wait_for_identical_replicas(&self, limit: Duration) -> (u64, u64) {
+        let start = Instant::now();
+        loop {
+            let all: Vec<_> = (1..=self.nodes).map(|i| self.meta_digest(i)).collect();
+            if let Some(Some((Some(index), digest))) = all.first().copied()
+                && all.iter().all(|d| *d == Some((Some(index), digest)))
+            {
+                return (index, digest);
+            }
+            assert!(
+                start.elapsed() < limit,
+                "replicas never converged within {limit:?}: (applied, digest) per node: {all:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     pub fn log(&self, i: u8) -> String {
         std::fs::read_to_string(self.node_dir(i).join("agent.log")).unwrap_or_default()
     }

@@ -50,8 +50,12 @@ where
     if len == 0 || len > MAX_FRAME {
         return Err(ApiError::TooLarge(len));
     }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).await?;
+    // Grow with the bytes that arrive, not with the length a peer claims.
+    let mut buf = Vec::with_capacity(len.min(1 << 20));
+    let got = r.take(len as u64).read_to_end(&mut buf).await?;
+    if got < len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     if buf[0] != API_VERSION {
         return Err(ApiError::Version {
             got: buf[0],

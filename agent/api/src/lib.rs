@@ -61,6 +61,9 @@ pub enum Request {
     /// Moves process `pid` (the caller's `shoal mount`) into the agent's resource
     /// reservation, so the mount's buffers count against it.
     JoinReservation { pid: u32 },
+    /// The local metadata replica's applied index and a digest of its state, read
+    /// together: replicas at the same index must have the same digest.
+    MetaDigest,
 }
 
 /// The agent's answer to one [`Request`].
@@ -73,6 +76,11 @@ pub enum Response {
     /// JoinReservation: the cgroup the process now runs in, or None when the agent runs
     /// without a reservation.
     Joined(Option<String>),
+    /// MetaDigest: the applied log index (None before the first apply) and the digest.
+    MetaDigest {
+        applied: Option<u64>,
+        digest: u64,
+    },
     /// The request was understood but failed; the text is for the operator.
     Error(String),
 }

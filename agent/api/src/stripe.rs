@@ -23,6 +23,41 @@ pub struct StripeRecord {
     pub shards: Vec<ShardLocation>,
 }
 
+impl StripeRecord {
+    /// Checks that the record can be read as it says: a valid profile, exactly one shard
+    /// per slot in slot order, and a shard length that holds the data. A record from the
+    /// network or disk that fails this is refused, never indexed out of range.
+    pub fn check(&self) -> Result<(), String> {
+        self.ec.validate().map_err(|e| e.to_string())?;
+        if self.shards.len() != self.ec.total() {
+            return Err(format!(
+                "stripe {} has {} shard locations for {}",
+                self.id,
+                self.shards.len(),
+                self.ec
+            ));
+        }
+        if let Some((slot, s)) = self
+            .shards
+            .iter()
+            .enumerate()
+            .find(|(slot, s)| usize::from(s.index) != *slot)
+        {
+            return Err(format!(
+                "stripe {}: slot {slot} holds shard index {}",
+                self.id, s.index
+            ));
+        }
+        if self.shard_len.saturating_mul(u64::from(self.ec.k)) < self.len {
+            return Err(format!(
+                "stripe {}: {} shards of {} bytes cannot hold {} bytes",
+                self.id, self.ec.k, self.shard_len, self.len
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The answer to a stripe read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StripeRead {
@@ -32,4 +67,46 @@ pub struct StripeRead {
     pub decoded: bool,
     /// Shard indexes that could not be used.
     pub bad_shards: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> StripeRecord {
+        StripeRecord {
+            id: StripeId(1),
+            len: 100,
+            ec: EcProfile { k: 2, m: 1 },
+            shard_len: 50,
+            epoch: 1,
+            shards: (0..3)
+                .map(|index| ShardLocation {
+                    index,
+                    node: NodeId(u64::from(index) + 1),
+                    crc32c: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn records_that_cannot_be_read_as_they_say_are_refused() {
+        assert_eq!(record().check(), Ok(()));
+        let mut out_of_range = record();
+        out_of_range.shards[2].index = 200;
+        assert!(out_of_range.check().is_err());
+        let mut swapped = record();
+        swapped.shards.swap(0, 1);
+        assert!(swapped.check().is_err());
+        let mut short = record();
+        short.shards.pop();
+        assert!(short.check().is_err());
+        let mut small = record();
+        small.shard_len = 49;
+        assert!(small.check().is_err());
+        let mut bad_ec = record();
+        bad_ec.ec.k = 0;
+        assert!(bad_ec.check().is_err());
+    }
 }

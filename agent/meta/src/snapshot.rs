@@ -92,13 +92,6 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), MetaError> {
     Ok((snap, tail))
 }
 
-/// 64-bit FNV-1a: a cheap digest to tell replicas apart (not for adversarial input).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 impl MetaStore {
     /// A consistent export of the whole state, including the applied marker: one read
     /// transaction, so the marker is exactly the position the exported rows reflect
@@ -116,7 +109,8 @@ impl MetaStore {
         Ok(out)
     }
 
-    /// The applied marker and a digest of everything else, read in one transaction.
+    /// The applied marker and a digest (crc32c) of everything else, read in one
+    /// transaction.
     /// Two replicas that applied the same log up to the same marker have the same digest;
     /// a replica that missed an entry (or installed a snapshot that claimed more than it
     /// held) has another one.
@@ -127,7 +121,7 @@ impl MetaStore {
         let encoding = |e| MetaError::Storage(format!("encoding the state: {e}"));
         let bytes = postcard::to_extend(&snap, Vec::new()).map_err(encoding)?;
         let bytes = postcard::to_extend(&tail, bytes).map_err(encoding)?;
-        Ok((applied, fnv1a64(&bytes)))
+        Ok((applied, u64::from(crc32c::crc32c(&bytes))))
     }
 
     /// Replaces the whole state with `snapshot`, atomically. Bytes that are not a snapshot

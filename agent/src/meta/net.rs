@@ -94,9 +94,23 @@ impl Rpc for Hello {
     type Response = bool;
 }
 
-/// Bytes of entries one append message may carry: the RPC limit less room for the head and
-/// the rest of the request.
-const APPEND_BUDGET: usize = shoal_mesh::MAX_RPC_MESSAGE - (64 << 10);
+/// Bytes of entries one append message may carry, at most: the RPC limit less room for
+/// the head and the rest of the request.
+const MAX_APPEND_BYTES: usize = shoal_mesh::MAX_RPC_MESSAGE - (64 << 10);
+/// The slowest transfer rate an append must still finish at, in bytes per millisecond
+/// (10 MB/s: a loaded node on a busy network).
+const SLOW_BYTES_PER_MS: usize = 10_000;
+
+/// Bytes of entries one append message may carry when openraft gives each append
+/// `heartbeat_ms` to finish (it resends a timed-out append unchanged, so a message that
+/// cannot arrive in time stalls a lagging follower for good): what the slowest rate moves
+/// in that time, never less than one full entry, never more than the RPC limit.
+pub fn append_budget(heartbeat_ms: u64, max_entry_bytes: usize) -> usize {
+    let timely = usize::try_from(heartbeat_ms)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(SLOW_BYTES_PER_MS);
+    timely.max(2 * max_entry_bytes).min(MAX_APPEND_BYTES)
+}
 
 /// `None` when all of `entries` fit in `budget` encoded bytes; otherwise how many of the
 /// first ones do (at least one: a single entry is always smaller than the budget, since
@@ -116,10 +130,13 @@ fn entries_that_fit<T: Serialize>(entries: &[T], budget: usize) -> Option<u64> {
 /// Builds Raft clients for peers from their membership address.
 pub struct Network {
     pub transport: Arc<Transport>,
+    /// Bytes of entries per append message, at most ([`append_budget`]).
+    pub append_budget: usize,
 }
 
 pub struct PeerClient {
     transport: Arc<Transport>,
+    append_budget: usize,
     target: u64,
     addr: Result<SocketAddr, String>,
 }
@@ -130,6 +147,7 @@ impl RaftNetworkFactory<MetaRaft> for Network {
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
         PeerClient {
             transport: self.transport.clone(),
+            append_budget: self.append_budget,
             target,
             addr: node
                 .addr
@@ -190,7 +208,7 @@ impl RaftNetwork<MetaRaft> for PeerClient {
         rpc: AppendEntriesRequest<MetaRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        if let Some(fit) = entries_that_fit(&rpc.entries, APPEND_BUDGET) {
+        if let Some(fit) = entries_that_fit(&rpc.entries, self.append_budget) {
             return Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(fit),
             ));
@@ -235,7 +253,14 @@ impl RaftNetwork<MetaRaft> for PeerClient {
 
 #[cfg(test)]
 mod tests {
-    use super::entries_that_fit;
+    use super::{append_budget, entries_that_fit};
+
+    #[test]
+    fn appends_are_sized_to_arrive_within_a_heartbeat() {
+        assert_eq!(append_budget(200, 1 << 20), 2_000_000 + 97_152);
+        assert_eq!(append_budget(1000, 1 << 20), 10_000_000);
+        assert_eq!(append_budget(60_000, 1 << 20), (16 << 20) - (64 << 10));
+    }
 
     #[test]
     fn appends_larger_than_the_budget_are_cut_to_what_fits() {

@@ -29,9 +29,9 @@ use crate::AgentError;
 /// Most proposals in one log entry.
 const MAX_BATCH: usize = 1024;
 /// Most encoded bytes of proposals in one log entry (a proposal alone may be larger).
-/// Replication sends entries in messages capped by the RPC limit, so every entry must fit
-/// one message with room to spare.
-const MAX_BATCH_BYTES: usize = 4 << 20;
+/// Replication sends entries in messages that must arrive within a heartbeat (see
+/// `net::append_budget`), so entries stay small enough for two to fit one.
+const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Log entries proposed but not yet applied, at most. While all are in flight, new
 /// proposals queue and go out together in the next entry.
 const IN_FLIGHT_ENTRIES: usize = 2;
@@ -108,6 +108,7 @@ impl MetaService {
         .map_err(meta_err)?;
         let network = Network {
             transport: transport.clone(),
+            append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
         };
         let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
             .await
@@ -198,6 +199,23 @@ impl MetaService {
                 .map(|l| l.epoch()),
             inodes: self.store.stats().map(|s| s.inodes).unwrap_or(0),
         }
+    }
+
+    /// The local replica's applied index and state digest, read in one transaction.
+    pub async fn digest(&self) -> Result<(Option<u64>, u64), AgentError> {
+        let store = self.store.clone();
+        let (marker, digest) = tokio::task::spawn_blocking(move || store.digest())
+            .await
+            .map_err(meta_err)?
+            .map_err(meta_err)?;
+        let applied = match marker {
+            Some(bytes) => postcard::from_bytes::<super::types::AppliedMarker>(&bytes)
+                .map_err(meta_err)?
+                .last_applied
+                .map(|l| l.index),
+            None => None,
+        };
+        Ok((applied, digest))
     }
 
     /// The local replica, shared.

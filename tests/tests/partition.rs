@@ -1,0 +1,84 @@
+//! The cluster under network partitions made with nftables (root only): what a node cut
+//! off from the others still serves must not be taken from it.
+
+use std::time::Duration;
+
+use shoal_agent_api::{FileKind, FsRequest, FsResponse, ROOT_INO};
+use shoal_tests::fs_api::{Fs, pattern};
+use shoal_tests::netfault::{self, Partition};
+use shoal_tests::{DevCluster, wait_for};
+
+/// All of `c`'s nodes see each other alive.
+fn all_alive(c: &DevCluster) -> bool {
+    (1..=c.nodes).all(|i| {
+        c.status(i).is_some_and(|s| {
+            s["nodes"].as_array().is_some_and(|n| {
+                n.len() == c.nodes as usize && n.iter().all(|m| m["state"] == "alive")
+            })
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_unlinked_file_survives_its_node_being_cut_off() {
+    if !netfault::available() {
+        eprintln!("SKIPPED: needs root and nftables");
+        return;
+    }
+    let c = DevCluster::up_with(
+        3,
+        42,
+        &["--meta", "gc_interval_s=1", "--meta", "orphan_grace_s=1"],
+    );
+    let (leader, _) = wait_for(Duration::from_secs(30), "a metadata leader", || {
+        c.meta_leader(1)
+    });
+    let holder = (1..=3).find(|&i| i != leader).expect("a follower");
+    let other = (1..=3)
+        .find(|&i| i != leader && i != holder)
+        .expect("a third");
+    // The holder's client opens a file (a mount's open handle), another node unlinks it.
+    let mut held = Fs::connect(&c, holder).await;
+    let ino = held.mknod(ROOT_INO, "tmp", FileKind::File).await;
+    let data = pattern(3_000, 4);
+    held.write(ino, 0, data.clone()).await;
+    held.open(ino).await;
+    let mut fs = Fs::connect(&c, other).await;
+    let id = fs.id();
+    let r = fs
+        .call(FsRequest::Unlink {
+            id,
+            parent: ROOT_INO,
+            name: "tmp".into(),
+        })
+        .await;
+    assert_eq!(r, FsResponse::Done);
+    {
+        let _cut = Partition::isolate(c.ip(holder));
+        wait_for(Duration::from_secs(20), "the holder seen down", || {
+            let s = c.status(leader)?;
+            let nodes = s["nodes"].as_array()?;
+            nodes
+                .iter()
+                .any(|n| n["name"] == format!("node{holder}") && n["state"] == "down")
+                .then_some(())
+        });
+        // Far past the orphan grace, many GC passes.
+        std::thread::sleep(Duration::from_secs(12));
+    }
+    wait_for(Duration::from_secs(60), "the partition healed", || {
+        all_alive(&c).then_some(())
+    });
+    // The holder still reads its open file, at the cluster's current state.
+    held.open(ino).await;
+    assert_eq!(
+        held.read(ino, 0, 10_000).await,
+        data,
+        "the open file was purged"
+    );
+    let orphans_purged = c.log(leader).contains("purged unlinked inodes");
+    assert!(
+        !orphans_purged,
+        "the leader purged while the holder was cut off"
+    );
+}

@@ -15,10 +15,14 @@ if cargo tree -p shoal-placement -e normal --prefix none --locked \
     | grep -Eiw '^(tokio|mio|libc|nix|rustix|io-uring|redb|socket2|quinn|rand|getrandom)'; then
   echo "shoal-placement must not depend on the crates above"; exit 1
 fi
-echo "== test tools (root only): nftables for the partition tests"
-if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null \
-    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
+echo "== test tools (root only): nftables for the partition tests, strace for the durability test"
+missing=""
+command -v nft >/dev/null || missing="$missing nftables"
+command -v strace >/dev/null || missing="$missing strace"
+if [ "$(id -u)" = 0 ] && [ -n "$missing" ]; then
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null; }
 fi
 echo "== cargo build (the multi-node tests run the built binaries)"
 cargo build --workspace --locked

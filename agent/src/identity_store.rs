@@ -1,7 +1,6 @@
 //! The node's stable identity in its data dir: a random node id created once, and a
 //! generation counter bumped at every start so peers can tell a restart from a stale packet.
 
-use std::io::Write;
 use std::path::Path;
 
 use rand::RngExt;
@@ -63,24 +62,12 @@ fn read_text(path: &Path) -> Result<Option<String>, AgentError> {
     }
 }
 
-/// Writes `text` to a temporary file, syncs it, and renames it over `path`, so a crash
-/// leaves either the old or the new content.
+/// Writes `text` durably over `path` (a crash leaves either the old or the new content).
 fn write_atomically(path: &Path, text: &str) -> Result<(), AgentError> {
-    let err = |source| AgentError::DataDir {
+    crate::durable::replace_file(path, text.as_bytes()).map_err(|source| AgentError::DataDir {
         path: path.to_owned(),
         source,
-    };
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(text.as_bytes()).map_err(err)?;
-    f.sync_all().map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err)?;
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]

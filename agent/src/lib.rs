@@ -9,6 +9,7 @@
 
 mod admin;
 mod config;
+mod durable;
 pub mod erasure;
 mod error;
 mod identity_store;

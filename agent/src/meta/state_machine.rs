@@ -90,12 +90,7 @@ impl StateMachine {
 
     fn save_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
         let bytes = postcard::to_allocvec(file).map_err(|e| snap_err(ErrorVerb::Write, e))?;
-        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        std::fs::write(&tmp, &bytes).map_err(|e| snap_err(ErrorVerb::Write, e))?;
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| snap_err(ErrorVerb::Write, e))?;
-        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))
+        crate::durable::replace_file(&self.dir.join(SNAPSHOT_FILE), &bytes)
             .map_err(|e| snap_err(ErrorVerb::Write, e))
     }
 

@@ -3,8 +3,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use shoal_agent_api::frame::{read_frame, write_frame};
-use shoal_agent_api::{Request, Response};
+use shoal_agent_api::frame::{read_any_frame, write_frame, write_frame_as};
+use shoal_agent_api::{API_VERSION, Request, Response};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
@@ -64,7 +64,7 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
     // The peer's pid: open handles of a mount that died without closing them are dropped.
     let pid = stream.peer_cred().ok().and_then(|c| c.pid());
     loop {
-        let request: Request = match read_frame(&mut stream).await {
+        let (version, request): (u8, Request) = match read_any_frame(&mut stream).await {
             Ok(Some(r)) => r,
             Ok(None) => return,
             Err(e) => {
@@ -73,11 +73,26 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
                 return;
             }
         };
-        let response = handle(&node, request, pid).await;
-        if write_frame(&mut stream, &response).await.is_err() {
+        let response = if version < API_VERSION && !answerable_in_old_version(&request) {
+            Response::Error(format!(
+                "this agent speaks protocol {API_VERSION}; the client speaks {version}: use the shoal binary of the agent's release"
+            ))
+        } else {
+            handle(&node, request, pid).await
+        };
+        if write_frame_as(&mut stream, version, &response)
+            .await
+            .is_err()
+        {
             return;
         }
     }
+}
+
+/// Whether the answer to `request` is encoded as protocol version 3 had it (everything but
+/// the status report, whose fields grew, and requests version 3 did not have).
+fn answerable_in_old_version(request: &Request) -> bool {
+    !matches!(request, Request::Status | Request::MetaDigest)
 }
 
 async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {

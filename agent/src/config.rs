@@ -60,10 +60,19 @@ pub struct StorageConfig {
     /// Write and read shard files with O_DIRECT (no page cache; files padded to 4 KiB).
     #[serde(default)]
     pub direct_io: bool,
+    /// Space kept free on the data dir's filesystem whatever the fill limit says: a shard
+    /// write that would leave less fails with "node full" (and the writer places it on
+    /// another node). It leaves room for the metadata log and for other users of the
+    /// filesystem.
+    #[serde(default = "default_reserve")]
+    pub reserve: String,
 }
 
 fn default_capacity() -> String {
     "90%".into()
+}
+fn default_reserve() -> String {
+    "256MiB".into()
 }
 fn default_ec() -> shoal_placement::EcProfile {
     shoal_placement::EcProfile { k: 4, m: 2 }
@@ -75,11 +84,22 @@ impl Default for StorageConfig {
             capacity: default_capacity(),
             ec: default_ec(),
             direct_io: false,
+            reserve: default_reserve(),
         }
     }
 }
 
 impl StorageConfig {
+    /// `reserve` in bytes.
+    pub fn reserve_bytes(&self) -> Result<u64, AgentError> {
+        shoal_resource_guard::parse_bytes(self.reserve.trim()).ok_or_else(|| {
+            invalid(
+                "storage.reserve",
+                format!("{:?} is not a size (\"256MiB\", \"0\")", self.reserve),
+            )
+        })
+    }
+
     /// The fill limit in bytes for a filesystem of `fs_bytes`.
     pub fn limit_bytes(&self, fs_bytes: u64) -> Result<u64, AgentError> {
         let text = self.capacity.trim();
@@ -255,6 +275,7 @@ impl AgentConfig {
             ));
         }
         self.storage.limit_bytes(u64::MAX / 4)?;
+        self.storage.reserve_bytes()?;
         self.meta
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;

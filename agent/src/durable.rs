@@ -49,7 +49,11 @@ mod tests {
         std::fs::create_dir(&work).expect("mkdir");
         let exe = std::env::current_exe().expect("exe");
         let status = Command::new("strace")
-            .args(["-f", "-e", "trace=openat,rename,renameat,renameat2,fsync,close"])
+            .args([
+                "-f",
+                "-e",
+                "trace=openat,rename,renameat,renameat2,fsync,close",
+            ])
             .arg("-o")
             .arg(&trace)
             .arg(&exe)
@@ -62,7 +66,10 @@ mod tests {
             .status()
             .expect("run strace");
         assert!(status.success());
-        assert_eq!(std::fs::read(work.join("snapshot.bin")).expect("read"), b"new");
+        assert_eq!(
+            std::fs::read(work.join("snapshot.bin")).expect("read"),
+            b"new"
+        );
         let text = std::fs::read_to_string(&trace).expect("trace");
         let work = work.to_string_lossy().into_owned();
         let lines: Vec<&str> = text.lines().collect();

@@ -23,7 +23,9 @@ use crate::system_rpc::{Ping, Pong};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
 use shoal_store::{DiskStore, Recovery, Ring};
 
-/// How often the node re-publishes its facts (capacity and use change slowly).
+/// How often the node looks at its store and filesystem for its facts.
+const FACTS_CHECK: Duration = Duration::from_secs(2);
+/// How often the node re-publishes its facts when nothing worth telling changed.
 const FACTS_REFRESH: Duration = Duration::from_secs(30);
 
 /// One running agent.
@@ -132,6 +134,9 @@ impl Node {
             used_bytes,
             role: NodeRole::Active,
             agent_version: AGENT_VERSION.to_owned(),
+            // The store opens below; the first refresh says what it can take.
+            store_accepting: false,
+            store_room_bytes: 0,
         };
         let (membership, _) =
             Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;
@@ -151,6 +156,7 @@ impl Node {
         if recovery != Recovery::default() {
             warn!(?recovery, "shard store recovered from an unclean stop");
         }
+        store.set_reserve(config.storage.reserve_bytes()?);
         let store = Arc::new(store);
         let meta = MetaService::start(
             &config.node.data_dir.join("meta"),
@@ -291,21 +297,68 @@ fn disk_usage(config: &AgentConfig) -> (u64, u64) {
     }
 }
 
+/// What the node's facts say about its store: whether it takes new shards, and its room.
+fn store_facts(node: &Node) -> (bool, u64) {
+    let room = node.store.room();
+    let ring_ok = matches!(
+        node.store.ring_health(),
+        shoal_store::RingHealth::Running { .. }
+    );
+    (ring_ok && room >= MIN_ROOM, room)
+}
+
+/// A store with less room than this takes no new shards (one full stripe's shard, and
+/// some headroom for writes already placed here).
+const MIN_ROOM: u64 = 8 << 20;
+
+/// Whether facts changed enough to tell the cluster now: the store stopped or started
+/// taking shards, or its room moved by a sixteenth.
+fn facts_changed(before: (bool, u64), now: (bool, u64)) -> bool {
+    before.0 != now.0 || before.1.abs_diff(now.1) > before.1.max(now.1) / 16
+}
+
 async fn refresh_facts(node: Arc<Node>) {
-    let mut tick = tokio::time::interval(FACTS_REFRESH);
-    tick.tick().await;
+    let mut tick = tokio::time::interval(FACTS_CHECK);
+    let mut told: Option<(bool, u64)> = None;
+    let mut told_at = std::time::Instant::now();
     loop {
         tick.tick().await;
+        node.meta.ballast.restore();
+        let store = store_facts(&node);
+        if told.is_some_and(|t| !facts_changed(t, store)) && told_at.elapsed() < FACTS_REFRESH {
+            continue;
+        }
+        if told.is_some_and(|t| t.0 && !store.0) {
+            warn!(room = store.1, ring = ?node.store.ring_health(), "the shard store takes no new shards; writers place elsewhere");
+        }
         let (capacity, used) = disk_usage(&node.config);
         let res = node
             .gossip
             .publish(move |f| {
                 f.capacity_bytes = capacity;
                 f.used_bytes = used;
+                f.store_accepting = store.0;
+                f.store_room_bytes = store.1;
             })
             .await;
         if res.is_err() {
             return;
         }
+        told = Some(store);
+        told_at = std::time::Instant::now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::facts_changed;
+
+    #[test]
+    fn facts_are_republished_when_the_store_state_or_room_moves() {
+        assert!(!facts_changed((true, 1600), (true, 1600)));
+        assert!(!facts_changed((true, 1600), (true, 1550)));
+        assert!(facts_changed((true, 1600), (true, 1400)));
+        assert!(facts_changed((true, 1600), (false, 1600)));
+        assert!(facts_changed((true, 0), (true, 1)));
     }
 }

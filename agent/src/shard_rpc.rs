@@ -10,8 +10,9 @@ pub enum ShardRequest {
     Put {
         stripe: u128,
         index: u8,
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
+        /// The shard (encoded as bytes, like `serde_bytes`); shared, not copied, when one
+        /// stripe is sent to several placements.
+        data: bytes::Bytes,
     },
     Get {
         stripe: u128,
@@ -51,7 +52,7 @@ pub fn failure(e: &shoal_store::StoreError) -> ShardResponse {
     let kind = match e {
         E::NotFound(_) => ShardFailure::NotFound,
         E::Corrupt { .. } => ShardFailure::Corrupt,
-        E::Full { .. } => ShardFailure::Full,
+        E::Full { .. } | E::NoRoom { .. } => ShardFailure::Full,
         _ => ShardFailure::Other,
     };
     ShardResponse::Failed {

@@ -93,6 +93,8 @@ fn to_status(m: MemberView, rpc_rtt_us: Option<u64>, now: Instant) -> MemberStat
         incarnation: m.incarnation,
         capacity_bytes: facts.map(|f| f.capacity_bytes),
         used_bytes: facts.map(|f| f.used_bytes),
+        store_accepting: facts.map(|f| f.store_accepting),
+        store_room_bytes: facts.map(|f| f.store_room_bytes),
         agent_version: facts.map(|f| f.agent_version.clone()),
         last_heard_ms: m
             .last_heard

@@ -32,6 +32,11 @@ const RANGE_TIMEOUT: Duration = Duration::from_secs(2);
 const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long new stripes avoid a node a shard write just failed on.
 const SUSPECT_FOR: Duration = Duration::from_secs(10);
+/// How long new stripes avoid a node that just answered "full" (its gossiped facts say
+/// so too within seconds, and say when it has room again).
+const FULL_FOR: Duration = Duration::from_secs(30);
+/// Placement attempts of one stripe when nodes answer "full".
+const PLACE_ATTEMPTS: usize = 4;
 
 #[derive(Clone, Default)]
 struct StripeMetrics {
@@ -67,6 +72,8 @@ pub struct Stripes {
     /// Nodes a shard write just failed on (not "full"): new stripes avoid them for a
     /// while, so writes move on before membership declares a dead node down.
     suspects: std::sync::Mutex<HashMap<NodeId, std::time::Instant>>,
+    /// Nodes that answered "full": new stripes go elsewhere for a while.
+    full: std::sync::Mutex<HashMap<NodeId, std::time::Instant>>,
     store: Arc<DiskStore>,
     transport: Arc<Transport>,
     gossip: GossipHandle,
@@ -146,6 +153,7 @@ impl Stripes {
             buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
             buffer_permits,
             suspects: std::sync::Mutex::new(HashMap::new()),
+            full: std::sync::Mutex::new(HashMap::new()),
             store,
             transport,
             gossip,
@@ -158,19 +166,25 @@ impl Stripes {
     }
 
     /// The layout new stripes are placed under: the committed layout, with nodes that
-    /// gossip does not see alive right now marked down (new shards skip them). Before the
-    /// metadata group has committed a layout, one is derived from gossip (epoch 0).
+    /// gossip does not see alive right now, or that take no new shards (full, or their
+    /// store failing: from their facts or a recent answer), marked down (new shards skip
+    /// them; reads still reach them). Before the metadata group has committed a layout,
+    /// one is derived from gossip (epoch 0).
     async fn peers(&self) -> Result<Peers, AgentError> {
         let members = self.gossip.members().await?;
         let mut gossip_nodes = Vec::new();
         let mut addrs = HashMap::new();
         let mut names = HashMap::new();
+        let mut refusing = recent(&self.full, FULL_FOR);
         for m in members
             .into_iter()
             .filter(|m| m.state == MemberState::Alive)
         {
             let Some(f) = m.facts else { continue };
             let id = m.id.node;
+            if !f.store_accepting {
+                refusing.push(id);
+            }
             gossip_nodes.push(LayoutNode::active(
                 id,
                 f.failure_domain.as_str(),
@@ -185,13 +199,11 @@ impl Stripes {
             );
             names.insert(id, f.name);
         }
-        let suspected = self.suspected();
-        for n in &suspected {
-            addrs.remove(n);
+        for n in recent(&self.suspects, SUSPECT_FOR) {
+            addrs.remove(&n);
         }
-        if !suspected.is_empty() {
-            gossip_nodes.retain(|n| !suspected.contains(&n.id));
-        }
+        let takes_shards = |id: &NodeId| addrs.contains_key(id) && !refusing.contains(id);
+        gossip_nodes.retain(|n| takes_shards(&n.id));
         let committed = self
             .meta
             .cluster_layout()
@@ -203,7 +215,7 @@ impl Stripes {
                     .iter()
                     .map(|n| {
                         let mut n = n.clone();
-                        if !addrs.contains_key(&n.id) && n.state == NodeState::Active {
+                        if !takes_shards(&n.id) && n.state == NodeState::Active {
                             n.state = NodeState::Down;
                         }
                         n
@@ -223,18 +235,12 @@ impl Stripes {
 
     fn suspect(&self, node: NodeId) {
         if node != self.me {
-            self.suspects
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(node, std::time::Instant::now());
+            lock(&self.suspects).insert(node, std::time::Instant::now());
         }
     }
 
-    /// Nodes a write failed on within the last few seconds.
-    fn suspected(&self) -> Vec<NodeId> {
-        let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
-        s.retain(|_, at| at.elapsed() < SUSPECT_FOR);
-        s.keys().copied().collect()
+    fn mark_full(&self, node: NodeId) {
+        lock(&self.full).insert(node, std::time::Instant::now());
     }
 
     /// Deletes every shard of a stripe. Ok when no node holds one any more; an error
@@ -328,16 +334,10 @@ impl Stripes {
                 stripe,
                 index,
                 data,
-            } => {
-                match self
-                    .store
-                    .put(ShardKey { stripe, index }, Bytes::from(data))
-                    .await
-                {
-                    Ok(()) => ShardResponse::Stored,
-                    Err(e) => failure(&e),
-                }
-            }
+            } => match self.store.put(ShardKey { stripe, index }, data).await {
+                Ok(()) => ShardResponse::Stored,
+                Err(e) => failure(&e),
+            },
             ShardRequest::Get {
                 stripe,
                 index,
@@ -421,7 +421,9 @@ impl Stripes {
             .map_err(|_| stripe_err("agent is shutting down"))
     }
 
-    /// Writes one stripe; returns its record once every shard is durable.
+    /// Writes one stripe; returns its record once every shard is durable. A node that
+    /// answers "full" is left out and the stripe placed again (on other nodes), so only a
+    /// cluster without room for it fails with [`AgentError::NoSpace`].
     pub async fn write(
         self: &Arc<Self>,
         data: Vec<u8>,
@@ -434,22 +436,81 @@ impl Stripes {
         let _buffers = self.reserve_buffers(in_flight).await?;
         let geometry = StripeGeometry::with_default_shard_size(data.len() as u64, ec.k)
             .map_err(|e| stripe_err(e.to_string()))?;
-        let peers = self.peers().await?;
-        let id = StripeId(rand::random());
-        let targets = place(&peers.layout, id, ec).map_err(|e| stripe_err(e.to_string()))?;
         let shards = tokio::task::spawn_blocking(move || erasure::encode(&data, ec, &geometry))
             .await
             .map_err(|e| stripe_err(e.to_string()))?
             .map_err(stripe_err)?;
+        let shards: Vec<Bytes> = shards.into_iter().map(Bytes::from).collect();
         let crcs: Vec<u32> = shards.iter().map(|s| crc32c::crc32c(s)).collect();
+        let mut full_seen = Vec::new();
+        for _ in 0..PLACE_ATTEMPTS {
+            let peers = self.peers().await?;
+            let id = StripeId(rand::random());
+            let targets = match place(&peers.layout, id, ec) {
+                Ok(t) => t,
+                Err(e) if !full_seen.is_empty() => {
+                    return Err(AgentError::NoSpace(format!(
+                        "no room for a {ec} stripe: {e} ({} answered full)",
+                        names_of(&peers, &full_seen)
+                    )));
+                }
+                Err(e) => return Err(stripe_err(e.to_string())),
+            };
+            let failed = self.put_shards(id, &shards, &targets, &peers).await;
+            if failed.is_empty() {
+                self.metrics.written.inc();
+                return Ok(StripeRecord {
+                    id,
+                    len: geometry.len(),
+                    ec,
+                    shard_len: geometry.shard_len(),
+                    epoch: peers.layout.epoch(),
+                    shards: targets
+                        .iter()
+                        .enumerate()
+                        .map(|(i, node)| ShardLocation {
+                            index: i as u8,
+                            node: *node,
+                            crc32c: crcs[i],
+                        })
+                        .collect(),
+                });
+            }
+            if failed.iter().all(|f| f.kind == ShardFailure::Full) {
+                for f in &failed {
+                    self.mark_full(f.node);
+                    full_seen.push(f.node);
+                }
+                continue;
+            }
+            return Err(stripe_err(format!(
+                "stripe write failed: {}",
+                describe(&peers, &failed)
+            )));
+        }
+        Err(AgentError::NoSpace(format!(
+            "no room for a {ec} stripe after {PLACE_ATTEMPTS} placements ({} answered full)",
+            full_seen.len()
+        )))
+    }
+
+    /// Sends shard `i` to `targets[i]`, all at once. Returns what failed; when anything
+    /// did, the shards that were stored are deleted again (nothing references them).
+    async fn put_shards(
+        self: &Arc<Self>,
+        id: StripeId,
+        shards: &[Bytes],
+        targets: &[NodeId],
+        peers: &Peers,
+    ) -> Vec<FailedShard> {
         let mut set = JoinSet::new();
-        for (i, (shard, node)) in shards.into_iter().zip(targets.iter().copied()).enumerate() {
+        for (i, (shard, node)) in shards.iter().zip(targets.iter().copied()).enumerate() {
             let this = self.clone();
             let addr = peers.addrs.get(&node).copied();
             let req = ShardRequest::Put {
                 stripe: id.0,
                 index: i as u8,
-                data: shard,
+                data: shard.clone(),
             };
             set.spawn(
                 async move { (i as u8, node, this.call(node, addr, req, PUT_TIMEOUT).await) },
@@ -458,24 +519,25 @@ impl Stripes {
         let mut failed = Vec::new();
         let mut stored = Vec::new();
         for (index, node, resp) in set.join_all().await {
-            match resp {
-                ShardResponse::Stored => stored.push((index, node)),
-                ShardResponse::Failed { kind, message } => {
-                    if kind == ShardFailure::Other {
-                        self.suspect(node);
-                    }
-                    failed.push((index, node, kind, message))
+            let (kind, message) = match resp {
+                ShardResponse::Stored => {
+                    stored.push((index, node));
+                    continue;
                 }
-                other => failed.push((
-                    index,
-                    node,
-                    ShardFailure::Other,
-                    format!("unexpected answer {other:?}"),
-                )),
+                ShardResponse::Failed { kind, message } => (kind, message),
+                other => (ShardFailure::Other, format!("unexpected answer {other:?}")),
+            };
+            if kind == ShardFailure::Other {
+                self.suspect(node);
             }
+            failed.push(FailedShard {
+                index,
+                node,
+                kind,
+                message,
+            });
         }
         if !failed.is_empty() {
-            // Nothing references these shards: remove them rather than leave orphans.
             for (index, node) in stored {
                 let req = ShardRequest::Delete {
                     stripe: id.0,
@@ -485,43 +547,8 @@ impl Stripes {
                     .call(node, peers.addrs.get(&node).copied(), req, PUT_TIMEOUT)
                     .await;
             }
-            let detail: Vec<String> = failed
-                .iter()
-                .map(|(index, node, kind, message)| {
-                    let name = peers.names.get(node).cloned().unwrap_or_default();
-                    let what = if *kind == ShardFailure::Full {
-                        "node full"
-                    } else {
-                        "failed"
-                    };
-                    format!("shard {index} on {name} ({node}): {what}: {message}")
-                })
-                .collect();
-            let msg = format!("stripe write failed: {}", detail.join("; "));
-            if failed.iter().any(|f| f.2 == ShardFailure::Full) {
-                return Err(AgentError::NoSpace(msg));
-            }
-            return Err(stripe_err(msg));
         }
-        self.metrics.written.inc();
-        let mut shards: Vec<ShardLocation> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, node)| ShardLocation {
-                index: i as u8,
-                node: *node,
-                crc32c: crcs[i],
-            })
-            .collect();
-        shards.sort_by_key(|s| s.index);
-        Ok(StripeRecord {
-            id,
-            len: geometry.len(),
-            ec,
-            shard_len: geometry.shard_len(),
-            epoch: peers.layout.epoch(),
-            shards,
-        })
+        failed
     }
 
     /// Reads `[offset, offset+len)` of a stripe.
@@ -663,6 +690,59 @@ impl Stripes {
             bad_shards: bad,
         })
     }
+}
+
+/// One shard a stripe write could not store.
+struct FailedShard {
+    index: u8,
+    node: NodeId,
+    kind: ShardFailure,
+    message: String,
+}
+
+/// "shard 2 on node3 (…): failed: …; …" for an error message.
+fn describe(peers: &Peers, failed: &[FailedShard]) -> String {
+    let parts: Vec<String> = failed
+        .iter()
+        .map(|f| {
+            let name = peers.names.get(&f.node).cloned().unwrap_or_default();
+            let what = if f.kind == ShardFailure::Full {
+                "node full"
+            } else {
+                "failed"
+            };
+            format!(
+                "shard {} on {name} ({}): {what}: {}",
+                f.index, f.node, f.message
+            )
+        })
+        .collect();
+    parts.join("; ")
+}
+
+/// The names of `nodes`, for an error message.
+fn names_of(peers: &Peers, nodes: &[NodeId]) -> String {
+    let mut names: Vec<String> = nodes
+        .iter()
+        .map(|n| peers.names.get(n).cloned().unwrap_or_else(|| n.to_string()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names.join(", ")
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The nodes marked in `marks` within the last `window` (older marks are dropped).
+fn recent(
+    marks: &std::sync::Mutex<HashMap<NodeId, std::time::Instant>>,
+    window: Duration,
+) -> Vec<NodeId> {
+    let mut m = lock(marks);
+    m.retain(|_, at| at.elapsed() < window);
+    m.keys().copied().collect()
 }
 
 fn short(r: &ShardResponse) -> String {

@@ -155,6 +155,11 @@ fn row(n: &MemberStatus) -> [String; 10] {
         (Some(u), Some(c)) => format!("{}/{}", bytes(u), bytes(c)),
         _ => dash(),
     };
+    // A store that takes no new shards says so: writers place around it.
+    let capacity = match n.store_accepting {
+        Some(false) => format!("{capacity} (no new shards)"),
+        _ => capacity,
+    };
     let heard = match (n.is_self, n.last_heard_ms) {
         (true, _) => "self".into(),
         (false, Some(ms)) => format!("{:.1}s ago", ms as f64 / 1000.0),

@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::MeshError;
 use crate::identity::{MemberId, NodeId};
 
-/// Version of the facts payload on the wire.
+/// Version of the facts payload on the wire. Within a version, fields are only ever
+/// appended: a reader takes a payload with more fields than it knows (ignoring the rest)
+/// or with the fields of an earlier release (see [`NodeFacts::decode`]), so agents of
+/// neighbouring releases understand each other during a rolling upgrade.
 pub const FACTS_VERSION: u8 = 1;
 
 /// What a node intends: serving, or leaving the cluster on purpose.
@@ -41,6 +44,48 @@ pub struct NodeFacts {
     pub used_bytes: u64,
     pub role: NodeRole,
     pub agent_version: String,
+    /// Whether this node's shard store takes new shards now: false while its I/O ring is
+    /// failing, or it has no room. Writers place new shards elsewhere.
+    pub store_accepting: bool,
+    /// Bytes of new shards the store can take (fill limit and filesystem reserve).
+    pub store_room_bytes: u64,
+}
+
+/// The facts of the first release, before the store fields were appended.
+#[derive(Deserialize)]
+struct NodeFactsFirst {
+    node: NodeId,
+    generation: u64,
+    seq: u64,
+    name: String,
+    failure_domain: String,
+    rpc_addr: SocketAddr,
+    bulk_addr: Option<SocketAddr>,
+    capacity_bytes: u64,
+    used_bytes: u64,
+    role: NodeRole,
+    agent_version: String,
+}
+
+impl From<NodeFactsFirst> for NodeFacts {
+    fn from(f: NodeFactsFirst) -> NodeFacts {
+        NodeFacts {
+            node: f.node,
+            generation: f.generation,
+            seq: f.seq,
+            name: f.name,
+            failure_domain: f.failure_domain,
+            rpc_addr: f.rpc_addr,
+            bulk_addr: f.bulk_addr,
+            capacity_bytes: f.capacity_bytes,
+            used_bytes: f.used_bytes,
+            role: f.role,
+            agent_version: f.agent_version,
+            // What a node of that release could tell: room is what its filesystem has.
+            store_accepting: true,
+            store_room_bytes: f.capacity_bytes.saturating_sub(f.used_bytes),
+        }
+    }
 }
 
 impl NodeFacts {
@@ -57,9 +102,12 @@ impl NodeFacts {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, MeshError> {
         match bytes.split_first() {
-            Some((&FACTS_VERSION, body)) => {
-                postcard::from_bytes(body).map_err(|e| MeshError::BadFacts(e.to_string()))
-            }
+            Some((&FACTS_VERSION, body)) => match postcard::from_bytes::<NodeFacts>(body) {
+                Ok(f) => Ok(f),
+                Err(e) => postcard::from_bytes::<NodeFactsFirst>(body)
+                    .map(NodeFacts::from)
+                    .map_err(|_| MeshError::BadFacts(e.to_string())),
+            },
             Some((v, _)) => Err(MeshError::BadFacts(format!("unknown facts version {v}"))),
             None => Err(MeshError::BadFacts("empty payload".into())),
         }
@@ -145,6 +193,8 @@ mod tests {
             used_bytes: 10,
             role: NodeRole::Active,
             agent_version: "0.1.0".into(),
+            store_accepting: false,
+            store_room_bytes: 42,
         }
     }
 
@@ -152,6 +202,28 @@ mod tests {
     fn facts_round_trip() {
         let f = facts(3);
         assert_eq!(NodeFacts::decode(&f.encode()).expect("decode"), f);
+    }
+
+    /// Golden bytes of the first release's facts (before the store fields were appended):
+    /// they still decode, and a payload with fields a later release appends decodes too.
+    #[test]
+    fn facts_of_neighbouring_releases_decode() {
+        let first: &[u8] = &[
+            1, 9, 2, 3, 2, b'n', b'9', 6, b'r', b'a', b'c', b'k', b'-', b'a', 0, 127, 0, 0, 9,
+            0xfb, 0x3d, 0, 100, 10, 0, 5, b'0', b'.', b'1', b'.', b'0',
+        ];
+        let old = NodeFacts::decode(first).expect("first release");
+        assert_eq!(
+            old,
+            NodeFacts {
+                store_accepting: true,
+                store_room_bytes: 90,
+                ..facts(3)
+            }
+        );
+        let mut newer = facts(3).encode();
+        newer.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(NodeFacts::decode(&newer).expect("newer release"), facts(3));
     }
 
     #[test]

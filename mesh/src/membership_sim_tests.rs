@@ -29,6 +29,8 @@ fn facts_for(id: MemberId) -> NodeFacts {
         used_bytes: 1 << 30,
         role: NodeRole::Active,
         agent_version: "test".into(),
+        store_accepting: true,
+        store_room_bytes: 1 << 40,
     }
 }
 

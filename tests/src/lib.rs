@@ -83,6 +83,21 @@ impl DevCluster {
         Self::up_with(nodes, subnet, &[])
     }
 
+    /// A cluster's directory and settings, not started yet (to prepare node directories
+    /// first); [`DevCluster::start`] starts it.
+    pub fn prepare(nodes: u8, subnet: u8, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("shoal-test-")
+            .tempdir()
+            .expect("tempdir");
+        DevCluster {
+            dir,
+            nodes,
+            subnet,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
     /// Like [`DevCluster::up`], with extra `dev-cluster up` arguments.
     pub fn up_with(nodes: u8, subnet: u8, extra: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
@@ -208,17 +223,23 @@ impl DevCluster {
     pub fn meta_digest(&self, i: u8) -> Option<(Option<u64>, u64)> {
         use shoal_agent_api::{AgentClient, Request, Response};
         let socket = self.socket(i);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .ok()?;
-        rt.block_on(async move {
-            let mut client = AgentClient::connect(socket).await.ok()?;
-            match client.call(&Request::MetaDigest).await.ok()? {
-                Response::MetaDigest { applied, digest } => Some((applied, digest)),
-                _ => None,
-            }
+        // A thread of its own: callers may be inside a runtime already.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let mut client = AgentClient::connect(socket).await.ok()?;
+                match client.call(&Request::MetaDigest).await.ok()? {
+                    Response::MetaDigest { applied, digest } => Some((applied, digest)),
+                    _ => None,
+                }
+            })
         })
+        .join()
+        .ok()
+        .flatten()
     }
 
     /// Waits until every node's replica has applied the same index with the same digest,
@@ -301,6 +322,56 @@ impl DevCluster {
         wait_for(Duration::from_secs(10), "the agent to die", || {
             self.exited(i).then_some(())
         });
+    }
+
+    /// Stops node `i`'s agent (SIGTERM), rewrites its `agent.toml` with `edit`, and starts
+    /// it again with that config (as `dev-cluster up` would, but a later `up` rewrites the
+    /// config without restarting it). Waits until every node sees it alive again.
+    pub fn restart_with_config(&self, i: u8, edit: impl FnOnce(String) -> String) {
+        use std::os::unix::process::CommandExt;
+        self.stop_agent(i);
+        let nd = self.node_dir(i);
+        let config = std::fs::read_to_string(nd.join("agent.toml")).expect("agent.toml");
+        std::fs::write(nd.join("agent.toml"), edit(config)).expect("write agent.toml");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(nd.join("agent.log"))
+            .expect("agent.log");
+        let mut child = Command::new(binaries().agent)
+            .arg("--config")
+            .arg(nd.join("agent.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("run shoal-agent");
+        std::fs::write(nd.join("agent.pid"), format!("{}\n", child.id())).expect("pid file");
+        // Reaped when it exits, so it does not linger as a zombie of the test.
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        let name = format!("node{i}");
+        wait_for(
+            Duration::from_secs(30),
+            "the restarted node alive everywhere",
+            || {
+                (1..=self.nodes)
+                    .all(|o| {
+                        self.status(o).is_some_and(|s| {
+                            s["nodes"].as_array().is_some_and(|n| {
+                                n.iter().any(|m| {
+                                    m["name"] == name.as_str()
+                                        && m["state"] == "alive"
+                                        && m["rpc_addr"].is_string()
+                                })
+                            })
+                        })
+                    })
+                    .then_some(())
+            },
+        );
     }
 
     /// One more `shoal mount` of node `i` on `mountpoint` (created), with extra `args`

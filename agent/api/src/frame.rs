@@ -15,7 +15,21 @@ use crate::{API_VERSION, ApiError};
 /// Largest frame accepted (room for a few stripes of file data in later versions).
 pub const MAX_FRAME: usize = 64 << 20;
 
+/// The oldest protocol version the agent still serves (its answers are encoded for the
+/// version each request came in; see [`read_any_frame`]).
+pub const OLDEST_API_VERSION: u8 = 3;
+
 pub async fn write_frame<W, T>(w: &mut W, msg: &T) -> Result<(), ApiError>
+where
+    W: AsyncWrite + Unpin,
+    T: Serialize,
+{
+    write_frame_as(w, API_VERSION, msg).await
+}
+
+/// Writes one frame marked as protocol `version` (the agent answers an older client in
+/// the version it spoke).
+pub async fn write_frame_as<W, T>(w: &mut W, version: u8, msg: &T) -> Result<(), ApiError>
 where
     W: AsyncWrite + Unpin,
     T: Serialize,
@@ -27,15 +41,41 @@ where
     }
     let mut frame = Vec::with_capacity(len + 4);
     frame.extend_from_slice(&(len as u32).to_be_bytes());
-    frame.push(API_VERSION);
+    frame.push(version);
     frame.extend_from_slice(&body);
     w.write_all(&frame).await?;
     w.flush().await?;
     Ok(())
 }
 
-/// Reads one frame; `Ok(None)` on a clean end of stream before a frame starts.
+/// Reads one frame of this protocol version; `Ok(None)` on a clean end of stream before a
+/// frame starts.
 pub async fn read_frame<R, T>(r: &mut R) -> Result<Option<T>, ApiError>
+where
+    R: AsyncRead + Unpin,
+    T: DeserializeOwned,
+{
+    match read_frame_in(r, API_VERSION..=API_VERSION).await? {
+        Some((_, msg)) => Ok(Some(msg)),
+        None => Ok(None),
+    }
+}
+
+/// Reads one frame of any version from [`OLDEST_API_VERSION`] to [`API_VERSION`], with its
+/// version. Requests only ever gained variants at the end, so every such frame decodes as
+/// today's [`crate::Request`].
+pub async fn read_any_frame<R, T>(r: &mut R) -> Result<Option<(u8, T)>, ApiError>
+where
+    R: AsyncRead + Unpin,
+    T: DeserializeOwned,
+{
+    read_frame_in(r, OLDEST_API_VERSION..=API_VERSION).await
+}
+
+async fn read_frame_in<R, T>(
+    r: &mut R,
+    versions: std::ops::RangeInclusive<u8>,
+) -> Result<Option<(u8, T)>, ApiError>
 where
     R: AsyncRead + Unpin,
     T: DeserializeOwned,
@@ -56,14 +96,15 @@ where
     if got < len {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
     }
-    if buf[0] != API_VERSION {
+    let version = buf[0];
+    if !versions.contains(&version) {
         return Err(ApiError::Version {
-            got: buf[0],
+            got: version,
             want: API_VERSION,
         });
     }
     postcard::from_bytes(&buf[1..])
-        .map(Some)
+        .map(|msg| Some((version, msg)))
         .map_err(|e| ApiError::Decode(e.to_string()))
 }
 
@@ -101,6 +142,17 @@ mod tests {
         assert!(matches!(
             read_frame::<_, Request>(&mut r).await,
             Err(ApiError::Decode(_))
+        ));
+        // The agent takes the previous version too; a client only its own.
+        let mut r = &[0, 0, 0, 2, 3, 0][..];
+        assert!(matches!(
+            read_any_frame::<_, Request>(&mut r).await,
+            Ok(Some((3, Request::Status)))
+        ));
+        let mut r = &[0, 0, 0, 2, 3, 0][..];
+        assert!(matches!(
+            read_frame::<_, Request>(&mut r).await,
+            Err(ApiError::Version { got: 3, .. })
         ));
     }
 }

@@ -27,8 +27,11 @@ pub use stripe::{ShardLocation, StripeRead, StripeRecord};
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the admin/client protocol; carried in every frame.
-pub const API_VERSION: u8 = 3;
+/// Version of the admin/client protocol; carried in every frame. Version 4 added fields to
+/// [`StatusReport`] (so a version-3 client's `Status` is refused with a message) and the
+/// `MetaDigest` request; every other message is as in version 3, so mounts started with
+/// the previous release keep working across an agent upgrade.
+pub const API_VERSION: u8 = 4;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";

@@ -40,6 +40,11 @@ pub struct MemberStatus {
     /// Size of the filesystem holding the member's data dir.
     pub capacity_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
+    /// Whether the member's shard store takes new shards (false: full, or its I/O
+    /// failing), from its facts.
+    pub store_accepting: Option<bool>,
+    /// Bytes of new shards its store can take, from its facts.
+    pub store_room_bytes: Option<u64>,
     pub agent_version: Option<String>,
     /// Milliseconds since a gossip packet from this member arrived (None for the answering
     /// agent itself, or a member never heard from directly).

@@ -35,8 +35,9 @@ pub struct MetaConfig {
     pub orphan_grace_s: u64,
     /// Seconds a shard whose stripe the metadata does not know must stay unknown before
     /// this node deletes it (a writer that crashed between writing shards and committing
-    /// them leaves such shards). It must be longer than any write takes to commit (a write
-    /// retries for up to a minute while nodes fail), or shards of a write in progress go.
+    /// them leaves such shards). The node first commits `AbandonStripes`, so a late commit
+    /// is refused rather than pointing at deleted shards; writes give up (and are retried)
+    /// after a quarter of it, so they are done long before.
     #[serde(default = "default_orphan_shard_grace_s")]
     pub orphan_shard_grace_s: u64,
 }

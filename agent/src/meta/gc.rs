@@ -270,6 +270,8 @@ mod tests {
                 used_bytes: 0,
                 role: NodeRole::Active,
                 agent_version: String::new(),
+                store_accepting: true,
+                store_room_bytes: 1,
             }),
         }
     }

@@ -15,6 +15,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::ballast::Ballast;
 use super::types::{Entry, MetaRaft, StorageError, storage_error};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -31,6 +32,8 @@ const FORMAT_V1: u8 = 1;
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// Space the log can always write (given up before a write on a nearly full disk).
+    ballast: Arc<Ballast>,
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
@@ -98,13 +101,16 @@ mod v1 {
 }
 
 impl LogStore {
-    pub fn open(path: &Path) -> Result<LogStore, String> {
+    pub fn open(path: &Path, ballast: Arc<Ballast>) -> Result<LogStore, String> {
         let db = Database::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let txn = db.begin_write().map_err(|e| e.to_string())?;
         txn.open_table(LOG).map_err(|e| e.to_string())?;
         txn.open_table(STATE).map_err(|e| e.to_string())?;
         txn.commit().map_err(|e| e.to_string())?;
-        Ok(LogStore { db: Arc::new(db) })
+        Ok(LogStore {
+            db: Arc::new(db),
+            ballast,
+        })
     }
 
     /// Runs `f` on the blocking pool.
@@ -114,9 +120,13 @@ impl LogStore {
         F: FnOnce(&Database) -> Result<T, String> + Send + 'static,
     {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|e| e.to_string())?
+        let ballast = self.ballast.clone();
+        tokio::task::spawn_blocking(move || {
+            ballast.before_write();
+            f(&db)
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     fn get_state<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>, String> {

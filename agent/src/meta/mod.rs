@@ -2,6 +2,7 @@
 //! files under `<data_dir>/meta`, the filesystem requests it serves, and the background
 //! work that keeps it tidy (membership and layout steward, garbage collection).
 
+pub mod ballast;
 pub mod config;
 pub mod fs;
 pub mod gc;

@@ -16,6 +16,7 @@ use shoal_meta::{Batch, LeaderStamp, MetaStore, Outcome, Proposal};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, warn};
 
+use super::ballast::Ballast;
 use super::config::MetaConfig;
 use super::log_store::LogStore;
 use super::metrics::MetaMetrics;
@@ -71,6 +72,8 @@ pub struct MetaService {
     /// Inodes the local mounts hold open: (mount session, handle) → (inode, the mount's
     /// pid when known).
     held: Mutex<Holds>,
+    /// Space the metadata log can always write.
+    pub ballast: Arc<Ballast>,
 }
 
 fn meta_err(e: impl std::fmt::Display) -> AgentError {
@@ -91,7 +94,8 @@ impl MetaService {
             path: dir.to_owned(),
             source,
         })?;
-        let log = LogStore::open(&dir.join("log.redb")).map_err(meta_err)?;
+        let ballast = Arc::new(Ballast::open(dir));
+        let log = LogStore::open(&dir.join("log.redb"), ballast.clone()).map_err(meta_err)?;
         let store = Arc::new(MetaStore::open(&dir.join("state.redb")).map_err(meta_err)?);
         let sm = StateMachine::new(store.clone(), dir);
         let raft_config = Config {
@@ -125,6 +129,7 @@ impl MetaService {
             started: Instant::now(),
             barrier_round: tokio::sync::Mutex::new(None),
             held: Mutex::new(HashMap::new()),
+            ballast,
         });
         tokio::spawn(batch_proposals(service.raft.clone(), rx, metrics));
         service.register_handlers();

@@ -51,6 +51,9 @@ pub struct DiskStore {
     db: Arc<Database>,
     ring: Ring,
     limit: u64,
+    /// Bytes of the filesystem left free for everything else on it (the metadata among
+    /// them): a write that would leave less fails like one past the fill limit.
+    reserve: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -108,6 +111,43 @@ fn parse_name(name: &str) -> Option<ShardKey> {
 }
 
 impl DiskStore {
+    /// Keeps `bytes` of the store's filesystem free: writes that would leave less fail
+    /// with [`StoreError::NoRoom`] (0, the default, checks only the fill limit).
+    pub fn set_reserve(&self, bytes: u64) {
+        self.reserve
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn reserve(&self) -> u64 {
+        self.reserve.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes free on the store's filesystem for an unprivileged writer (0 if unknown).
+    fn fs_free(&self) -> u64 {
+        nix::sys::statvfs::statvfs(&self.shards)
+            .map(|s| s.blocks_available() * s.fragment_size())
+            .unwrap_or(0)
+    }
+
+    /// Bytes of new shard files the store can take now: what the fill limit and the
+    /// filesystem's free space (less the reserve) both allow.
+    pub fn room(&self) -> u64 {
+        let by_limit = {
+            let st = self.lock();
+            self.limit.saturating_sub(st.used + st.reserved)
+        };
+        let reserve = self.reserve();
+        if reserve == 0 {
+            return by_limit;
+        }
+        by_limit.min(self.fs_free().saturating_sub(reserve))
+    }
+
+    /// How the store's I/O ring is doing.
+    pub fn ring_health(&self) -> crate::RingHealth {
+        self.ring.health()
+    }
+
     /// Opens (creating if needed) the store under `root`, refusing writes past `limit`
     /// bytes, and recovers from a crash.
     pub async fn open(root: &Path, limit: u64, ring: Ring) -> Result<(Self, Recovery), StoreError> {
@@ -221,6 +261,7 @@ impl DiskStore {
             db: Arc::new(db),
             ring,
             limit,
+            reserve: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(State {
                 index,
                 used,
@@ -463,6 +504,18 @@ impl ShardStore for DiskStore {
                     used: committed,
                     limit: self.limit,
                 });
+            }
+            let reserve = self.reserve();
+            if reserve > 0 {
+                // Other users of the filesystem count too: the limit alone does not see them.
+                let free = self.fs_free().saturating_sub(st.reserved);
+                if free < size.saturating_add(reserve) {
+                    return Err(StoreError::NoRoom {
+                        need: size,
+                        free,
+                        reserve,
+                    });
+                }
             }
             st.reserved += size;
             st.writing.insert(key);

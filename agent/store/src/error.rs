@@ -14,6 +14,12 @@ pub enum StoreError {
     /// Writing would cross the store's fill limit.
     #[error("node full: {need} more bytes would exceed the fill limit ({used} of {limit} used)")]
     Full { need: u64, used: u64, limit: u64 },
+    /// Writing would leave less than the reserve free on the store's filesystem (other
+    /// users of the filesystem have filled it).
+    #[error(
+        "node full: {need} more bytes would leave less than the {reserve}-byte reserve free on the filesystem ({free} free)"
+    )]
+    NoRoom { need: u64, free: u64, reserve: u64 },
     /// The shard's bytes do not match its checksum, or its header is damaged.
     #[error("shard {key} is corrupt: {reason}")]
     Corrupt { key: ShardKey, reason: String },

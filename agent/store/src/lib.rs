@@ -17,7 +17,7 @@ pub use disk::{DiskStore, Recovery};
 pub use error::StoreError;
 pub use header::{HEADER_LEN, ShardHeader};
 pub use mem::MemStore;
-pub use ring::Ring;
+pub use ring::{Ring, RingHealth};
 
 use std::future::Future;
 

@@ -6,11 +6,13 @@
 //! its completion arrives, which is what keeps the kernel's pointers valid.
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 
 use io_uring::{IoUring, opcode, squeue, types};
 use tokio::sync::oneshot;
@@ -48,6 +50,7 @@ struct Request {
 #[derive(Clone)]
 pub struct Ring {
     tx: mpsc::SyncSender<Request>,
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -56,23 +59,66 @@ impl std::fmt::Debug for Ring {
     }
 }
 
+/// How the ring thread is doing, for the store's health (and the node's gossiped facts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RingHealth {
+    /// Serving.
+    Running { restarts: u64 },
+    /// No ring could be created; every request fails until one can (retried every second).
+    Failed { reason: String },
+}
+
+#[derive(Default)]
+struct Health {
+    failed: Mutex<Option<String>>,
+    restarts: AtomicU64,
+    /// Errors the next submissions return instead of entering the kernel (fault tests).
+    inject_submit: Mutex<VecDeque<i32>>,
+    /// How many of the next ring creations fail (fault tests).
+    inject_start: AtomicU32,
+}
+
 fn stopped() -> io::Error {
     io::Error::other("io_uring ring thread stopped")
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Ring {
-    /// Starts the ring thread with a submission queue of `entries`.
+    /// Starts the ring thread with a submission queue of `entries` (also the most
+    /// operations in flight at once; more wait in the thread's queue).
     pub fn start(entries: u32) -> io::Result<Ring> {
         let ring = IoUring::new(entries)?;
         let (tx, rx) = mpsc::sync_channel(entries as usize * 4);
+        let health = Arc::new(Health::default());
+        let h = health.clone();
         std::thread::Builder::new()
             .name("shoal-uring".into())
-            .spawn(move || {
-                if let Err(e) = run(ring, rx) {
-                    error!(error = %e, "io_uring ring thread failed");
-                }
-            })?;
-        Ok(Ring { tx })
+            .spawn(move || supervise(ring, entries, &rx, &h))?;
+        Ok(Ring { tx, health })
+    }
+
+    /// Whether the thread serves requests now, and how often its ring was replaced.
+    pub fn health(&self) -> RingHealth {
+        match lock(&self.health.failed).clone() {
+            Some(reason) => RingHealth::Failed { reason },
+            None => RingHealth::Running {
+                restarts: self.health.restarts.load(Ordering::Relaxed),
+            },
+        }
+    }
+
+    /// Fault injection: the next `errnos.len()` submissions to the kernel fail with these
+    /// errors instead (EINTR and EBUSY are handled; anything else replaces the ring).
+    pub fn inject_submit_errors(&self, errnos: &[i32]) {
+        lock(&self.health.inject_submit).extend(errnos);
+    }
+
+    /// Fault injection: the next `n` attempts to create a ring fail.
+    pub fn inject_start_failures(&self, n: u32) {
+        self.health.inject_start.store(n, Ordering::Relaxed);
     }
 
     fn send(&self, req: Request) -> io::Result<()> {
@@ -146,6 +192,87 @@ impl Ring {
     }
 }
 
+/// The thread: runs a ring until every handle is gone; a ring that fails is replaced (its
+/// in-flight requests answered with the error), and while none can be created every
+/// request is answered with an error.
+fn supervise(first: IoUring, entries: u32, rx: &mpsc::Receiver<Request>, health: &Health) {
+    let mut ring = Some(first);
+    loop {
+        let current = match ring.take() {
+            Some(r) => Ok(r),
+            None if take_one(&health.inject_start) => Err(io::Error::other("injected fault")),
+            None => IoUring::new(entries),
+        };
+        match current {
+            Ok(r) => {
+                *lock(&health.failed) = None;
+                match run(r, entries as usize, rx, health) {
+                    Ok(()) => return,
+                    Err(e) => {
+                        health.restarts.fetch_add(1, Ordering::Relaxed);
+                        error!(error = %e, "io_uring ring failed; in-flight I/O failed, starting a new ring");
+                    }
+                }
+            }
+            Err(e) => {
+                let reason = format!("cannot create an io_uring ring: {e}");
+                if lock(&health.failed).replace(reason.clone()).is_none() {
+                    error!(
+                        "{reason}; the shard store fails every request until one can be created"
+                    );
+                }
+                // Answer what arrives meanwhile, then try again.
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+                loop {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    match rx.recv_timeout(left) {
+                        Ok(req) => fail(req, io::Error::other(reason.clone())),
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn take_one(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1))
+        .is_ok()
+}
+
+/// Answers a request that will not run with `e`.
+fn fail(req: Request, e: io::Error) {
+    match req.op {
+        Op::Write { reply, .. } | Op::Fsync { reply } => {
+            let _ = reply.send(Err(e));
+        }
+        Op::Read { reply, .. } => {
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
+/// Answers a request the kernel may still hold pointers into with `e`, and leaks its
+/// buffer and file: after a ring failure nothing says when the kernel lets go of them.
+fn abandon(req: Request, e: io::Error) {
+    let Request { file, op, .. } = req;
+    std::mem::forget(file);
+    match op {
+        Op::Write { buf, reply, .. } => {
+            std::mem::forget(buf);
+            let _ = reply.send(Err(e));
+        }
+        Op::Read { buf, reply, .. } => {
+            std::mem::forget(buf);
+            let _ = reply.send(Err(e));
+        }
+        Op::Fsync { reply } => {
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
 /// The submission entry for the not-yet-done part of `req`.
 fn entry(req: &mut Request, slot: usize) -> squeue::Entry {
     let fd = types::Fd(req.file.as_raw_fd());
@@ -179,58 +306,136 @@ fn entry(req: &mut Request, slot: usize) -> squeue::Entry {
     e.user_data(slot as u64)
 }
 
-fn push(ring: &mut IoUring, e: &squeue::Entry) -> io::Result<()> {
-    loop {
-        // SAFETY: the entry points into a buffer and file owned by a request stored in
-        // `slots`, which is only released after the entry's completion has been reaped.
-        if unsafe { ring.submission().push(e) }.is_ok() {
-            return Ok(());
-        }
-        ring.submit()?;
-    }
+/// Requests the ring owns: in flight in the kernel (`slots`), or waiting for room.
+struct Work {
+    slots: Vec<Option<Request>>,
+    inflight: usize,
+    backlog: VecDeque<Request>,
 }
 
-fn run(mut ring: IoUring, rx: mpsc::Receiver<Request>) -> io::Result<()> {
-    let mut slots: Vec<Option<Request>> = Vec::new();
-    let mut inflight = 0usize;
-    loop {
-        let mut incoming = Vec::new();
-        if inflight == 0 {
-            match rx.recv() {
-                Ok(r) => incoming.push(r),
-                Err(_) => return Ok(()),
-            }
-        }
-        while let Ok(r) = rx.try_recv() {
-            incoming.push(r);
-        }
-        for mut req in incoming {
-            let slot = slots.iter().position(Option::is_none).unwrap_or_else(|| {
-                slots.push(None);
-                slots.len() - 1
-            });
+impl Work {
+    /// Queues `req` (in the backlog until there is room in flight).
+    fn submit_later(&mut self, req: Request) {
+        self.backlog.push_back(req);
+    }
+
+    /// Moves backlog into the submission queue while fewer than `cap` are in flight. The
+    /// submission queue holds `cap` entries and the completion queue twice that, so
+    /// neither can overflow.
+    fn fill(&mut self, ring: &mut IoUring, cap: usize) {
+        while self.inflight < cap {
+            let Some(mut req) = self.backlog.pop_front() else {
+                return;
+            };
+            let slot = self
+                .slots
+                .iter()
+                .position(Option::is_none)
+                .unwrap_or_else(|| {
+                    self.slots.push(None);
+                    self.slots.len() - 1
+                });
             let e = entry(&mut req, slot);
-            slots[slot] = Some(req);
-            push(&mut ring, &e)?;
-            inflight += 1;
+            // SAFETY: the entry points into a buffer and file owned by the request stored
+            // in `slots`, which is released only after its completion is reaped (or
+            // leaked when the ring fails).
+            if unsafe { ring.submission().push(&e) }.is_err() {
+                // Cannot happen with fewer than `cap` in flight; keep it for later.
+                self.backlog.push_front(req);
+                return;
+            }
+            self.slots[slot] = Some(req);
+            self.inflight += 1;
         }
-        ring.submit_and_wait(1)?;
+    }
+
+    /// Applies every completion waiting in the ring.
+    fn reap(&mut self, ring: &mut IoUring) {
         let completions: Vec<(usize, i32)> = ring
             .completion()
             .map(|c| (c.user_data() as usize, c.result()))
             .collect();
         for (slot, res) in completions {
-            let Some(mut req) = slots.get_mut(slot).and_then(Option::take) else {
+            let Some(mut req) = self.slots.get_mut(slot).and_then(Option::take) else {
                 continue;
             };
-            inflight -= 1;
+            self.inflight -= 1;
             if complete(&mut req, res) {
-                let e = entry(&mut req, slot);
-                slots[slot] = Some(req);
-                push(&mut ring, &e)?;
-                inflight += 1;
+                // The rest of a short read or write goes first.
+                self.backlog.push_front(req);
             }
         }
+    }
+
+    /// Fails everything: in-flight requests are abandoned (see [`abandon`]), queued ones
+    /// answered.
+    fn fail_all(&mut self, e: &io::Error) {
+        for req in self.slots.drain(..).flatten() {
+            abandon(req, io::Error::new(e.kind(), e.to_string()));
+        }
+        for req in self.backlog.drain(..) {
+            fail(req, io::Error::new(e.kind(), e.to_string()));
+        }
+        self.inflight = 0;
+    }
+}
+
+/// Submits what is queued and waits for one completion, riding out interrupted waits
+/// (EINTR) and a full completion queue (EBUSY: reap, then submit again).
+fn submit_and_wait(ring: &mut IoUring, work: &mut Work, health: &Health) -> io::Result<()> {
+    loop {
+        let injected = lock(&health.inject_submit).pop_front();
+        let res = match injected {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => ring.submit_and_wait(1).map(|_| ()),
+        };
+        match res {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc_errno::EINTR) => continue,
+            Err(e) if e.raw_os_error() == Some(libc_errno::EBUSY) => {
+                work.reap(ring);
+                if work.inflight == 0 {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The two errno values the ring treats as transient.
+mod libc_errno {
+    pub const EINTR: i32 = 4;
+    pub const EBUSY: i32 = 16;
+}
+
+fn run(
+    mut ring: IoUring,
+    cap: usize,
+    rx: &mpsc::Receiver<Request>,
+    health: &Health,
+) -> io::Result<()> {
+    let mut work = Work {
+        slots: Vec::new(),
+        inflight: 0,
+        backlog: VecDeque::new(),
+    };
+    loop {
+        if work.inflight == 0 && work.backlog.is_empty() {
+            match rx.recv() {
+                Ok(r) => work.submit_later(r),
+                Err(_) => return Ok(()),
+            }
+        }
+        while let Ok(r) = rx.try_recv() {
+            work.submit_later(r);
+        }
+        work.fill(&mut ring, cap);
+        if let Err(e) = submit_and_wait(&mut ring, &mut work, health) {
+            work.fail_all(&e);
+            return Err(e);
+        }
+        work.reap(&mut ring);
     }
 }
 
@@ -344,6 +549,102 @@ mod tests {
         assert_eq!(back, data, "short read at EOF must return exactly the file");
         let mid = ring.read(file, 10, 1000).await.expect("read");
         assert_eq!(mid, data[1000..1010]);
+    }
+
+    fn temp_file(dir: &std::path::Path, name: &str) -> Arc<File> {
+        Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(dir.join(name))
+                .expect("open"),
+        )
+    }
+
+    #[tokio::test]
+    async fn interrupted_and_busy_submissions_are_ridden_out() {
+        let ring = Ring::start(8).expect("io_uring available");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = temp_file(dir.path(), "f");
+        ring.inject_submit_errors(&[libc_errno::EINTR, libc_errno::EBUSY, libc_errno::EINTR]);
+        ring.write_all(f.clone(), vec![9; 10_000], 0)
+            .await
+            .expect("write despite EINTR and EBUSY");
+        assert_eq!(
+            ring.read(f, 10_000, 0).await.expect("read"),
+            vec![9; 10_000]
+        );
+        assert_eq!(ring.health(), RingHealth::Running { restarts: 0 });
+    }
+
+    #[tokio::test]
+    async fn a_failed_ring_is_replaced_and_serves_again() {
+        let ring = Ring::start(8).expect("io_uring available");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = temp_file(dir.path(), "f");
+        ring.write_all(f.clone(), vec![1; 100], 0)
+            .await
+            .expect("write");
+        // EIO from io_uring_enter: the ring is given up; what was in flight fails.
+        ring.inject_submit_errors(&[5]);
+        assert!(ring.write_all(f.clone(), vec![2; 100], 0).await.is_err());
+        ring.write_all(f.clone(), vec![3; 100], 0)
+            .await
+            .expect("a new ring serves");
+        assert_eq!(ring.read(f, 100, 0).await.expect("read"), vec![3; 100]);
+        assert_eq!(ring.health(), RingHealth::Running { restarts: 1 });
+    }
+
+    #[tokio::test]
+    async fn while_no_ring_can_be_made_requests_fail_and_health_says_so() {
+        let ring = Ring::start(8).expect("io_uring available");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = temp_file(dir.path(), "f");
+        ring.inject_start_failures(2);
+        ring.inject_submit_errors(&[5]);
+        assert!(ring.write_all(f.clone(), vec![2; 100], 0).await.is_err());
+        let err = ring
+            .write_all(f.clone(), vec![2; 100], 0)
+            .await
+            .expect_err("no ring");
+        assert!(
+            err.to_string().contains("cannot create an io_uring ring"),
+            "{err}"
+        );
+        assert!(matches!(ring.health(), RingHealth::Failed { .. }));
+        // The third attempt (a second later) succeeds.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if ring.write_all(f.clone(), vec![4; 100], 0).await.is_ok() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ring never came back"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(ring.health(), RingHealth::Running { restarts: 1 });
+    }
+
+    #[tokio::test]
+    async fn more_requests_than_the_queue_holds_complete() {
+        let ring = Ring::start(4).expect("io_uring available");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = temp_file(dir.path(), "f");
+        let mut tasks = Vec::new();
+        for i in 0..200u64 {
+            let (ring, f) = (ring.clone(), f.clone());
+            tasks.push(tokio::spawn(async move {
+                ring.write_all(f, vec![i as u8; 4096], i * 4096).await
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task").expect("write");
+        }
+        assert_eq!(ring.health(), RingHealth::Running { restarts: 0 });
     }
 
     #[tokio::test]

@@ -210,7 +210,7 @@ mod tests {
     fn facts_of_neighbouring_releases_decode() {
         let first: &[u8] = &[
             1, 9, 2, 3, 2, b'n', b'9', 6, b'r', b'a', b'c', b'k', b'-', b'a', 0, 127, 0, 0, 9,
-            0xfb, 0x3d, 0, 100, 10, 0, 5, b'0', b'.', b'1', b'.', b'0',
+            0x8b, 0x3e, 0, 100, 10, 0, 5, b'0', b'.', b'1', b'.', b'0',
         ];
         let old = NodeFacts::decode(first).expect("first release");
         assert_eq!(

@@ -16,6 +16,9 @@ const GENERATION_FILE: &str = "generation";
 pub struct NodeIdentity {
     pub node: NodeId,
     pub generation: u64,
+    /// The generation the data dir recorded before this start (0 for a new one): the
+    /// life its state comes from.
+    pub previous_generation: u64,
 }
 
 impl NodeIdentity {
@@ -47,7 +50,23 @@ impl NodeIdentity {
         };
         let generation = previous + 1;
         write_atomically(&gen_path, &format!("{generation}\n"))?;
-        Ok(NodeIdentity { node, generation })
+        Ok(NodeIdentity {
+            node,
+            generation,
+            previous_generation: previous,
+        })
+    }
+
+    /// Raises this run's generation to at least `min` (recorded in the data dir): the
+    /// cluster knows a later life of this node than its data dir does, and a lower
+    /// generation would lose to it in membership.
+    pub fn raise_generation(&mut self, data_dir: &Path, min: u64) -> Result<(), AgentError> {
+        if min <= self.generation {
+            return Ok(());
+        }
+        write_atomically(&data_dir.join(GENERATION_FILE), &format!("{min}\n"))?;
+        self.generation = min;
+        Ok(())
     }
 }
 
@@ -82,6 +101,12 @@ mod tests {
         assert_eq!(first.node, second.node);
         assert_ne!(first.node, NodeId(0));
         assert_eq!(second.generation, first.generation + 1);
+        assert_eq!(second.previous_generation, first.generation);
+        let mut third = NodeIdentity::load_or_create(dir.path()).expect("third");
+        third.raise_generation(dir.path(), 10).expect("raise");
+        assert_eq!(third.generation, 10);
+        let fourth = NodeIdentity::load_or_create(dir.path()).expect("fourth");
+        assert_eq!((fourth.previous_generation, fourth.generation), (10, 11));
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl Node {
 
     async fn start_confined(
         config: AgentConfig,
-        identity: NodeIdentity,
+        mut identity: NodeIdentity,
         mut registry: Registry,
         resources: Arc<Resources>,
     ) -> Result<Arc<Node>, AgentError> {
@@ -116,6 +116,9 @@ impl Node {
             None => None,
         };
 
+        // Before this node takes part in membership or Raft: is its metadata state as
+        // new as the cluster's record of it, and which generation must it start above?
+        let rejoin = check_against_cluster(&config, &transport, &mut identity).await?;
         let me = MemberId {
             node: identity.node,
             addr: config.mesh.gossip_addr(),
@@ -164,8 +167,10 @@ impl Node {
             config.meta.clone(),
             transport.clone(),
             MetaMetrics::register(&mut registry),
+            rejoin,
         )
         .await?;
+        register_who_am_i(&transport, &meta, &gossip);
         let stripes = Arc::new(Stripes::new(
             identity.node,
             store.clone(),
@@ -270,6 +275,68 @@ impl Node {
         self.resources.shutdown();
         info!("agent stopped");
     }
+}
+
+/// Asks the peers this node's metadata state knew what the cluster recorded for it. A
+/// record newer than the data dir means the state is a stale copy: it is moved aside and
+/// the node rejoins with empty state (the notice and the peers to ask are returned). The
+/// run's generation is raised above every generation the peers know either way.
+async fn check_against_cluster(
+    config: &AgentConfig,
+    transport: &Arc<Transport>,
+    identity: &mut NodeIdentity,
+) -> Result<Option<(String, Vec<std::net::SocketAddr>)>, AgentError> {
+    use crate::meta::rejoin::{self, Verdict};
+    let meta_dir = config.node.data_dir.join("meta");
+    let peers = rejoin::known_peers(&meta_dir, identity.node);
+    if peers.is_empty() {
+        return Ok(None);
+    }
+    let answers = rejoin::ask_cluster(transport, identity.node, &peers, WHO_AM_I_WAIT).await;
+    identity.raise_generation(&config.node.data_dir, rejoin::min_generation(&answers))?;
+    match rejoin::judge(identity.previous_generation, &answers) {
+        Verdict::Current => Ok(None),
+        Verdict::Unchecked => {
+            info!(
+                peers = peers.len(),
+                "no peer answered; cannot check the metadata state against the cluster's record"
+            );
+            Ok(None)
+        }
+        Verdict::Stale { recorded, data_dir } => {
+            let aside = rejoin::set_aside(&meta_dir).map_err(|source| AgentError::DataDir {
+                path: meta_dir.clone(),
+                source,
+            })?;
+            let notice = format!(
+                "the data dir's metadata state was older than the cluster's record of this node (generation {data_dir}, recorded {recorded}): moved aside to {}; rejoined with fresh state as a learner",
+                aside.display()
+            );
+            tracing::error!("{notice}");
+            Ok(Some((notice, peers)))
+        }
+    }
+}
+
+/// How long a starting node waits for peers to say what they know of it.
+const WHO_AM_I_WAIT: Duration = Duration::from_secs(3);
+
+/// Answers "what does the cluster know of node N" from this node's replica and membership.
+fn register_who_am_i(transport: &Transport, meta: &Arc<MetaService>, gossip: &GossipHandle) {
+    let (meta, gossip) = (meta.clone(), gossip.clone());
+    transport.register(move |_from, ask: crate::meta::rejoin::WhoAmI| {
+        let (meta, gossip) = (meta.clone(), gossip.clone());
+        async move {
+            let recorded = meta.store().node_generation(ask.node).ok().flatten();
+            let gossip = gossip.members().await.ok().and_then(|m| {
+                m.iter()
+                    .filter(|v| v.id.node == ask.node)
+                    .map(|v| v.id.generation)
+                    .max()
+            });
+            Ok(crate::meta::rejoin::Known { recorded, gossip })
+        }
+    });
 }
 
 /// Bytes of stripe buffers allowed in flight: a quarter of the memory reservation (the rest

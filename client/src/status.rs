@@ -108,6 +108,9 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
         meta.layout_epoch.map_or("-".into(), |e| e.to_string()),
         meta.inodes
     );
+    if let Some(notice) = &meta.notice {
+        let _ = writeln!(out, "metadata notice: {notice}");
+    }
     let gpu = &report.gpu;
     match (&gpu.note, gpu.utilization_percent) {
         (Some(note), _) => {

@@ -91,6 +91,9 @@ pub struct MetaStatus {
     pub layout_epoch: Option<u64>,
     /// Inodes in the namespace.
     pub inodes: u64,
+    /// Something an operator should know about this replica (e.g. that it found its data
+    /// dir older than the cluster's record and rejoined with fresh state).
+    pub notice: Option<String>,
 }
 
 /// Space in this node's shard store.

@@ -12,7 +12,7 @@ use shoal_agent_api::{
     FileAttr, FileKind, FsError, Ino, Owner, RenameFlags, RequestId, SetAttr, StripeRecord,
     Timestamp,
 };
-use shoal_placement::{Layout, StripeId};
+use shoal_placement::{Layout, NodeId, StripeId};
 
 /// One log entry: proposals batched by the leader, applied in order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -147,6 +147,13 @@ pub enum Command {
     /// shards may now be deleted.
     AbandonStripes {
         ids: Vec<StripeId>,
+    },
+    /// Records the generation (start count, kept in the node's data dir) each node runs
+    /// with; a record only ever grows. A node that starts with a data dir whose last
+    /// generation is below its record runs on a stale copy (a restored backup): it must
+    /// not vote or acknowledge with that state.
+    RecordGenerations {
+        generations: Vec<(NodeId, u64)>,
     },
 }
 

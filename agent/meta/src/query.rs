@@ -207,6 +207,16 @@ impl MetaStore {
         })
     }
 
+    /// The highest generation `node` was recorded running with.
+    pub fn node_generation(&self, node: shoal_placement::NodeId) -> Result<Option<u64>, MetaError> {
+        let txn = self.read()?;
+        let table = txn.open_table(crate::record::GENERATIONS)?;
+        match table.get(node.0)? {
+            Some(g) => decode(g.value(), "generation").map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The cluster layout, once one was set.
     pub fn cluster_layout(&self) -> Result<Option<Layout>, MetaError> {
         let txn = self.read()?;

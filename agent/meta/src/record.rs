@@ -47,6 +47,8 @@ pub(crate) const LEGACY_CLIENTS: TableDefinition<u64, Bytes> = TableDefinition::
 /// Stripe id → the cluster clock (milliseconds, u64 record) when it was abandoned: fenced
 /// against a late commit, its shards deleted (see `Command::AbandonStripes`).
 pub(crate) const ABANDONED: TableDefinition<u128, Bytes> = TableDefinition::new("abandoned");
+/// Node id → the highest generation it was recorded running with (u64 record).
+pub(crate) const GENERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("generations");
 /// Name → value; the names are the `KEY_*` constants.
 pub(crate) const STATE: TableDefinition<&str, Bytes> = TableDefinition::new("state");
 

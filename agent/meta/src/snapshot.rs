@@ -2,7 +2,7 @@
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
 //! encoding of [`SnapshotV1`], then (version 3) of [`Tail`] — sessions on the cluster
-//! clock, the clock itself, abandoned stripes — and the crc32c of all the bytes before it
+//! clock, the clock itself, abandoned stripes, node generations — and the crc32c of all the bytes before it
 //! (u32 little-endian) at the end. Older versions still install: version 2 carried
 //! [`ClientsV2`] (sessions on proposers' wall clocks; installed as last seen at cluster
 //! time 0), version 1 neither that nor a checksum. Records inside are decoded (and so
@@ -17,9 +17,9 @@ use shoal_placement::Layout;
 
 use crate::record::{
     self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
-    GARBAGE, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK,
-    KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES,
-    StripeEntry, decode, decode_exact, encode,
+    GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP,
+    KEY_CLOCK, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS,
+    STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
 };
 use crate::{MetaError, MetaStore, Outcome};
 
@@ -88,6 +88,7 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), MetaError> {
         clock: record::read_state(&state, KEY_CLOCK)?.unwrap_or_default(),
         abandoned: rows(&txn.open_table(ABANDONED)?, "abandoned", |k, v| (k, v))?,
         abandon_sweep: record::read_state(&state, KEY_ABANDON_SWEEP)?.unwrap_or(0),
+        generations: rows(&txn.open_table(GENERATIONS)?, "generation", |k, v| (k, v))?,
     };
     Ok((snap, tail))
 }
@@ -161,6 +162,7 @@ struct Tail {
     clock: ClockRecord,
     abandoned: Vec<(u128, u64)>,
     abandon_sweep: u128,
+    generations: Vec<(u64, u64)>,
 }
 
 impl From<ClientsV2> for Tail {
@@ -233,6 +235,7 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     clear(txn, DEDUP)?;
     clear(txn, SESSIONS)?;
     clear(txn, ABANDONED)?;
+    clear(txn, GENERATIONS)?;
     clear(txn, STATE)?;
     txn.delete_table(LEGACY_CLIENTS)?;
 
@@ -273,6 +276,10 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     let mut t = txn.open_table(ABANDONED)?;
     for (id, at) in &tail.abandoned {
         t.insert(*id, encode(at)?.as_slice())?;
+    }
+    let mut t = txn.open_table(GENERATIONS)?;
+    for (node, generation) in &tail.generations {
+        t.insert(*node, encode(generation)?.as_slice())?;
     }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;

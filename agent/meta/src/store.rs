@@ -8,8 +8,8 @@ use shoal_agent_api::Timestamp;
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
-    ABANDONED, DEDUP, DIRENTS, EXTENTS, GARBAGE, INODES, KEY_APPLIED, LEGACY_CLIENTS, ORPHANS,
-    SESSIONS, STATE, STRIPES, encode,
+    ABANDONED, DEDUP, DIRENTS, EXTENTS, GARBAGE, GENERATIONS, INODES, KEY_APPLIED, LEGACY_CLIENTS,
+    ORPHANS, SESSIONS, STATE, STRIPES, encode,
 };
 use crate::tx::Tx;
 use crate::{Batch, Command, MetaError, Outcome, data};
@@ -42,6 +42,7 @@ impl MetaStore {
         txn.open_table(DEDUP)?;
         txn.open_table(SESSIONS)?;
         txn.open_table(ABANDONED)?;
+        txn.open_table(GENERATIONS)?;
         txn.open_table(STATE)?;
         migrate_legacy_clients(&txn)?;
         txn.commit()?;
@@ -217,6 +218,12 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
             Ok(Outcome::Done)
         }
         Command::AbandonStripes { ids } => data::abandon_stripes(tx, ids),
+        Command::RecordGenerations { generations } => {
+            for (node, generation) in generations {
+                tx.record_generation(node.0, *generation)?;
+            }
+            Ok(Outcome::Done)
+        }
     }
 }
 
@@ -348,6 +355,30 @@ mod tests {
         }
         let again = kit.run_with(req(1, 1), mknode_cmd(ROOT_INO, "a", FileKind::File));
         assert_eq!(again, first, "session 1 is still remembered");
+    }
+
+    #[test]
+    fn recorded_generations_only_grow() {
+        let mut kit = Kit::new();
+        let record = |kit: &mut Kit, g: &[(u64, u64)]| {
+            let generations = g.iter().map(|&(n, g)| (NodeId(n), g)).collect();
+            assert_eq!(
+                kit.run(Command::RecordGenerations { generations }),
+                Outcome::Done
+            );
+        };
+        record(&mut kit, &[(1, 5), (2, 3)]);
+        record(&mut kit, &[(1, 4), (2, 6)]);
+        assert_eq!(kit.store.node_generation(NodeId(1)).expect("g"), Some(5));
+        assert_eq!(kit.store.node_generation(NodeId(2)).expect("g"), Some(6));
+        assert_eq!(kit.store.node_generation(NodeId(3)).expect("g"), None);
+        // A snapshot carries them.
+        let other = Kit::new();
+        other
+            .store
+            .install(&kit.store.snapshot().expect("snapshot"))
+            .expect("install");
+        assert_eq!(other.store.node_generation(NodeId(2)).expect("g"), Some(6));
     }
 
     #[test]

@@ -13,9 +13,9 @@ use shoal_placement::{Layout, StripeId};
 
 use crate::record::{
     self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
-    GARBAGE, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK,
-    KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry,
-    decode, encode,
+    GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP,
+    KEY_CLOCK, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES,
+    StripeEntry, decode, encode,
 };
 use crate::{LeaderStamp, MetaError, Outcome};
 
@@ -57,6 +57,7 @@ pub(crate) struct Tx<'t> {
     dedup: Table<'t, (u64, u64), Bytes>,
     sessions: Table<'t, u64, Bytes>,
     abandoned: Table<'t, u128, Bytes>,
+    generations: Table<'t, u64, Bytes>,
     state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
@@ -80,6 +81,7 @@ impl<'t> Tx<'t> {
             dedup: txn.open_table(DEDUP)?,
             sessions: txn.open_table(SESSIONS)?,
             abandoned: txn.open_table(ABANDONED)?,
+            generations: txn.open_table(GENERATIONS)?,
             state,
             cache: BTreeMap::new(),
             next_ino,
@@ -405,6 +407,25 @@ impl<'t> Tx<'t> {
                 self.dedup.remove((client, seq))?;
             }
             self.sessions.remove(client)?;
+        }
+        Ok(())
+    }
+
+    // --- node generations ---
+
+    /// Raises `node`'s recorded generation to `generation` (never lowers it).
+    pub(crate) fn record_generation(
+        &mut self,
+        node: u64,
+        generation: u64,
+    ) -> Result<(), MetaError> {
+        let known: u64 = match self.generations.get(node)? {
+            Some(g) => decode(g.value(), "generation")?,
+            None => 0,
+        };
+        if generation > known {
+            self.generations
+                .insert(node, encode(&generation)?.as_slice())?;
         }
         Ok(())
     }

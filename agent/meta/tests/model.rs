@@ -289,7 +289,9 @@ impl Model {
                 }
                 Ok(Outcome::Abandoned(fenced))
             }
-            Command::SetLayout { .. } => unreachable!("not generated"),
+            Command::SetLayout { .. } | Command::RecordGenerations { .. } => {
+                unreachable!("not generated")
+            }
         }
     }
 

@@ -9,6 +9,7 @@ pub mod gc;
 mod log_store;
 pub mod metrics;
 pub mod net;
+pub mod rejoin;
 pub mod service;
 mod state_machine;
 pub mod steward;

@@ -2,14 +2,14 @@
 //! forwarding from followers, linearizable read barriers, and the local replica for
 //! queries.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::{BasicNode, Config, SnapshotPolicy};
+use openraft::{BasicNode, ChangeMembers, Config, SnapshotPolicy};
 use shoal_agent_api::{FsError, Ino};
 use shoal_mesh::{Rpc, Transport};
 use shoal_meta::{Batch, LeaderStamp, MetaStore, Outcome, Proposal};
@@ -23,6 +23,7 @@ use super::metrics::MetaMetrics;
 use super::net::{
     Committed, Forward, ForwardRefused, HeldOpen, Hello, Network, RaftMessage, RaftReply, ReadIndex,
 };
+use super::rejoin::Rejoin;
 use super::state_machine::StateMachine;
 use super::types::Raft;
 use crate::AgentError;
@@ -74,6 +75,11 @@ pub struct MetaService {
     held: Mutex<Holds>,
     /// Space the metadata log can always write.
     pub ballast: Arc<Ballast>,
+    /// Set while this node's Raft state was reset (a stale data dir) and the leader has
+    /// not yet taken it out of the group: every Raft message is refused meanwhile.
+    rejoining: std::sync::atomic::AtomicBool,
+    /// Shown in status (see [`shoal_agent_api::MetaStatus::notice`]).
+    notice: Option<String>,
 }
 
 fn meta_err(e: impl std::fmt::Display) -> AgentError {
@@ -83,12 +89,16 @@ fn meta_err(e: impl std::fmt::Display) -> AgentError {
 impl MetaService {
     /// Opens the log and state machine under `dir` and starts this node's Raft member.
     /// The group itself is formed later (see `steward`): a new node waits to be added.
+    /// `rejoin`: this node's metadata state was found stale and set aside (the notice to
+    /// show, and the peers its old state knew); it starts empty and asks the leader,
+    /// through any of those peers, to take it out of the group first.
     pub async fn start(
         dir: &Path,
         me: u64,
         config: MetaConfig,
         transport: Arc<Transport>,
         metrics: MetaMetrics,
+        rejoin: Option<(String, Vec<SocketAddr>)>,
     ) -> Result<Arc<MetaService>, AgentError> {
         std::fs::create_dir_all(dir).map_err(|source| AgentError::DataDir {
             path: dir.to_owned(),
@@ -130,17 +140,63 @@ impl MetaService {
             barrier_round: tokio::sync::Mutex::new(None),
             held: Mutex::new(HashMap::new()),
             ballast,
+            rejoining: std::sync::atomic::AtomicBool::new(rejoin.is_some()),
+            notice: rejoin.as_ref().map(|(n, _)| n.clone()),
         });
         tokio::spawn(batch_proposals(service.raft.clone(), rx, metrics));
         service.register_handlers();
+        if let Some((_, peers)) = rejoin {
+            tokio::spawn(leave_group_for_rejoin(service.clone(), peers));
+        }
         Ok(service)
+    }
+
+    fn is_rejoining(&self) -> bool {
+        self.rejoining.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Takes `node` (whose Raft state was reset) out of the group, on the leader (another
+    /// member forwards the request there), so its old progress is forgotten; the steward
+    /// then adds it again as a new learner.
+    async fn drop_member(&self, node: u64) -> Result<(), ForwardRefused> {
+        match self.leader() {
+            Some(l) if l == self.me => {}
+            Some(l) => return self.ask_leader(l, &Rejoin { node }).await,
+            None => return Err(ForwardRefused::NotLeader(None)),
+        }
+        let (is_voter, is_member) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            let membership = m.membership_config.membership();
+            (
+                membership.voter_ids().any(|v| v == node),
+                membership.nodes().any(|(id, _)| *id == node),
+            )
+        };
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([node]))
+        } else if is_member {
+            ChangeMembers::RemoveNodes(BTreeSet::from([node]))
+        } else {
+            return Ok(());
+        };
+        warn!(node = %shoal_placement::NodeId(node), "taking a node with reset metadata state out of the group; it joins again as a learner");
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| ForwardRefused::Failed(e.to_string()))
     }
 
     fn register_handlers(self: &Arc<Self>) {
         let this = self.clone();
         self.transport.register(move |_from, msg: RaftMessage| {
             let raft = this.raft.clone();
+            let rejoining = this.is_rejoining();
             async move {
+                if rejoining {
+                    return Ok(RaftReply::NotServing);
+                }
                 Ok(match msg {
                     RaftMessage::Append(r) => RaftReply::Append(raft.append_entries(r).await),
                     RaftMessage::Vote(r) => RaftReply::Vote(raft.vote(r).await),
@@ -170,6 +226,11 @@ impl MetaService {
         self.transport.register(move |_from, msg: HeldOpen| {
             let this = this.clone();
             async move { Ok(this.held_among(&msg.0)) }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, msg: Rejoin| {
+            let this = this.clone();
+            async move { Ok(this.drop_member(msg.node).await) }
         });
         let this = self.clone();
         self.transport.register(move |_from, _: Hello| {
@@ -203,6 +264,7 @@ impl MetaService {
                 .flatten()
                 .map(|l| l.epoch()),
             inodes: self.store.stats().map(|s| s.inodes).unwrap_or(0),
+            notice: self.notice.clone(),
         }
     }
 
@@ -454,6 +516,31 @@ impl MetaService {
     /// Whether the agent at `addr` already belongs to an initialized group.
     pub async fn peer_initialized(&self, addr: SocketAddr) -> Option<bool> {
         self.transport.call(addr, &Hello, RPC_TIMEOUT).await.ok()
+    }
+}
+
+/// Asks the leader (through the members the old state knew, in turn), until it answers,
+/// to take this node out of the group (its Raft state was reset); then lets Raft messages
+/// in again.
+async fn leave_group_for_rejoin(meta: Arc<MetaService>, peers: Vec<SocketAddr>) {
+    let mut pause = Duration::from_millis(200);
+    for peer in peers.iter().cycle() {
+        let result = meta
+            .transport
+            .call(*peer, &Rejoin { node: meta.me }, RPC_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string())));
+        match result {
+            Ok(()) => {
+                meta.rejoining
+                    .store(false, std::sync::atomic::Ordering::Release);
+                tracing::info!("out of the metadata group; joining again as a learner");
+                return;
+            }
+            Err(e) => debug!(%peer, error = ?e, "the leader has not taken this node out yet"),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 

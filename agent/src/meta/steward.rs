@@ -80,7 +80,38 @@ pub async fn run(meta: Arc<MetaService>, gossip: GossipHandle) {
         if let Err(e) = reconcile_layout(&meta, &alive).await {
             warn!(error = %e, "could not update the cluster layout");
         }
+        if let Err(e) = record_generations(&meta, &views).await {
+            warn!(error = %e, "could not record the nodes' generations");
+        }
     }
+}
+
+/// Records the generation each live member runs with (from its facts: the start count
+/// in its data dir), where the replica has an older one. A node that later starts from an
+/// older copy of its data dir finds itself below this record (see `rejoin`).
+async fn record_generations(meta: &MetaService, views: &[MemberView]) -> Result<(), String> {
+    let mut newer = Vec::new();
+    for m in views.iter().filter(|m| m.state == MemberState::Alive) {
+        let Some(f) = &m.facts else { continue };
+        let known = meta
+            .store()
+            .node_generation(m.id.node)
+            .map_err(|e| e.to_string())?;
+        if known.is_none_or(|k| k < f.generation) {
+            newer.push((m.id.node, f.generation));
+        }
+    }
+    if newer.is_empty() {
+        return Ok(());
+    }
+    meta.propose_one(Proposal {
+        id: None,
+        now: Timestamp::now(),
+        command: Command::RecordGenerations { generations: newer },
+    })
+    .await
+    .map(|_| ())
+    .map_err(|e| e.to_string())
 }
 
 /// Forms the group if this node has the lowest id among the agents it sees, enough of

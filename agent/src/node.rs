@@ -371,12 +371,8 @@ fn store_facts(node: &Node) -> (bool, u64) {
         node.store.ring_health(),
         shoal_store::RingHealth::Running { .. }
     );
-    (ring_ok && room >= MIN_ROOM, room)
+    (ring_ok && room >= crate::stripes::MIN_ROOM, room)
 }
-
-/// A store with less room than this takes no new shards (one full stripe's shard, and
-/// some headroom for writes already placed here).
-const MIN_ROOM: u64 = 8 << 20;
 
 /// Whether facts changed enough to tell the cluster now: the store stopped or started
 /// taking shards, or its room moved by a sixteenth.

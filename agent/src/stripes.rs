@@ -35,6 +35,9 @@ const SUSPECT_FOR: Duration = Duration::from_secs(10);
 /// How long new stripes avoid a node that just answered "full" (its gossiped facts say
 /// so too within seconds, and say when it has room again).
 const FULL_FOR: Duration = Duration::from_secs(30);
+/// A store with less room than this takes no new shards (one full stripe's shard, and
+/// some headroom for writes already placed there); a node whose facts give it less is full.
+pub(crate) const MIN_ROOM: u64 = 8 << 20;
 /// Placement attempts of one stripe when nodes answer "full".
 const PLACE_ATTEMPTS: usize = 4;
 
@@ -61,6 +64,8 @@ struct Peers {
     layout: Layout,
     addrs: HashMap<NodeId, Addrs>,
     names: HashMap<NodeId, String>,
+    /// Live nodes left out of placement for want of room (facts or a recent answer).
+    full: Vec<NodeId>,
 }
 
 pub struct Stripes {
@@ -175,7 +180,8 @@ impl Stripes {
         let mut gossip_nodes = Vec::new();
         let mut addrs = HashMap::new();
         let mut names = HashMap::new();
-        let mut refusing = recent(&self.full, FULL_FOR);
+        let mut full = recent(&self.full, FULL_FOR);
+        let mut refusing = Vec::new();
         for m in members
             .into_iter()
             .filter(|m| m.state == MemberState::Alive)
@@ -183,7 +189,11 @@ impl Stripes {
             let Some(f) = m.facts else { continue };
             let id = m.id.node;
             if !f.store_accepting {
-                refusing.push(id);
+                if f.store_room_bytes < MIN_ROOM {
+                    full.push(id);
+                } else {
+                    refusing.push(id);
+                }
             }
             gossip_nodes.push(LayoutNode::active(
                 id,
@@ -202,7 +212,9 @@ impl Stripes {
         for n in recent(&self.suspects, SUSPECT_FOR) {
             addrs.remove(&n);
         }
-        let takes_shards = |id: &NodeId| addrs.contains_key(id) && !refusing.contains(id);
+        full.retain(|id| addrs.contains_key(id));
+        let takes_shards =
+            |id: &NodeId| addrs.contains_key(id) && !refusing.contains(id) && !full.contains(id);
         gossip_nodes.retain(|n| takes_shards(&n.id));
         let committed = self
             .meta
@@ -230,6 +242,7 @@ impl Stripes {
             layout,
             addrs,
             names,
+            full,
         })
     }
 
@@ -448,10 +461,12 @@ impl Stripes {
             let id = StripeId(rand::random());
             let targets = match place(&peers.layout, id, ec) {
                 Ok(t) => t,
-                Err(e) if !full_seen.is_empty() => {
+                Err(e) if !full_seen.is_empty() || !peers.full.is_empty() => {
+                    let mut full = full_seen.clone();
+                    full.extend(&peers.full);
                     return Err(AgentError::NoSpace(format!(
-                        "no room for a {ec} stripe: {e} ({} answered full)",
-                        names_of(&peers, &full_seen)
+                        "no room for a {ec} stripe: {e} ({} full)",
+                        names_of(&peers, &full)
                     )));
                 }
                 Err(e) => return Err(stripe_err(e.to_string())),

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use shoal_agent::erasure;
+use shoal_agent::data::erasure;
 use shoal_placement::{EcProfile, StripeGeometry};
 
 fn rate(bytes: usize, iters: usize, f: impl Fn()) -> f64 {

@@ -38,16 +38,20 @@ pub(crate) fn bind(config: &AdminConfig) -> Result<UnixListener, AgentError> {
 /// keeps a small pool of connections.
 const MAX_CLIENTS: usize = 512;
 
+/// Serves local clients until aborted; their connections go with it (the set of client
+/// tasks is dropped, which aborts them).
 pub(crate) async fn serve(listener: UnixListener, node: Arc<Node>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    let mut clients = tokio::task::JoinSet::new();
     loop {
+        while clients.try_join_next().is_some() {}
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         match listener.accept().await {
             Ok((stream, _)) => {
                 let node = node.clone();
-                tokio::spawn(async move {
+                clients.spawn(async move {
                     serve_client(stream, node).await;
                     drop(slot);
                 });
@@ -123,7 +127,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
                 )),
             },
         },
-        Request::MetaDigest => match node.meta.digest().await {
+        Request::MetaDigest => match node.group.digest().await {
             Ok((applied, digest)) => Response::MetaDigest { applied, digest },
             Err(e) => Response::Error(e.to_string()),
         },

@@ -21,7 +21,7 @@ pub struct AgentConfig {
     #[serde(default)]
     pub storage: StorageConfig,
     #[serde(default)]
-    pub meta: crate::meta::MetaConfig,
+    pub meta: crate::consensus::MetaConfig,
     /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
     #[serde(default)]
     pub resources: Option<ResourcesConfig>,

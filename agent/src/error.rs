@@ -36,19 +36,22 @@ pub enum AgentError {
     /// The resource reservation was refused or could not be applied.
     #[error(transparent)]
     Guard(#[from] shoal_resource_guard::GuardError),
-    /// Some other local resource (a thread) could not be set up.
-    #[error("{0}")]
-    Io(String),
-    /// A stripe could not be written or read.
-    #[error("{0}")]
-    Stripe(String),
-    /// A shard could not be written because its node is full.
-    #[error("{0}")]
-    NoSpace(String),
-    /// The metadata service failed.
-    #[error("metadata: {0}")]
-    Meta(String),
-    /// The shard store failed to open.
+    /// A thread or another local resource could not be set up.
+    #[error("cannot set up {what}: {source}")]
+    Setup {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// A stripe could not be written, read or deleted.
+    #[error(transparent)]
+    Stripe(#[from] crate::data::StripeError),
+    /// The metadata group could not serve.
+    #[error(transparent)]
+    Consensus(#[from] crate::consensus::ConsensusError),
+    /// The local metadata replica failed.
+    #[error("metadata replica: {0}")]
+    Namespace(#[from] shoal_namespace::NamespaceError),
+    /// The shard store failed.
     #[error(transparent)]
     Store(#[from] shoal_store::StoreError),
     /// Membership or transport failed.
@@ -57,6 +60,16 @@ pub enum AgentError {
 }
 
 impl AgentError {
+    /// Whether the failed operation may succeed if tried again a little later.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            AgentError::Stripe(e) => e.is_retryable(),
+            AgentError::Consensus(e) => e.is_retryable(),
+            AgentError::Mesh(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+
     /// Maps a mesh config error to the agent's own, keeping the key name.
     /// Maps a resource-guard config error to the agent's own, keeping the key name.
     pub(crate) fn from_guard(e: shoal_resource_guard::GuardError) -> Self {

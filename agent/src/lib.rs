@@ -9,18 +9,18 @@
 
 mod admin;
 mod config;
+pub mod consensus;
+pub mod data;
 mod durable;
-pub mod erasure;
 mod error;
+pub mod fs;
 mod identity_store;
-pub mod meta;
 mod metrics_http;
 mod node;
 mod resources;
-mod shard_rpc;
 mod status;
-mod stripes;
 mod system_rpc;
+pub mod workers;
 
 pub use config::{
     AdminConfig, AgentConfig, LogConfig, LogFormat, MetricsConfig, NodeConfig, StorageConfig,

@@ -1,4 +1,6 @@
-//! The composition root: one [`Node`] owns every subsystem of the agent.
+//! The composition root: one [`Node`] owns every subsystem of the agent, builds them in
+//! dependency order, and stops them in reverse: first what serves requests from outside,
+//! then the background workers, then Raft, then the transport.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -12,21 +14,18 @@ use shoal_mesh::{
     ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MeshMetrics, NodeFacts, NodeRole,
     Transport,
 };
+use shoal_store::{DiskStore, Recovery, Ring, StoreMetrics};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::meta::metrics::{self as meta_metrics, MetaMetrics};
-use crate::meta::{FsService, MetaService, gc, steward};
-use crate::shard_rpc::ShardRequest;
-use crate::stripes::{StripeSettings, Stripes};
+use crate::consensus::metrics::MetaMetrics;
+use crate::consensus::{Group, GroupWorkers};
+use crate::data::shard_rpc::ShardRequest;
+use crate::data::{StripeSettings, Stripes};
+use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
+use crate::workers::{Workers, facts, gc, metrics, steward};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
-use shoal_store::{DiskStore, Recovery, Ring};
-
-/// How often the node looks at its store and filesystem for its facts.
-const FACTS_CHECK: Duration = Duration::from_secs(2);
-/// How often the node re-publishes its facts when nothing worth telling changed.
-const FACTS_REFRESH: Duration = Duration::from_secs(30);
 
 /// One running agent.
 pub struct Node {
@@ -43,22 +42,34 @@ pub struct Node {
     /// Stripe write/read coordination (erasure coding across the cluster).
     pub stripes: Arc<Stripes>,
     /// The metadata group member: namespace and cluster layout (Raft over redb).
-    pub meta: Arc<MetaService>,
+    pub group: Arc<Group>,
+    /// The local mounts' open handles.
+    pub handles: Arc<OpenHandles>,
     /// The filesystem served to the local `shoal mount`.
     pub fs: Arc<FsService>,
     /// CPU/RAM reservation, GPU view and background-work governor.
     pub resources: Arc<Resources>,
     /// Everything exported at `/metrics`.
     pub registry: Arc<Registry>,
-    /// Background tasks, aborted at shutdown.
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Background work (see `workers`).
+    pub workers: Workers,
+    /// Tasks that serve from outside (admin socket, metrics, RPC, bulk lane, gossip), in
+    /// the order they are stopped.
+    services: Mutex<Vec<(&'static str, JoinHandle<()>)>>,
     /// Admin socket path, removed at shutdown.
     admin_socket: PathBuf,
 }
 
+/// The listening sockets, bound before anything is spawned so a bad address fails the
+/// start instead of a background task.
+struct Listeners {
+    admin: tokio::net::UnixListener,
+    metrics: Option<tokio::net::TcpListener>,
+    bulk: Option<JoinHandle<()>>,
+}
+
 impl Node {
-    /// Builds every subsystem from `config` and starts serving. Sockets are bound before
-    /// anything is spawned, so a bad address fails the start instead of a background task.
+    /// Builds every subsystem from `config` and starts serving.
     pub async fn start(config: AgentConfig) -> Result<Arc<Node>, AgentError> {
         let identity = NodeIdentity::load_or_create(&config.node.data_dir)?;
         let mut registry = Registry::default();
@@ -85,83 +96,17 @@ impl Node {
         resources: Arc<Resources>,
     ) -> Result<Arc<Node>, AgentError> {
         let mesh_metrics = MeshMetrics::register(&mut registry);
-        let info = Gauge::<i64>::default();
-        info.set(1);
-        registry.register("shoal_agent_up", "1 while the agent runs", info);
-
-        let key = ClusterKey::load(&config.tls.cluster_key, &config.tls.ca_cert)?;
-        let transport = Transport::bind(
-            config.mesh.rpc_addr(),
-            &config.tls.files(),
-            NODE_TLS_NAME,
-            identity.node,
-            mesh_metrics.clone(),
-        )?;
-        let me_node = identity.node;
-        transport.register(move |_from, ping: Ping| async move {
-            Ok(Pong {
-                nonce: ping.nonce,
-                node: me_node,
-                agent_version: AGENT_VERSION.to_owned(),
-            })
-        });
-
-        let bulk_task = match config.mesh.bulk_addr() {
-            Some(addr) => transport.start_bulk(addr, config.mesh.bulk).await?,
-            None => None,
-        };
-        let admin_listener = admin::bind(&config.admin)?;
-        let metrics_listener = match config.metrics.addr {
-            Some(addr) => Some(metrics_http::bind(addr).await?),
-            None => None,
-        };
-
+        let up = Gauge::<i64>::default();
+        up.set(1);
+        registry.register("shoal_agent_up", "1 while the agent runs", up);
+        let transport = bind_transport(&config, &identity, mesh_metrics.clone())?;
+        let listeners = bind_listeners(&config, &transport).await?;
         // Before this node takes part in membership or Raft: is its metadata state as
         // new as the cluster's record of it, and which generation must it start above?
         let rejoin = check_against_cluster(&config, &transport, &mut identity).await?;
-        let me = MemberId {
-            node: identity.node,
-            addr: config.mesh.gossip_addr(),
-            generation: identity.generation,
-        };
-        let (capacity_bytes, used_bytes) = disk_usage(&config);
-        let facts = NodeFacts {
-            node: identity.node,
-            generation: identity.generation,
-            seq: 0,
-            name: config.node_name(),
-            failure_domain: config.node.failure_domain.clone(),
-            rpc_addr: config.mesh.rpc_addr(),
-            bulk_addr: config.mesh.bulk_addr(),
-            capacity_bytes,
-            used_bytes,
-            role: NodeRole::Active,
-            agent_version: AGENT_VERSION.to_owned(),
-            // The store opens below; the first refresh says what it can take.
-            store_accepting: false,
-            store_room_bytes: 0,
-        };
-        let (membership, _) =
-            Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;
-        let (gossip, gossip_task) =
-            GossipDriver::start(membership, key, config.mesh.seeds.clone(), mesh_metrics).await?;
-
-        let limit = config.storage.limit_bytes(capacity_bytes)?;
-        let ring =
-            Ring::start(256).map_err(|e| AgentError::Io(format!("cannot start io_uring: {e}")))?;
-        let (store, recovery) = DiskStore::open_with(
-            &config.node.data_dir.join("store"),
-            limit,
-            ring,
-            config.storage.direct_io,
-        )
-        .await?;
-        if recovery != Recovery::default() {
-            warn!(?recovery, "shard store recovered from an unclean stop");
-        }
-        store.set_reserve(config.storage.reserve_bytes()?);
-        let store = Arc::new(store);
-        let meta = MetaService::start(
+        let (gossip, gossip_task) = start_membership(&config, &identity, mesh_metrics).await?;
+        let store = open_store(&config, &mut registry).await?;
+        let (group, group_workers) = Group::start(
             &config.node.data_dir.join("meta"),
             identity.node.0,
             config.meta.clone(),
@@ -170,13 +115,13 @@ impl Node {
             rejoin,
         )
         .await?;
-        register_who_am_i(&transport, &meta, &gossip);
+        register_who_am_i(&transport, &group, &gossip);
         let stripes = Arc::new(Stripes::new(
             identity.node,
             store.clone(),
             transport.clone(),
             gossip.clone(),
-            meta.store_arc(),
+            group.store_arc(),
             StripeSettings {
                 default_ec: config.storage.ec,
                 buffer_budget_bytes: stripe_buffer_budget(&resources),
@@ -188,12 +133,14 @@ impl Node {
             let handler = handler.clone();
             async move { Ok(handler.serve_shard(req).await) }
         });
+        let handles = Arc::new(OpenHandles::default());
+        handles.serve(&transport);
         let fs = Arc::new(FsService::new(
-            meta.clone(),
+            group.clone(),
             stripes.clone(),
             gossip.clone(),
+            handles.clone(),
         ));
-
         info!(
             node = %identity.node,
             generation = identity.generation,
@@ -210,49 +157,99 @@ impl Node {
             transport: transport.clone(),
             store,
             stripes,
-            meta: meta.clone(),
+            group,
+            handles,
             fs,
             resources,
             registry: Arc::new(registry),
-            tasks: Mutex::new(Vec::new()),
+            workers: Workers::default(),
+            services: Mutex::new(Vec::new()),
         });
-        let mut tasks = vec![gossip_task, transport.serve()];
-        tasks.extend(bulk_task);
-        tasks.push(tokio::spawn(admin::serve(admin_listener, node.clone())));
-        if let Some(listener) = metrics_listener {
-            tasks.push(tokio::spawn(metrics_http::serve(
-                listener,
-                node.registry.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(refresh_facts(node.clone())));
-        tasks.push(tokio::spawn(meta_metrics::refresh(meta.clone())));
-        tasks.push(tokio::spawn(steward::run(
-            meta.clone(),
-            node.gossip.clone(),
-        )));
-        tasks.push(tokio::spawn(gc::run(
-            meta.clone(),
-            node.stripes.clone(),
-            node.gossip.clone(),
-        )));
-        *node.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+        node.start_workers(group_workers);
+        node.start_services(listeners, gossip_task);
         Ok(node)
     }
 
-    /// Leaves the cluster gracefully and stops every task.
+    /// Starts every worker; they stop in reverse order.
+    fn start_workers(&self, group: GroupWorkers) {
+        let w = &self.workers;
+        w.spawn(group.batcher);
+        if let Some(rejoiner) = group.rejoiner {
+            w.spawn(rejoiner);
+        }
+        w.spawn(facts::Facts::new(
+            self.store.clone(),
+            self.gossip.clone(),
+            self.config.node.data_dir.clone(),
+            self.group.ballast.clone(),
+        ));
+        w.spawn(metrics::MetricsRefresh::new(self.group.clone()));
+        w.spawn(steward::Steward::new(
+            self.group.clone(),
+            self.gossip.clone(),
+        ));
+        w.spawn(gc::OrphanShards::new(
+            self.group.clone(),
+            self.stripes.clone(),
+        ));
+        w.spawn(gc::StripeGc::new(self.group.clone(), self.stripes.clone()));
+        w.spawn(gc::OrphanPurge::new(
+            self.group.clone(),
+            self.gossip.clone(),
+            self.transport.clone(),
+            self.handles.clone(),
+        ));
+    }
+
+    /// Starts serving from outside, in the order these stop: local clients first, the
+    /// cluster's traffic last.
+    fn start_services(self: &Arc<Self>, listeners: Listeners, gossip_task: JoinHandle<()>) {
+        let mut services = vec![(
+            "admin socket",
+            tokio::spawn(admin::serve(listeners.admin, self.clone())),
+        )];
+        if let Some(listener) = listeners.metrics {
+            services.push((
+                "metrics",
+                tokio::spawn(metrics_http::serve(listener, self.registry.clone())),
+            ));
+        }
+        services.push(("rpc", self.transport.serve()));
+        if let Some(bulk) = listeners.bulk {
+            services.push(("bulk lane", bulk));
+        }
+        services.push(("gossip", gossip_task));
+        *self.services.lock().unwrap_or_else(|p| p.into_inner()) = services;
+    }
+
+    fn stop_service(&self, name: &str) {
+        let mut services = self.services.lock().unwrap_or_else(|p| p.into_inner());
+        services.retain(|(n, task)| {
+            if *n == name {
+                task.abort();
+            }
+            *n != name
+        });
+    }
+
+    /// Leaves the cluster gracefully and stops everything, in dependency order: local
+    /// clients (no new requests), membership (leave), the workers, Raft (its state
+    /// flushed), the transport, and what is left of the services.
     pub async fn shutdown(&self) {
+        self.stop_service("admin socket");
+        self.stop_service("metrics");
         match tokio::time::timeout(Duration::from_secs(2), self.gossip.leave()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "could not announce leave"),
             Err(_) => warn!("leave announcement timed out"),
         }
-        if let Err(e) = self.meta.raft.shutdown().await {
+        self.workers.stop().await;
+        if let Err(e) = self.group.raft.shutdown().await {
             warn!(error = %e, "metadata service did not stop cleanly");
         }
         // Applies are flushed in groups; a clean stop flushes the rest (a crash replays
         // them from the log instead).
-        if let Err(e) = self.meta.store().persist() {
+        if let Err(e) = self.group.store().persist() {
             warn!(error = %e, "could not flush the metadata state");
         }
         if tokio::time::timeout(Duration::from_secs(2), self.transport.close())
@@ -261,8 +258,8 @@ impl Node {
         {
             warn!("RPC connections did not close in time");
         }
-        for task in self
-            .tasks
+        for (_, task) in self
+            .services
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
@@ -277,6 +274,110 @@ impl Node {
     }
 }
 
+/// The QUIC endpoint, with the ping every peer may send.
+fn bind_transport(
+    config: &AgentConfig,
+    identity: &NodeIdentity,
+    metrics: MeshMetrics,
+) -> Result<Arc<Transport>, AgentError> {
+    let transport = Transport::bind(
+        config.mesh.rpc_addr(),
+        &config.tls.files(),
+        NODE_TLS_NAME,
+        identity.node,
+        metrics,
+    )?;
+    let me = identity.node;
+    transport.register(move |_from, ping: Ping| async move {
+        Ok(Pong {
+            nonce: ping.nonce,
+            node: me,
+            agent_version: AGENT_VERSION.to_owned(),
+        })
+    });
+    Ok(transport)
+}
+
+async fn bind_listeners(
+    config: &AgentConfig,
+    transport: &Arc<Transport>,
+) -> Result<Listeners, AgentError> {
+    let bulk = match config.mesh.bulk_addr() {
+        Some(addr) => transport.start_bulk(addr, config.mesh.bulk).await?,
+        None => None,
+    };
+    let admin = admin::bind(&config.admin)?;
+    let metrics = match config.metrics.addr {
+        Some(addr) => Some(metrics_http::bind(addr).await?),
+        None => None,
+    };
+    Ok(Listeners {
+        admin,
+        metrics,
+        bulk,
+    })
+}
+
+/// Joins the cluster's membership (gossip), publishing this node's first facts.
+async fn start_membership(
+    config: &AgentConfig,
+    identity: &NodeIdentity,
+    metrics: MeshMetrics,
+) -> Result<(GossipHandle, JoinHandle<()>), AgentError> {
+    let key = ClusterKey::load(&config.tls.cluster_key, &config.tls.ca_cert)?;
+    let me = MemberId {
+        node: identity.node,
+        addr: config.mesh.gossip_addr(),
+        generation: identity.generation,
+    };
+    let (capacity_bytes, used_bytes) = facts::disk_usage(&config.node.data_dir);
+    let facts = NodeFacts {
+        node: identity.node,
+        generation: identity.generation,
+        seq: 0,
+        name: config.node_name(),
+        failure_domain: config.node.failure_domain.clone(),
+        rpc_addr: config.mesh.rpc_addr(),
+        bulk_addr: config.mesh.bulk_addr(),
+        capacity_bytes,
+        used_bytes,
+        role: NodeRole::Active,
+        agent_version: AGENT_VERSION.to_owned(),
+        // The store opens next; the `facts` worker says what it can take.
+        store_accepting: false,
+        store_room_bytes: 0,
+    };
+    let (membership, _) =
+        Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;
+    Ok(GossipDriver::start(membership, key, config.mesh.seeds.clone(), metrics).await?)
+}
+
+/// Opens (and recovers) this node's shard store.
+async fn open_store(
+    config: &AgentConfig,
+    registry: &mut Registry,
+) -> Result<Arc<DiskStore>, AgentError> {
+    let (capacity_bytes, _) = facts::disk_usage(&config.node.data_dir);
+    let limit = config.storage.limit_bytes(capacity_bytes)?;
+    let ring = Ring::start(256).map_err(|source| AgentError::Setup {
+        what: "the io_uring ring",
+        source,
+    })?;
+    let (store, recovery) = DiskStore::open_with(
+        &config.node.data_dir.join("store"),
+        limit,
+        ring,
+        config.storage.direct_io,
+    )
+    .await?;
+    if recovery != Recovery::default() {
+        warn!(?recovery, "shard store recovered from an unclean stop");
+    }
+    store.set_reserve(config.storage.reserve_bytes()?);
+    store.attach_metrics(StoreMetrics::register(registry));
+    Ok(Arc::new(store))
+}
+
 /// Asks the peers this node's metadata state knew what the cluster recorded for it. A
 /// record newer than the data dir means the state is a stale copy: it is moved aside and
 /// the node rejoins with empty state (the notice and the peers to ask are returned). The
@@ -286,7 +387,7 @@ async fn check_against_cluster(
     transport: &Arc<Transport>,
     identity: &mut NodeIdentity,
 ) -> Result<Option<(String, Vec<std::net::SocketAddr>)>, AgentError> {
-    use crate::meta::rejoin::{self, Verdict};
+    use crate::consensus::rejoin::{self, Verdict};
     let meta_dir = config.node.data_dir.join("meta");
     let peers = rejoin::known_peers(&meta_dir, identity.node);
     if peers.is_empty() {
@@ -322,9 +423,9 @@ async fn check_against_cluster(
 const WHO_AM_I_WAIT: Duration = Duration::from_secs(3);
 
 /// Answers "what does the cluster know of node N" from this node's replica and membership.
-fn register_who_am_i(transport: &Transport, meta: &Arc<MetaService>, gossip: &GossipHandle) {
-    let (meta, gossip) = (meta.clone(), gossip.clone());
-    transport.register(move |_from, ask: crate::meta::rejoin::WhoAmI| {
+fn register_who_am_i(transport: &Transport, group: &Arc<Group>, gossip: &GossipHandle) {
+    let (meta, gossip) = (group.clone(), gossip.clone());
+    transport.register(move |_from, ask: crate::consensus::rejoin::WhoAmI| {
         let (meta, gossip) = (meta.clone(), gossip.clone());
         async move {
             let recorded = meta.store().node_generation(ask.node).ok().flatten();
@@ -334,7 +435,7 @@ fn register_who_am_i(transport: &Transport, meta: &Arc<MetaService>, gossip: &Go
                     .map(|v| v.id.generation)
                     .max()
             });
-            Ok(crate::meta::rejoin::Known { recorded, gossip })
+            Ok(crate::consensus::rejoin::Known { recorded, gossip })
         }
     });
 }
@@ -346,82 +447,4 @@ fn stripe_buffer_budget(resources: &Resources) -> u64 {
         .guard
         .as_ref()
         .map_or(256 << 20, |g| g.reservation().memory_bytes / 4)
-}
-
-/// Size and use of the filesystem holding the data dir.
-fn disk_usage(config: &AgentConfig) -> (u64, u64) {
-    match nix::sys::statvfs::statvfs(&config.node.data_dir) {
-        Ok(s) => {
-            let frag = s.fragment_size();
-            let total = s.blocks() * frag;
-            let used = (s.blocks() - s.blocks_free()) * frag;
-            (total, used)
-        }
-        Err(e) => {
-            warn!(error = %e, "statvfs of the data dir failed");
-            (0, 0)
-        }
-    }
-}
-
-/// What the node's facts say about its store: whether it takes new shards, and its room.
-fn store_facts(node: &Node) -> (bool, u64) {
-    let room = node.store.room();
-    let ring_ok = matches!(
-        node.store.ring_health(),
-        shoal_store::RingHealth::Running { .. }
-    );
-    (ring_ok && room >= crate::stripes::MIN_ROOM, room)
-}
-
-/// Whether facts changed enough to tell the cluster now: the store stopped or started
-/// taking shards, or its room moved by a sixteenth.
-fn facts_changed(before: (bool, u64), now: (bool, u64)) -> bool {
-    before.0 != now.0 || before.1.abs_diff(now.1) > before.1.max(now.1) / 16
-}
-
-async fn refresh_facts(node: Arc<Node>) {
-    let mut tick = tokio::time::interval(FACTS_CHECK);
-    let mut told: Option<(bool, u64)> = None;
-    let mut told_at = std::time::Instant::now();
-    loop {
-        tick.tick().await;
-        node.meta.ballast.restore();
-        let store = store_facts(&node);
-        if told.is_some_and(|t| !facts_changed(t, store)) && told_at.elapsed() < FACTS_REFRESH {
-            continue;
-        }
-        if told.is_some_and(|t| t.0 && !store.0) {
-            warn!(room = store.1, ring = ?node.store.ring_health(), "the shard store takes no new shards; writers place elsewhere");
-        }
-        let (capacity, used) = disk_usage(&node.config);
-        let res = node
-            .gossip
-            .publish(move |f| {
-                f.capacity_bytes = capacity;
-                f.used_bytes = used;
-                f.store_accepting = store.0;
-                f.store_room_bytes = store.1;
-            })
-            .await;
-        if res.is_err() {
-            return;
-        }
-        told = Some(store);
-        told_at = std::time::Instant::now();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::facts_changed;
-
-    #[test]
-    fn facts_are_republished_when_the_store_state_or_room_moves() {
-        assert!(!facts_changed((true, 1600), (true, 1600)));
-        assert!(!facts_changed((true, 1600), (true, 1550)));
-        assert!(facts_changed((true, 1600), (true, 1400)));
-        assert!(facts_changed((true, 1600), (false, 1600)));
-        assert!(facts_changed((true, 0), (true, 1)));
-    }
 }

@@ -97,7 +97,10 @@ impl Resources {
         std::thread::Builder::new()
             .name("shoal-gpu-poll".into())
             .spawn(move || poller.poll_loop(NvmlProbe::init()))
-            .map_err(|e| AgentError::Io(format!("cannot start the GPU poller: {e}")))?;
+            .map_err(|source| AgentError::Setup {
+                what: "the GPU poller thread",
+                source,
+            })?;
         Ok(resources)
     }
 

@@ -40,7 +40,8 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
                 limit_bytes: u.limit_bytes,
             }
         },
-        meta: node.meta.status(),
+        meta: node.group.status(),
+        workers: node.workers.status(),
         node: node.identity.node.to_string(),
         agent_version: AGENT_VERSION.to_owned(),
         detection_bound_ms: node.config.mesh.membership().detection_bound().as_millis() as u64,

@@ -21,9 +21,9 @@ pub use fs::{
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, ResourceStatus,
-    StatusReport, StoreStatus,
+    StatusReport, StoreStatus, WorkerStatus,
 };
-pub use stripe::{ShardLocation, StripeRead, StripeRecord};
+pub use stripe::{RecordError, ShardLocation, StripeRead, StripeRecord};
 
 use serde::{Deserialize, Serialize};
 

@@ -75,6 +75,21 @@ pub struct StatusReport {
     pub store: StoreStatus,
     /// The metadata group as this node sees it.
     pub meta: MetaStatus,
+    /// This node's background workers, in start order.
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// One background worker of the answering node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub name: String,
+    /// `idle`, `busy`, `error` (its last unit failed), `done` or `stopped`.
+    pub state: String,
+    /// What it is at, when it has something to say.
+    pub progress: Option<String>,
+    /// Its last failure (kept after it recovers), and when (Unix milliseconds).
+    pub last_error: Option<String>,
+    pub last_error_unix_ms: Option<u64>,
 }
 
 /// The metadata (Raft) group as one node sees it.

@@ -23,19 +23,54 @@ pub struct StripeRecord {
     pub shards: Vec<ShardLocation>,
 }
 
+/// Why a stripe record cannot be read as it says.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Its erasure-coding profile is not one a stripe can have.
+    #[error("stripe {stripe}: {source}")]
+    Profile {
+        stripe: StripeId,
+        source: shoal_placement::PlacementError,
+    },
+    /// It lists another number of shard locations than its profile has shards.
+    #[error("stripe {stripe} has {have} shard locations for {ec}")]
+    ShardCount {
+        stripe: StripeId,
+        have: usize,
+        ec: EcProfile,
+    },
+    /// A location names another shard than its slot.
+    #[error("stripe {stripe}: slot {slot} holds shard index {index}")]
+    Slot {
+        stripe: StripeId,
+        slot: usize,
+        index: u8,
+    },
+    /// Its shards are too short for its length.
+    #[error("stripe {stripe}: {k} shards of {shard_len} bytes cannot hold {len} bytes")]
+    TooShort {
+        stripe: StripeId,
+        k: u8,
+        shard_len: u64,
+        len: u64,
+    },
+}
+
 impl StripeRecord {
     /// Checks that the record can be read as it says: a valid profile, exactly one shard
     /// per slot in slot order, and a shard length that holds the data. A record from the
     /// network or disk that fails this is refused, never indexed out of range.
-    pub fn check(&self) -> Result<(), String> {
-        self.ec.validate().map_err(|e| e.to_string())?;
+    pub fn check(&self) -> Result<(), RecordError> {
+        let stripe = self.id;
+        self.ec
+            .validate()
+            .map_err(|source| RecordError::Profile { stripe, source })?;
         if self.shards.len() != self.ec.total() {
-            return Err(format!(
-                "stripe {} has {} shard locations for {}",
-                self.id,
-                self.shards.len(),
-                self.ec
-            ));
+            return Err(RecordError::ShardCount {
+                stripe,
+                have: self.shards.len(),
+                ec: self.ec,
+            });
         }
         if let Some((slot, s)) = self
             .shards
@@ -43,16 +78,19 @@ impl StripeRecord {
             .enumerate()
             .find(|(slot, s)| usize::from(s.index) != *slot)
         {
-            return Err(format!(
-                "stripe {}: slot {slot} holds shard index {}",
-                self.id, s.index
-            ));
+            return Err(RecordError::Slot {
+                stripe,
+                slot,
+                index: s.index,
+            });
         }
         if self.shard_len.saturating_mul(u64::from(self.ec.k)) < self.len {
-            return Err(format!(
-                "stripe {}: {} shards of {} bytes cannot hold {} bytes",
-                self.id, self.ec.k, self.shard_len, self.len
-            ));
+            return Err(RecordError::TooShort {
+                stripe,
+                k: self.ec.k,
+                shard_len: self.shard_len,
+                len: self.len,
+            });
         }
         Ok(())
     }

@@ -55,6 +55,7 @@ pub struct DiskStore {
     /// them): a write that would leave less fails like one past the fill limit.
     reserve: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
+    metrics: std::sync::OnceLock<crate::StoreMetrics>,
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -111,6 +112,26 @@ fn parse_name(name: &str) -> Option<ShardKey> {
 }
 
 impl DiskStore {
+    /// Reports this store's usage and corrupt shards through `metrics` from now on.
+    pub fn attach_metrics(&self, metrics: crate::StoreMetrics) {
+        metrics.set_usage(&self.usage());
+        let _ = self.metrics.set(metrics);
+    }
+
+    fn report_usage(&self) {
+        if let Some(m) = self.metrics.get() {
+            m.set_usage(&self.usage());
+        }
+    }
+
+    /// Counts `res` if it found the shard corrupt, and passes it on.
+    fn note<T>(&self, res: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let (Err(StoreError::Corrupt { .. }), Some(m)) = (&res, self.metrics.get()) {
+            m.count_corrupt();
+        }
+        res
+    }
+
     /// Keeps `bytes` of the store's filesystem free: writes that would leave less fail
     /// with [`StoreError::NoRoom`] (0, the default, checks only the fill limit).
     pub fn set_reserve(&self, bytes: u64) {
@@ -262,6 +283,7 @@ impl DiskStore {
             ring,
             limit,
             reserve: std::sync::atomic::AtomicU64::new(0),
+            metrics: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 index,
                 used,
@@ -482,6 +504,42 @@ fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
 
 impl ShardStore for DiskStore {
     async fn put(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
+        let res = self.put_shard(key, data).await;
+        self.report_usage();
+        res
+    }
+
+    async fn get(&self, key: ShardKey, offset: u64, len: Option<u64>) -> Result<Bytes, StoreError> {
+        let res = self.get_shard(key, offset, len).await;
+        self.note(res)
+    }
+
+    async fn delete(&self, key: ShardKey) -> Result<bool, StoreError> {
+        let res = self.delete_shard(key).await;
+        self.report_usage();
+        res
+    }
+
+    fn list(&self) -> Vec<(ShardKey, u64)> {
+        self.lock()
+            .index
+            .iter()
+            .map(|(k, (len, _))| (*k, *len))
+            .collect()
+    }
+
+    fn usage(&self) -> StoreUsage {
+        let st = self.lock();
+        StoreUsage {
+            shards: st.index.len() as u64,
+            used_bytes: st.used,
+            limit_bytes: self.limit,
+        }
+    }
+}
+
+impl DiskStore {
+    async fn put_shard(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
         let size = file_size(data.len() as u64, self.direct);
         let (head, table) = ShardHeader::for_data(key, &data);
         let crc = head.data_crc;
@@ -534,7 +592,12 @@ impl ShardStore for DiskStore {
         res
     }
 
-    async fn get(&self, key: ShardKey, offset: u64, len: Option<u64>) -> Result<Bytes, StoreError> {
+    async fn get_shard(
+        &self,
+        key: ShardKey,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<Bytes, StoreError> {
         let (data_len, crc) = *self
             .lock()
             .index
@@ -559,7 +622,7 @@ impl ShardStore for DiskStore {
         slice(key, data, offset, len)
     }
 
-    async fn delete(&self, key: ShardKey) -> Result<bool, StoreError> {
+    async fn delete_shard(&self, key: ShardKey) -> Result<bool, StoreError> {
         let Some((len, _)) = self.lock().index.get(&key).copied() else {
             return Ok(false);
         };
@@ -575,22 +638,5 @@ impl ShardStore for DiskStore {
             st.used -= file_size(len, self.direct);
         }
         Ok(true)
-    }
-
-    fn list(&self) -> Vec<(ShardKey, u64)> {
-        self.lock()
-            .index
-            .iter()
-            .map(|(k, (len, _))| (*k, *len))
-            .collect()
-    }
-
-    fn usage(&self) -> StoreUsage {
-        let st = self.lock();
-        StoreUsage {
-            shards: st.index.len() as u64,
-            used_bytes: st.used,
-            limit_bytes: self.limit,
-        }
     }
 }

@@ -11,12 +11,14 @@ mod disk;
 mod error;
 mod header;
 mod mem;
+mod metrics;
 mod ring;
 
 pub use disk::{DiskStore, Recovery};
 pub use error::StoreError;
 pub use header::{HEADER_LEN, ShardHeader};
 pub use mem::MemStore;
+pub use metrics::StoreMetrics;
 pub use ring::{Ring, RingHealth};
 
 use std::future::Future;

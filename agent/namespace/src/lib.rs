@@ -1,0 +1,28 @@
+//! The metadata state machine: the namespace and the cluster layout.
+//!
+//! Read [`Command`] (what the replicated log carries) and [`NamespaceStore`] (the state machine,
+//! persisted in redb) first. This crate applies commands and answers queries; it knows
+//! nothing of Raft, the network or the clock (every command carries its own time). It
+//! must never depend on tokio, the mesh or the agent.
+//!
+//! On disk every table is keyed by inode first (see `record.rs`), so the namespace can
+//! later be split into Raft groups by `hash(ino)` with a key filter.
+
+mod command;
+mod data;
+mod error;
+mod namespace;
+mod query;
+mod record;
+mod snapshot;
+mod store;
+mod tx;
+
+pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal};
+pub use error::NamespaceError;
+pub use query::{FileData, NamespaceStats};
+pub use snapshot::snapshot_marker;
+pub use store::NamespaceStore;
+
+#[cfg(test)]
+mod testkit;

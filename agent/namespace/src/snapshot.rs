@@ -1,0 +1,469 @@
+//! Whole-state snapshots for Raft: a consistent export and an atomic install.
+//!
+//! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
+//! encoding of [`SnapshotV1`], then (version 3) of [`Tail`] — sessions on the cluster
+//! clock, the clock itself, abandoned stripes, node generations — and the crc32c of all the bytes before it
+//! (u32 little-endian) at the end. Older versions still install: version 2 carried
+//! [`ClientsV2`] (sessions on proposers' wall clocks; installed as last seen at cluster
+//! time 0), version 1 neither that nor a checksum. Records inside are decoded (and so
+//! checked) on install.
+
+use redb::{
+    Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+use shoal_agent_api::{Ino, RequestId, StripeRecord, Timestamp};
+use shoal_placement::Layout;
+
+use crate::record::{
+    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
+    GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP,
+    KEY_CLOCK, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS,
+    STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
+};
+use crate::{NamespaceError, NamespaceStore, Outcome};
+
+const MAGIC: &[u8; 4] = b"SHMS";
+const SNAPSHOT_VERSION: u8 = 3;
+
+/// Everything the state machine held in version 1 (later versions append a tail).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SnapshotV1 {
+    applied: Option<Vec<u8>>,
+    next_ino: Ino,
+    layout: Option<Layout>,
+    inodes: Vec<(Ino, InodeRecord)>,
+    dirents: Vec<(Ino, String, DirentRecord)>,
+    extents: Vec<(Ino, u64, ExtentRecord)>,
+    stripes: Vec<StripeEntry>,
+    garbage: Vec<StripeRecord>,
+    orphans: Vec<(Ino, Timestamp)>,
+    dedup: Vec<(RequestId, Outcome)>,
+}
+
+/// Every row of a table, decoded.
+fn rows<K, V, T>(
+    table: &impl ReadableTable<K, &'static [u8]>,
+    what: &str,
+    mut row: impl FnMut(K::SelfType<'_>, V) -> T,
+) -> Result<Vec<T>, NamespaceError>
+where
+    K: redb::Key + 'static,
+    V: serde::de::DeserializeOwned,
+{
+    let mut out = Vec::new();
+    for item in table.iter()? {
+        let (key, value) = item?;
+        out.push(row(key.value(), decode(value.value(), what)?));
+    }
+    Ok(out)
+}
+
+/// Every table, decoded, as of `txn`.
+fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
+    let state = txn.open_table(STATE)?;
+    let layout = match state.get(KEY_LAYOUT)? {
+        Some(guard) => Some(decode(guard.value(), "layout")?),
+        None => None,
+    };
+    let snap = SnapshotV1 {
+        applied: state.get(KEY_APPLIED)?.map(|g| g.value().to_vec()),
+        next_ino: record::read_state_u64(&state, KEY_NEXT_INO, FIRST_INO)?,
+        layout,
+        inodes: rows(&txn.open_table(INODES)?, "inode", |k, v| (k, v))?,
+        dirents: rows(&txn.open_table(DIRENTS)?, "dirent", |(d, n), v| {
+            (d, n.to_owned(), v)
+        })?,
+        extents: rows(&txn.open_table(EXTENTS)?, "extent", |(i, o), v| (i, o, v))?,
+        stripes: rows(&txn.open_table(STRIPES)?, "stripe", |_, v| v)?,
+        garbage: rows(&txn.open_table(GARBAGE)?, "garbage", |_, v| v)?,
+        orphans: rows(&txn.open_table(ORPHANS)?, "orphan", |k, v| (k, v))?,
+        dedup: rows(&txn.open_table(DEDUP)?, "dedup", |(client, seq), v| {
+            (RequestId { client, seq }, v)
+        })?,
+    };
+    let tail = Tail {
+        sessions: rows(&txn.open_table(SESSIONS)?, "session", |k, v| (k, v))?,
+        sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
+        clock: record::read_state(&state, KEY_CLOCK)?.unwrap_or_default(),
+        abandoned: rows(&txn.open_table(ABANDONED)?, "abandoned", |k, v| (k, v))?,
+        abandon_sweep: record::read_state(&state, KEY_ABANDON_SWEEP)?.unwrap_or(0),
+        generations: rows(&txn.open_table(GENERATIONS)?, "generation", |k, v| (k, v))?,
+    };
+    Ok((snap, tail))
+}
+
+impl NamespaceStore {
+    /// A consistent export of the whole state, including the applied marker: one read
+    /// transaction, so the marker is exactly the position the exported rows reflect
+    /// (read it back with [`snapshot_marker`]).
+    pub fn snapshot(&self) -> Result<Vec<u8>, NamespaceError> {
+        let txn = self.db.begin_read()?;
+        let (snap, tail) = export(&txn)?;
+        let mut out = MAGIC.to_vec();
+        out.push(SNAPSHOT_VERSION);
+        let encoding = |source| NamespaceError::Encode {
+            what: "the snapshot",
+            source,
+        };
+        let out = postcard::to_extend(&snap, out).map_err(encoding)?;
+        let mut out = postcard::to_extend(&tail, out).map_err(encoding)?;
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Ok(out)
+    }
+
+    /// The applied marker and a digest (crc32c) of everything else, read in one
+    /// transaction.
+    /// Two replicas that applied the same log up to the same marker have the same digest;
+    /// a replica that missed an entry (or installed a snapshot that claimed more than it
+    /// held) has another one.
+    pub fn digest(&self) -> Result<(Option<Vec<u8>>, u64), NamespaceError> {
+        let txn = self.db.begin_read()?;
+        let (mut snap, tail) = export(&txn)?;
+        let applied = snap.applied.take();
+        let encoding = |source| NamespaceError::Encode {
+            what: "the state",
+            source,
+        };
+        let bytes = postcard::to_extend(&snap, Vec::new()).map_err(encoding)?;
+        let bytes = postcard::to_extend(&tail, bytes).map_err(encoding)?;
+        Ok((applied, u64::from(crc32c::crc32c(&bytes))))
+    }
+
+    /// Replaces the whole state with `snapshot`, atomically. Bytes that are not a snapshot
+    /// of a known version are refused with [`NamespaceError::Corrupt`] and change nothing.
+    pub fn install(&self, snapshot: &[u8]) -> Result<(), NamespaceError> {
+        let (snap, tail) = parse(snapshot)?;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        write_all(&txn, &snap, &tail)?;
+        txn.commit()?;
+        Ok(())
+    }
+}
+
+/// The applied marker a snapshot carries (how far it covers the log), read without
+/// decoding the rest: it is the first field of every version's body.
+pub fn snapshot_marker(snapshot: &[u8]) -> Result<Option<Vec<u8>>, NamespaceError> {
+    let (_, body) = body(snapshot)?;
+    postcard::take_from_bytes::<Option<Vec<u8>>>(body)
+        .map(|(marker, _)| marker)
+        .map_err(|e| NamespaceError::Corrupt(format!("snapshot marker: {e}")))
+}
+
+/// Version 2's tail: sessions on the proposers' wall clocks, and the sweep's position.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ClientsV2 {
+    clients: Vec<(u64, Timestamp)>,
+    sweep: u64,
+}
+
+/// Version 3's tail: sessions on the cluster clock (milliseconds), the idle-session
+/// sweep's position, the cluster clock, and abandoned stripes with their sweep position.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Tail {
+    sessions: Vec<(u64, u64)>,
+    sweep: u64,
+    clock: ClockRecord,
+    abandoned: Vec<(u128, u64)>,
+    abandon_sweep: u128,
+    generations: Vec<(u64, u64)>,
+}
+
+impl From<ClientsV2> for Tail {
+    fn from(v2: ClientsV2) -> Tail {
+        Tail {
+            sessions: v2.clients.into_iter().map(|(c, _)| (c, 0)).collect(),
+            sweep: v2.sweep,
+            ..Tail::default()
+        }
+    }
+}
+
+/// The version byte and the body after it (checked against its checksum from version 2).
+fn body(bytes: &[u8]) -> Result<(u8, &[u8]), NamespaceError> {
+    let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
+        return Err(NamespaceError::Corrupt(
+            "not a metadata snapshot (bad magic)".into(),
+        ));
+    };
+    match rest.split_first() {
+        Some((1, body)) => Ok((1, body)),
+        Some((&v, body)) if (2..=SNAPSHOT_VERSION).contains(&v) => {
+            let Some((body, crc)) = body.split_last_chunk::<4>() else {
+                return Err(NamespaceError::Corrupt("snapshot truncated".into()));
+            };
+            let covered = &bytes[..bytes.len() - 4];
+            if crc32c::crc32c(covered) != u32::from_le_bytes(*crc) {
+                return Err(NamespaceError::Corrupt("snapshot checksum mismatch".into()));
+            }
+            Ok((v, body))
+        }
+        Some((v, _)) => Err(NamespaceError::Corrupt(format!(
+            "snapshot version {v} unknown (this build reads 1 to {SNAPSHOT_VERSION})"
+        ))),
+        None => Err(NamespaceError::Corrupt("snapshot truncated".into())),
+    }
+}
+
+fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Tail), NamespaceError> {
+    let (version, body) = body(bytes)?;
+    if version == 1 {
+        return Ok((decode_exact(body, "snapshot")?, Tail::default()));
+    }
+    let (snap, rest) = postcard::take_from_bytes(body)
+        .map_err(|e| NamespaceError::Corrupt(format!("snapshot: {e}")))?;
+    let tail = match version {
+        2 => decode_exact::<ClientsV2>(rest, "snapshot clients")?.into(),
+        _ => decode_exact(rest, "snapshot tail")?,
+    };
+    Ok((snap, tail))
+}
+
+/// Empties a table (deleting and recreating it).
+fn clear<K: redb::Key + 'static>(
+    txn: &WriteTransaction,
+    table: TableDefinition<K, &'static [u8]>,
+) -> Result<(), NamespaceError> {
+    txn.delete_table(table)?;
+    txn.open_table(table)?;
+    Ok(())
+}
+
+fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(), NamespaceError> {
+    clear(txn, INODES)?;
+    clear(txn, DIRENTS)?;
+    clear(txn, EXTENTS)?;
+    clear(txn, STRIPES)?;
+    clear(txn, GARBAGE)?;
+    clear(txn, ORPHANS)?;
+    clear(txn, DEDUP)?;
+    clear(txn, SESSIONS)?;
+    clear(txn, ABANDONED)?;
+    clear(txn, GENERATIONS)?;
+    clear(txn, STATE)?;
+    txn.delete_table(LEGACY_CLIENTS)?;
+
+    let mut t = txn.open_table(INODES)?;
+    for (ino, rec) in &snap.inodes {
+        t.insert(*ino, encode(rec)?.as_slice())?;
+    }
+    let mut t = txn.open_table(DIRENTS)?;
+    for (dir, name, rec) in &snap.dirents {
+        t.insert((*dir, name.as_str()), encode(rec)?.as_slice())?;
+    }
+    let mut t = txn.open_table(EXTENTS)?;
+    for (ino, offset, rec) in &snap.extents {
+        t.insert((*ino, *offset), encode(rec)?.as_slice())?;
+    }
+    let mut stripe_bytes = 0u64;
+    let mut t = txn.open_table(STRIPES)?;
+    for entry in &snap.stripes {
+        stripe_bytes = stripe_bytes.saturating_add(entry.record.len);
+        t.insert(entry.record.id.0, encode(entry)?.as_slice())?;
+    }
+    let mut t = txn.open_table(GARBAGE)?;
+    for rec in &snap.garbage {
+        t.insert(rec.id.0, encode(rec)?.as_slice())?;
+    }
+    let mut t = txn.open_table(ORPHANS)?;
+    for (ino, since) in &snap.orphans {
+        t.insert(*ino, encode(since)?.as_slice())?;
+    }
+    let mut t = txn.open_table(DEDUP)?;
+    for (id, outcome) in &snap.dedup {
+        t.insert((id.client, id.seq), encode(outcome)?.as_slice())?;
+    }
+    let mut t = txn.open_table(SESSIONS)?;
+    for (client, last) in &tail.sessions {
+        t.insert(*client, encode(last)?.as_slice())?;
+    }
+    let mut t = txn.open_table(ABANDONED)?;
+    for (id, at) in &tail.abandoned {
+        t.insert(*id, encode(at)?.as_slice())?;
+    }
+    let mut t = txn.open_table(GENERATIONS)?;
+    for (node, generation) in &tail.generations {
+        t.insert(*node, encode(generation)?.as_slice())?;
+    }
+    let mut t = txn.open_table(STATE)?;
+    t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
+    t.insert(KEY_STRIPE_BYTES, encode(&stripe_bytes)?.as_slice())?;
+    if tail.sweep != 0 {
+        t.insert(KEY_CLIENT_SWEEP, encode(&tail.sweep)?.as_slice())?;
+    }
+    if tail.clock != ClockRecord::default() {
+        t.insert(KEY_CLOCK, encode(&tail.clock)?.as_slice())?;
+    }
+    if tail.abandon_sweep != 0 {
+        t.insert(KEY_ABANDON_SWEEP, encode(&tail.abandon_sweep)?.as_slice())?;
+    }
+    if let Some(layout) = &snap.layout {
+        t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
+    }
+    if let Some(applied) = &snap.applied {
+        t.insert(KEY_APPLIED, applied.as_slice())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_agent_api::{FileKind, ROOT_INO, RequestId};
+    use shoal_placement::{Layout, LayoutNode, NodeId};
+
+    use crate::testkit::{Kit, extent, mknode_cmd};
+    use crate::{Command, NamespaceError};
+
+    fn populated() -> Kit {
+        let mut kit = Kit::new();
+        let d = kit.mkdir(ROOT_INO, "d");
+        let f = kit.mkfile(d, "f");
+        kit.write_extents(f, vec![extent(0, 10, 1), extent(5, 3, 2)]);
+        let g = kit.mkfile(ROOT_INO, "g");
+        kit.write_extents(g, vec![extent(0, 10, 3)]);
+        kit.run(Command::SetAttr {
+            ino: g,
+            set: shoal_agent_api::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            },
+        });
+        kit.run(Command::Unlink {
+            parent: d,
+            name: "f".into(),
+        });
+        let layout = Layout::new(4, vec![LayoutNode::active(NodeId(1), "a", 1)]).expect("layout");
+        kit.run(Command::SetLayout { layout });
+        kit.run_with(
+            Some(RequestId { client: 1, seq: 1 }),
+            mknode_cmd(ROOT_INO, "s", FileKind::Symlink),
+        );
+        kit
+    }
+
+    #[test]
+    fn snapshot_install_round_trip() {
+        let kit = populated();
+        let snap = kit.store.snapshot().expect("snapshot");
+        assert_eq!(
+            super::snapshot_marker(&snap).expect("marker"),
+            kit.store.applied().expect("applied"),
+            "the marker read from the export is the store's"
+        );
+        let mut other = Kit::new();
+        other.mkfile(ROOT_INO, "to-be-replaced");
+        other.store.install(&snap).expect("install");
+        assert_eq!(other.store.snapshot().expect("snapshot"), snap);
+        assert_eq!(
+            other.store.applied().expect("applied"),
+            kit.store.applied().expect("applied")
+        );
+        assert_eq!(other.names(ROOT_INO), ["d", "g", "s"]);
+        assert_eq!(
+            other.store.orphans().expect("o"),
+            kit.store.orphans().expect("o")
+        );
+        assert_eq!(other.garbage_ids(), [3]);
+        assert_eq!(
+            other.store.stats().expect("s"),
+            kit.store.stats().expect("s")
+        );
+        assert_eq!(
+            other.store.cluster_layout().expect("l"),
+            kit.store.cluster_layout().expect("l")
+        );
+        // The request table came along: the repeat is answered, not applied.
+        let repeat = other.run_with(
+            Some(RequestId { client: 1, seq: 1 }),
+            mknode_cmd(ROOT_INO, "s", FileKind::Symlink),
+        );
+        assert!(matches!(repeat, crate::Outcome::Attr(_)));
+        let fresh = other.mkfile(ROOT_INO, "new");
+        assert_eq!(fresh, kit.store.lookup(ROOT_INO, "s").expect("s").ino + 1);
+    }
+
+    /// The version-3 export cut down to the bytes version 1 or 2 wrote: the body without
+    /// the tail, then (v2) the sessions on wall clocks and a checksum.
+    fn older(kit: &Kit, version: u8) -> Vec<u8> {
+        let v3 = kit.store.snapshot().expect("snapshot");
+        let body = &v3[5..v3.len() - 4];
+        let (_, rest): (super::SnapshotV1, &[u8]) = postcard::take_from_bytes(body).expect("body");
+        let mut out = v3[..v3.len() - 4 - rest.len()].to_vec();
+        out[4] = version;
+        if version == 2 {
+            let clients = super::ClientsV2 {
+                clients: vec![(1, crate::testkit::at(kit.clock))],
+                sweep: 0,
+            };
+            out = postcard::to_extend(&clients, out).expect("encode");
+            let crc = crc32c::crc32c(&out);
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn version_1_and_2_snapshots_still_install() {
+        let kit = populated();
+        for version in [1, 2] {
+            let mut other = Kit::new();
+            other.store.install(&older(&kit, version)).expect("install");
+            assert_eq!(other.names(ROOT_INO), ["d", "g", "s"], "v{version}");
+            // The requests came along.
+            let repeat = other.run_with(
+                Some(RequestId { client: 1, seq: 1 }),
+                mknode_cmd(ROOT_INO, "s", FileKind::Symlink),
+            );
+            assert!(matches!(repeat, crate::Outcome::Attr(_)), "v{version}");
+            // Version 1 had no sessions; version 2's come on wall clocks and are taken
+            // as last seen at cluster time 0.
+            let want: &[(u64, u64)] = if version == 1 { &[] } else { &[(1, 0)] };
+            assert_eq!(other.sessions(), want, "v{version}");
+        }
+    }
+
+    #[test]
+    fn corrupt_snapshot_is_an_error() {
+        let kit = populated();
+        let snap = kit.store.snapshot().expect("snapshot");
+        let before = kit.store.snapshot().expect("snapshot");
+        let mut bad_magic = snap.clone();
+        bad_magic[0] = b'X';
+        let mut bad_version = snap.clone();
+        bad_version[4] = 4;
+        let mut flipped = snap.clone();
+        for byte in flipped.iter_mut().skip(5).step_by(7) {
+            *byte ^= 0xa5;
+        }
+        let mut trailing = snap.clone();
+        trailing.push(0);
+        for bytes in [
+            &trailing,
+            &b""[..],
+            &b"SHMS"[..],
+            &bad_magic,
+            &bad_version,
+            &snap[..snap.len() / 2],
+            &flipped,
+        ] {
+            match kit.store.install(bytes) {
+                Err(NamespaceError::Corrupt(_)) => {}
+                other => panic!("{} bytes: expected Corrupt, got {other:?}", bytes.len()),
+            }
+        }
+        assert_eq!(kit.store.snapshot().expect("snapshot"), before);
+        // Any one flipped bit after the version byte, even inside a name (which would
+        // decode as another name), is caught by the checksum.
+        for at in 5..snap.len() {
+            let mut one = snap.clone();
+            one[at] ^= 0x08;
+            match kit.store.install(&one) {
+                Err(NamespaceError::Corrupt(_)) => {}
+                other => panic!("flip at {at} of {}: {other:?}", snap.len()),
+            }
+        }
+        assert_eq!(kit.store.snapshot().expect("snapshot"), before);
+    }
+}

@@ -1,0 +1,480 @@
+//! One apply's view of the state: the open tables of a write transaction, with a
+//! write-back cache of inodes (a batch often touches the same directory many times) and
+//! the counters kept in the `state` table.
+//!
+//! Command handlers check everything first and only then write, so a refused command
+//! leaves nothing behind; every write goes through this type.
+
+use std::collections::BTreeMap;
+
+use redb::{ReadableTable, Table, WriteTransaction};
+use shoal_agent_api::{Ino, ROOT_INO, RequestId, StripeRecord, Timestamp};
+use shoal_placement::{Layout, StripeId};
+
+use crate::record::{
+    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
+    GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP,
+    KEY_CLOCK, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES,
+    StripeEntry, decode, encode,
+};
+use crate::{LeaderStamp, NamespaceError, Outcome};
+
+/// How many recent request ids per client keep their outcome.
+pub(crate) const DEDUP_WINDOW: u64 = 4096;
+
+/// A client (a mount session) with no request for this long is forgotten, with the
+/// outcomes kept for it: a mount retries a request for minutes at most, and without this
+/// every mount session ever started would keep up to [`DEDUP_WINDOW`] rows. Measured on
+/// the cluster clock (leader stamps), so no agent's wall clock can shorten it.
+pub(crate) const CLIENT_IDLE_MS: u64 = 3_600_000;
+
+/// How long an abandoned stripe stays fenced: far longer than any commit can be delayed
+/// (a proposal waits a minute for a leader at most).
+pub(crate) const ABANDON_KEEP_MS: u64 = 24 * 3_600_000;
+
+/// How many abandoned stripes one AbandonStripes apply checks for expiry.
+const ABANDON_SWEEP_STEP: usize = 16;
+
+/// How many clients one request-carrying proposal checks for idleness. Clients only
+/// appear through proposals, so the sweep keeps pace with their arrival.
+const CLIENT_SWEEP_STEP: usize = 2;
+
+type Bytes = &'static [u8];
+
+/// An inode as this apply sees it; `dirty` ones are written back at the end.
+struct Cached {
+    record: Option<InodeRecord>,
+    dirty: bool,
+}
+
+pub(crate) struct Tx<'t> {
+    inodes: Table<'t, u64, Bytes>,
+    dirents: Table<'t, (u64, &'static str), Bytes>,
+    extents: Table<'t, (u64, u64), Bytes>,
+    stripes: Table<'t, u128, Bytes>,
+    garbage: Table<'t, u128, Bytes>,
+    orphans: Table<'t, u64, Bytes>,
+    dedup: Table<'t, (u64, u64), Bytes>,
+    sessions: Table<'t, u64, Bytes>,
+    abandoned: Table<'t, u128, Bytes>,
+    generations: Table<'t, u64, Bytes>,
+    state: Table<'t, &'static str, Bytes>,
+    cache: BTreeMap<Ino, Cached>,
+    next_ino: Ino,
+    stripe_bytes: u64,
+    clock: ClockRecord,
+}
+
+impl<'t> Tx<'t> {
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, NamespaceError> {
+        let state = txn.open_table(STATE)?;
+        let next_ino = record::read_state_u64(&state, KEY_NEXT_INO, FIRST_INO)?;
+        let stripe_bytes = record::read_state_u64(&state, KEY_STRIPE_BYTES, 0)?;
+        let clock = record::read_state(&state, KEY_CLOCK)?.unwrap_or_default();
+        Ok(Tx {
+            inodes: txn.open_table(INODES)?,
+            dirents: txn.open_table(DIRENTS)?,
+            extents: txn.open_table(EXTENTS)?,
+            stripes: txn.open_table(STRIPES)?,
+            garbage: txn.open_table(GARBAGE)?,
+            orphans: txn.open_table(ORPHANS)?,
+            dedup: txn.open_table(DEDUP)?,
+            sessions: txn.open_table(SESSIONS)?,
+            abandoned: txn.open_table(ABANDONED)?,
+            generations: txn.open_table(GENERATIONS)?,
+            state,
+            cache: BTreeMap::new(),
+            next_ino,
+            stripe_bytes,
+            clock,
+        })
+    }
+
+    /// Writes the cached inodes, the counters and the applied marker.
+    pub(crate) fn finish(mut self, applied: &[u8]) -> Result<(), NamespaceError> {
+        for (ino, cached) in std::mem::take(&mut self.cache) {
+            if !cached.dirty {
+                continue;
+            }
+            match cached.record {
+                Some(rec) => {
+                    self.inodes.insert(ino, encode(&rec)?.as_slice())?;
+                }
+                None => {
+                    self.inodes.remove(ino)?;
+                }
+            }
+        }
+        self.state
+            .insert(KEY_NEXT_INO, encode(&self.next_ino)?.as_slice())?;
+        self.state
+            .insert(KEY_STRIPE_BYTES, encode(&self.stripe_bytes)?.as_slice())?;
+        self.state
+            .insert(KEY_CLOCK, encode(&self.clock)?.as_slice())?;
+        self.state.insert(KEY_APPLIED, applied)?;
+        Ok(())
+    }
+
+    // --- the cluster clock ---
+
+    /// Takes the stamp of the entry being applied.
+    pub(crate) fn advance_clock(&mut self, stamp: Option<LeaderStamp>) {
+        if let Some(stamp) = stamp {
+            self.clock.advance(stamp);
+        }
+    }
+
+    // --- inodes ---
+
+    pub(crate) fn inode(&mut self, ino: Ino) -> Result<Option<InodeRecord>, NamespaceError> {
+        if let Some(cached) = self.cache.get(&ino) {
+            return Ok(cached.record.clone());
+        }
+        let record = record::read_inode(&self.inodes, ino)?;
+        self.cache.insert(
+            ino,
+            Cached {
+                record: record.clone(),
+                dirty: false,
+            },
+        );
+        Ok(record)
+    }
+
+    pub(crate) fn put_inode(&mut self, ino: Ino, record: InodeRecord) {
+        self.cache.insert(
+            ino,
+            Cached {
+                record: Some(record),
+                dirty: true,
+            },
+        );
+    }
+
+    pub(crate) fn delete_inode(&mut self, ino: Ino) {
+        self.cache.insert(
+            ino,
+            Cached {
+                record: None,
+                dirty: true,
+            },
+        );
+    }
+
+    /// Creates the root directory at `now` unless it exists.
+    pub(crate) fn ensure_root(&mut self, now: Timestamp) -> Result<(), NamespaceError> {
+        if self.inode(ROOT_INO)?.is_none() {
+            self.put_inode(ROOT_INO, InodeRecord::root(now));
+        }
+        Ok(())
+    }
+
+    /// A fresh inode number (never reused).
+    pub(crate) fn allocate_ino(&mut self) -> Ino {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        ino
+    }
+
+    // --- directory entries ---
+
+    pub(crate) fn dirent(
+        &self,
+        parent: Ino,
+        name: &str,
+    ) -> Result<Option<DirentRecord>, NamespaceError> {
+        record::read_dirent(&self.dirents, parent, name)
+    }
+
+    pub(crate) fn put_dirent(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        entry: DirentRecord,
+    ) -> Result<(), NamespaceError> {
+        self.dirents
+            .insert((parent, name), encode(&entry)?.as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_dirent(&mut self, parent: Ino, name: &str) -> Result<(), NamespaceError> {
+        self.dirents.remove((parent, name))?;
+        Ok(())
+    }
+
+    pub(crate) fn dir_has_entries(&self, dir: Ino) -> Result<bool, NamespaceError> {
+        record::dir_has_entries(&self.dirents, dir)
+    }
+
+    // --- orphans ---
+
+    pub(crate) fn is_orphan(&self, ino: Ino) -> Result<bool, NamespaceError> {
+        Ok(self.orphans.get(ino)?.is_some())
+    }
+
+    pub(crate) fn add_orphan(&mut self, ino: Ino, since: Timestamp) -> Result<(), NamespaceError> {
+        self.orphans.insert(ino, encode(&since)?.as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_orphan(&mut self, ino: Ino) -> Result<(), NamespaceError> {
+        self.orphans.remove(ino)?;
+        Ok(())
+    }
+
+    // --- extents and stripe references ---
+
+    pub(crate) fn has_extents(&self, ino: Ino) -> Result<bool, NamespaceError> {
+        record::has_extents(&self.extents, ino)
+    }
+
+    /// The extents of `ino` that overlap `[start, end)`, in file order.
+    pub(crate) fn extents_overlapping(
+        &self,
+        ino: Ino,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, ExtentRecord)>, NamespaceError> {
+        let mut out = Vec::new();
+        if start > 0
+            && let Some(item) = self.extents.range((ino, 0)..(ino, start))?.next_back()
+        {
+            let (key, value) = item?;
+            let offset = key.value().1;
+            let ext: ExtentRecord = decode(value.value(), "extent")?;
+            if offset.saturating_add(ext.len) > start {
+                out.push((offset, ext));
+            }
+        }
+        if start < end {
+            for item in self.extents.range((ino, start)..(ino, end))? {
+                let (key, value) = item?;
+                out.push((key.value().1, decode(value.value(), "extent")?));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn put_extent(
+        &mut self,
+        ino: Ino,
+        offset: u64,
+        extent: ExtentRecord,
+    ) -> Result<(), NamespaceError> {
+        self.extents
+            .insert((ino, offset), encode(&extent)?.as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_extent(&mut self, ino: Ino, offset: u64) -> Result<(), NamespaceError> {
+        self.extents.remove((ino, offset))?;
+        Ok(())
+    }
+
+    /// Adds one reference to a stripe, recording it if it is new.
+    pub(crate) fn add_stripe_ref(&mut self, stripe: &StripeRecord) -> Result<(), NamespaceError> {
+        let id = stripe.id.0;
+        let entry = match record::read_stripe(&self.stripes, id)? {
+            Some(mut entry) => {
+                entry.refs += 1;
+                entry
+            }
+            None => {
+                // A stripe referenced again before its shards were deleted is live again.
+                self.garbage.remove(id)?;
+                self.stripe_bytes = self.stripe_bytes.saturating_add(stripe.len);
+                StripeEntry {
+                    record: stripe.clone(),
+                    refs: 1,
+                }
+            }
+        };
+        self.stripes.insert(id, encode(&entry)?.as_slice())?;
+        Ok(())
+    }
+
+    /// Changes a live stripe's reference count by `delta`; at zero it moves to garbage.
+    pub(crate) fn change_stripe_refs(
+        &mut self,
+        id: StripeId,
+        delta: i64,
+    ) -> Result<(), NamespaceError> {
+        if delta == 0 {
+            return Ok(());
+        }
+        let Some(mut entry) = record::read_stripe(&self.stripes, id.0)? else {
+            return Err(NamespaceError::Corrupt(format!(
+                "an extent references stripe {id}, which is not recorded"
+            )));
+        };
+        let refs = entry.refs.checked_add_signed(delta).ok_or_else(|| {
+            NamespaceError::Corrupt(format!("stripe {id} reference count underflow"))
+        })?;
+        if refs == 0 {
+            self.stripes.remove(id.0)?;
+            self.stripe_bytes = self.stripe_bytes.saturating_sub(entry.record.len);
+            self.garbage
+                .insert(id.0, encode(&entry.record)?.as_slice())?;
+        } else {
+            entry.refs = refs;
+            self.stripes.insert(id.0, encode(&entry)?.as_slice())?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn forget_garbage(&mut self, id: StripeId) -> Result<(), NamespaceError> {
+        self.garbage.remove(id.0)?;
+        Ok(())
+    }
+
+    // --- layout ---
+
+    pub(crate) fn layout(&self) -> Result<Option<Layout>, NamespaceError> {
+        match self.state.get(KEY_LAYOUT)? {
+            Some(guard) => decode(guard.value(), "layout").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn set_layout(&mut self, layout: &Layout) -> Result<(), NamespaceError> {
+        self.state.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
+        Ok(())
+    }
+
+    // --- request dedup ---
+
+    /// The outcome stored for a request already applied.
+    pub(crate) fn dedup_get(&self, id: RequestId) -> Result<Option<Outcome>, NamespaceError> {
+        match self.dedup.get((id.client, id.seq))? {
+            Some(guard) => decode(guard.value(), "dedup").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Remembers a request's outcome, applied now (cluster clock), and forgets the client's
+    /// requests that fell out of the window (seq below the highest seen minus
+    /// [`DEDUP_WINDOW`]).
+    pub(crate) fn dedup_put(
+        &mut self,
+        id: RequestId,
+        outcome: &Outcome,
+    ) -> Result<(), NamespaceError> {
+        self.dedup
+            .insert((id.client, id.seq), encode(outcome)?.as_slice())?;
+        let now = self.clock.now_ms;
+        self.sessions.insert(id.client, encode(&now)?.as_slice())?;
+        let highest = match self
+            .dedup
+            .range((id.client, 0)..=(id.client, u64::MAX))?
+            .next_back()
+        {
+            Some(item) => item?.0.value().1,
+            None => return Ok(()),
+        };
+        let Some(floor) = highest.checked_sub(DEDUP_WINDOW) else {
+            return Ok(());
+        };
+        let mut stale = Vec::new();
+        for item in self.dedup.range((id.client, 0)..(id.client, floor))? {
+            stale.push(item?.0.value().1);
+        }
+        for seq in stale {
+            self.dedup.remove((id.client, seq))?;
+        }
+        Ok(())
+    }
+
+    /// Checks the next few clients (in id order, wrapping around) and forgets those idle
+    /// for [`CLIENT_IDLE_MS`] of cluster time, with every outcome kept for them.
+    pub(crate) fn expire_idle_clients(&mut self) -> Result<(), NamespaceError> {
+        let start = record::read_state_u64(&self.state, KEY_CLIENT_SWEEP, 0)?;
+        let mut seen: Vec<(u64, u64)> = Vec::with_capacity(CLIENT_SWEEP_STEP);
+        for item in self.sessions.range(start..)?.take(CLIENT_SWEEP_STEP) {
+            let (client, at) = item?;
+            seen.push((client.value(), decode(at.value(), "session")?));
+        }
+        let next = match seen.last() {
+            Some(&(client, _)) if seen.len() == CLIENT_SWEEP_STEP => client.saturating_add(1),
+            _ => 0,
+        };
+        if next != start {
+            self.state
+                .insert(KEY_CLIENT_SWEEP, encode(&next)?.as_slice())?;
+        }
+        let now = self.clock.now_ms;
+        for (client, last) in seen {
+            if now.saturating_sub(last) < CLIENT_IDLE_MS {
+                continue;
+            }
+            let mut seqs = Vec::new();
+            for item in self.dedup.range((client, 0)..=(client, u64::MAX))? {
+                seqs.push(item?.0.value().1);
+            }
+            for seq in seqs {
+                self.dedup.remove((client, seq))?;
+            }
+            self.sessions.remove(client)?;
+        }
+        Ok(())
+    }
+
+    // --- node generations ---
+
+    /// Raises `node`'s recorded generation to `generation` (never lowers it).
+    pub(crate) fn record_generation(
+        &mut self,
+        node: u64,
+        generation: u64,
+    ) -> Result<(), NamespaceError> {
+        let known: u64 = match self.generations.get(node)? {
+            Some(g) => decode(g.value(), "generation")?,
+            None => 0,
+        };
+        if generation > known {
+            self.generations
+                .insert(node, encode(&generation)?.as_slice())?;
+        }
+        Ok(())
+    }
+
+    // --- abandoned stripes ---
+
+    pub(crate) fn is_abandoned(&self, id: StripeId) -> Result<bool, NamespaceError> {
+        Ok(self.abandoned.get(id.0)?.is_some())
+    }
+
+    /// Whether the metadata knows the stripe: referenced, or garbage awaiting deletion.
+    pub(crate) fn stripe_known(&self, id: StripeId) -> Result<bool, NamespaceError> {
+        Ok(self.stripes.get(id.0)?.is_some() || self.garbage.get(id.0)?.is_some())
+    }
+
+    pub(crate) fn abandon(&mut self, id: StripeId) -> Result<(), NamespaceError> {
+        let now = self.clock.now_ms;
+        self.abandoned.insert(id.0, encode(&now)?.as_slice())?;
+        Ok(())
+    }
+
+    /// Checks the next few abandoned stripes (wrapping around) and forgets those fenced
+    /// for [`ABANDON_KEEP_MS`] of cluster time.
+    pub(crate) fn expire_abandoned(&mut self) -> Result<(), NamespaceError> {
+        let start: u128 = record::read_state(&self.state, KEY_ABANDON_SWEEP)?.unwrap_or(0);
+        let mut seen: Vec<(u128, u64)> = Vec::with_capacity(ABANDON_SWEEP_STEP);
+        for item in self.abandoned.range(start..)?.take(ABANDON_SWEEP_STEP) {
+            let (id, at) = item?;
+            seen.push((id.value(), decode(at.value(), "abandoned")?));
+        }
+        let next = match seen.last() {
+            Some(&(id, _)) if seen.len() == ABANDON_SWEEP_STEP => id.saturating_add(1),
+            _ => 0,
+        };
+        self.state
+            .insert(KEY_ABANDON_SWEEP, encode(&next)?.as_slice())?;
+        let now = self.clock.now_ms;
+        for (id, at) in seen {
+            if now.saturating_sub(at) >= ABANDON_KEEP_MS {
+                self.abandoned.remove(id)?;
+            }
+        }
+        Ok(())
+    }
+}

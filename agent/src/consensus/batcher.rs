@@ -1,0 +1,195 @@
+//! The `batcher` worker: on the leader, everything that queued while earlier entries were
+//! in flight goes out as one log entry (Raft costs one flush per entry, not per proposal),
+//! up to [`MAX_BATCH`] proposals and [`MAX_BATCH_BYTES`]. Each entry carries this
+//! process's [`LeaderStamp`], which drives the cluster clock.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use openraft::error::ClientWriteError;
+use shoal_namespace::{Batch, LeaderStamp, Proposal};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tracing::debug;
+
+use super::metrics::MetaMetrics;
+use super::net::{Committed, ForwardRefused};
+use super::types::Raft;
+use crate::AgentError;
+use crate::workers::{Step, Worker};
+
+/// Most proposals in one log entry.
+pub(super) const MAX_BATCH: usize = 1024;
+/// Most encoded bytes of proposals in one log entry (a proposal alone may be larger).
+/// Replication sends entries in messages that must arrive within a heartbeat (see
+/// `net::append_budget`), so entries stay small enough for two to fit one.
+pub(super) const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Log entries proposed but not yet applied, at most. While all are in flight, new
+/// proposals queue and go out together in the next entry.
+const IN_FLIGHT_ENTRIES: usize = 2;
+
+/// Proposals waiting for the batcher, with where their outcomes go.
+pub(super) struct Pending {
+    pub proposals: Vec<Proposal>,
+    /// Encoded size of `proposals`.
+    pub bytes: usize,
+    pub reply: oneshot::Sender<Result<Committed, ForwardRefused>>,
+}
+
+/// Encoded size of a value, without encoding it into memory.
+pub(super) fn encoded_len<T: serde::Serialize>(value: &T) -> usize {
+    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default()).unwrap_or(0)
+}
+
+pub struct Batcher {
+    raft: Raft,
+    queue: mpsc::Receiver<Pending>,
+    metrics: MetaMetrics,
+    slots: Arc<Semaphore>,
+    /// Drawn once per process: stamps of one run are comparable.
+    run: u64,
+    origin: Instant,
+    /// The proposal that arrived while waiting, or did not fit the last entry.
+    carried: Option<Pending>,
+    /// Entries in flight, waiting for their commit to answer their proposers.
+    answering: JoinSet<()>,
+}
+
+impl Batcher {
+    pub(super) fn new(raft: Raft, queue: mpsc::Receiver<Pending>, metrics: MetaMetrics) -> Self {
+        Batcher {
+            raft,
+            queue,
+            metrics,
+            slots: Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES)),
+            run: rand::random(),
+            origin: Instant::now(),
+            carried: None,
+            answering: JoinSet::new(),
+        }
+    }
+
+    /// Everything queued now, up to the entry's limits, starting with `first`.
+    fn gather(&mut self, first: Pending) -> Vec<Pending> {
+        let (mut count, mut bytes) = (first.proposals.len(), first.bytes);
+        let mut group = vec![first];
+        while count < MAX_BATCH {
+            match self.queue.try_recv() {
+                Ok(p) if bytes + p.bytes > MAX_BATCH_BYTES => {
+                    self.carried = Some(p);
+                    break;
+                }
+                Ok(p) => {
+                    count += p.proposals.len();
+                    bytes += p.bytes;
+                    group.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        group
+    }
+}
+
+impl Worker for Batcher {
+    fn name(&self) -> &'static str {
+        "batcher"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        while self.answering.try_join_next().is_some() {}
+        let Some(first) = self.carried.take() else {
+            return Ok(Step::Idle);
+        };
+        let Ok(permit) = self.slots.clone().acquire_owned().await else {
+            return Ok(Step::Done);
+        };
+        let group = self.gather(first);
+        let count: usize = group.iter().map(|p| p.proposals.len()).sum();
+        let mut proposals = Vec::with_capacity(count);
+        let mut waiters = Vec::with_capacity(group.len());
+        for p in group {
+            waiters.push((p.proposals.len(), p.reply));
+            proposals.extend(p.proposals);
+        }
+        self.metrics.entries.inc();
+        self.metrics.proposals.inc_by(proposals.len() as u64);
+        let stamp = LeaderStamp {
+            run: self.run,
+            millis: u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        let batch = Batch {
+            proposals,
+            stamp: Some(stamp),
+        };
+        let proposed = Instant::now();
+        let receiver = self.raft.client_write_ff(batch).await;
+        self.answering
+            .spawn(answer(receiver, waiters, permit, proposed, count));
+        Ok(if self.carried.is_some() {
+            Step::Busy
+        } else {
+            Step::Idle
+        })
+    }
+
+    async fn wait_for_work(&mut self) {
+        if self.carried.is_none() {
+            self.carried = self.queue.recv().await;
+            if self.carried.is_none() {
+                // Every sender is gone: the group is shutting down.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+type Receiver = Result<
+    oneshot::Receiver<
+        Result<
+            openraft::raft::ClientWriteResponse<super::types::MetaRaft>,
+            ClientWriteError<u64, openraft::BasicNode>,
+        >,
+    >,
+    openraft::error::Fatal<u64>,
+>;
+
+/// Waits for an entry's commit and hands each proposer its outcomes.
+async fn answer(
+    receiver: Receiver,
+    waiters: Vec<(usize, oneshot::Sender<Result<Committed, ForwardRefused>>)>,
+    permit: OwnedSemaphorePermit,
+    proposed: Instant,
+    count: usize,
+) {
+    let result: Result<Committed, ForwardRefused> = match receiver {
+        Err(fatal) => Err(ForwardRefused::Failed(fatal.to_string())),
+        Ok(rx) => match rx.await {
+            Err(_) => Err(ForwardRefused::Failed("proposal dropped".into())),
+            Ok(Ok(resp)) => Ok((resp.data, resp.log_id.index)),
+            Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ForwardRefused::NotLeader(f.leader_id))
+            }
+            Ok(Err(e)) => Err(ForwardRefused::Failed(e.to_string())),
+        },
+    };
+    drop(permit);
+    debug!(
+        elapsed_us = proposed.elapsed().as_micros() as u64,
+        proposals = count,
+        "entry committed"
+    );
+    match result {
+        Ok((mut outcomes, index)) => {
+            for (n, reply) in waiters {
+                let rest = outcomes.split_off(n.min(outcomes.len()));
+                let _ = reply.send(Ok((std::mem::replace(&mut outcomes, rest), index)));
+            }
+        }
+        Err(e) => {
+            for (_, reply) in waiters {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! What the metadata group member can fail at, with whether trying again may help.
+
+use std::path::PathBuf;
+
+use shoal_namespace::{NamespaceError, Outcome};
+
+use super::net::ForwardRefused;
+
+/// An error from openraft or redb, kept whole for its message and source chain.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsensusError {
+    /// The Raft log file could not be opened.
+    #[error("metadata log {path}: {source}")]
+    Log { path: PathBuf, source: redb::Error },
+    /// The local replica (the namespace state machine) failed.
+    #[error(transparent)]
+    Namespace(#[from] NamespaceError),
+    /// openraft refused its configuration or could not start.
+    #[error("metadata group setup: {0}")]
+    Setup(BoxError),
+    /// No leader committed the proposals (or served the read) within the wait: the group
+    /// has no quorum, or is electing. They may still commit later.
+    #[error("no metadata leader within {waited_s} s (last answer: {last:?})")]
+    NoLeader {
+        waited_s: u64,
+        last: Option<ForwardRefused>,
+    },
+    /// A change of the group's membership failed.
+    #[error("changing the metadata group's members ({what}): {source}")]
+    Membership {
+        what: &'static str,
+        source: BoxError,
+    },
+    /// This node's Raft failed an operation (it stopped, say).
+    #[error("metadata raft {op}: {source}")]
+    Raft { op: &'static str, source: BoxError },
+    /// The leader answered with another number of outcomes than proposals.
+    #[error("the leader answered {got} outcomes for {sent} proposals")]
+    OutcomeCount { sent: usize, got: usize },
+    /// A proposal came back with an outcome its caller did not expect.
+    #[error("unexpected outcome {0:?}")]
+    UnexpectedOutcome(Box<Outcome>),
+    /// A stored applied marker did not decode.
+    #[error("applied marker: {0}")]
+    Marker(#[from] postcard::Error),
+    /// A blocking task failed.
+    #[error("metadata task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl ConsensusError {
+    /// Whether the same request may succeed a little later (after an election).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ConsensusError::NoLeader { .. }
+                | ConsensusError::Membership { .. }
+                | ConsensusError::Task(_)
+        )
+    }
+}
+
+impl ConsensusError {
+    pub(crate) fn raft(
+        op: &'static str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ConsensusError::Raft {
+            op,
+            source: Box::new(e),
+        }
+    }
+
+    pub(crate) fn membership(
+        what: &'static str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ConsensusError::Membership {
+            what,
+            source: Box::new(e),
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! [`Group`]: this agent's member of the metadata Raft group — proposals (batched on the
+//! leader by the `batcher` worker, forwarded by followers), linearizable read barriers,
+//! and the local replica for queries.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::{BasicNode, ChangeMembers, Config, SnapshotPolicy};
+use shoal_mesh::{Rpc, Transport};
+use shoal_namespace::{NamespaceStore, Outcome, Proposal};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+use super::ballast::Ballast;
+use super::batcher::{Batcher, MAX_BATCH_BYTES, Pending, encoded_len};
+use super::config::MetaConfig;
+use super::error::ConsensusError;
+use super::log_store::LogStore;
+use super::metrics::MetaMetrics;
+use super::net::{
+    Committed, Forward, ForwardRefused, Hello, Network, RaftMessage, RaftReply, ReadIndex,
+};
+use super::rejoin::{Rejoin, Rejoiner};
+use super::state_machine::StateMachine;
+use super::types::Raft;
+
+/// How long a request waits for a leader (elections, restarts) before it fails.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// This agent's member of the metadata group.
+pub struct Group {
+    pub raft: Raft,
+    store: Arc<NamespaceStore>,
+    pub me: u64,
+    pub config: MetaConfig,
+    transport: Arc<Transport>,
+    batcher: mpsc::Sender<Pending>,
+    pub metrics: MetaMetrics,
+    /// When the last completed read-barrier round started (see [`Self::barrier`]).
+    barrier_round: tokio::sync::Mutex<Option<Instant>>,
+    /// Space the metadata log can always write.
+    pub ballast: Arc<Ballast>,
+    /// Set while this node's Raft state was reset (a stale data dir) and the leader has
+    /// not yet taken it out of the group: every Raft message is refused meanwhile.
+    rejoining: std::sync::atomic::AtomicBool,
+    /// Shown in status (see [`shoal_agent_api::MetaStatus::notice`]).
+    notice: Option<String>,
+}
+
+/// The workers a started group needs run: the leader's batcher, and (after a stale data
+/// dir) the one that asks to be taken out of the group.
+pub struct GroupWorkers {
+    pub batcher: Batcher,
+    pub rejoiner: Option<Rejoiner>,
+}
+
+fn setup(e: impl std::error::Error + Send + Sync + 'static) -> ConsensusError {
+    ConsensusError::Setup(Box::new(e))
+}
+
+impl Group {
+    /// Opens the log and state machine under `dir` and starts this node's Raft member.
+    /// The group itself is formed later (see `steward`): a new node waits to be added.
+    /// `rejoin`: this node's metadata state was found stale and set aside (the notice to
+    /// show, and the peers its old state knew); it starts empty and asks the leader,
+    /// through any of those peers, to take it out of the group first.
+    pub async fn start(
+        dir: &Path,
+        me: u64,
+        config: MetaConfig,
+        transport: Arc<Transport>,
+        metrics: MetaMetrics,
+        rejoin: Option<(String, Vec<SocketAddr>)>,
+    ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
+        std::fs::create_dir_all(dir).map_err(|source| crate::AgentError::DataDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let ballast = Arc::new(Ballast::open(dir));
+        let log_path = dir.join("log.redb");
+        let log =
+            LogStore::open(&log_path, ballast.clone()).map_err(|source| ConsensusError::Log {
+                path: log_path,
+                source,
+            })?;
+        let store =
+            Arc::new(NamespaceStore::open(&dir.join("state.redb")).map_err(ConsensusError::from)?);
+        let sm = StateMachine::new(store.clone(), dir);
+        let raft_config = Config {
+            cluster_name: "shoal-meta".into(),
+            heartbeat_interval: config.heartbeat_ms,
+            election_timeout_min: config.election_ms[0],
+            election_timeout_max: config.election_ms[1],
+            install_snapshot_timeout: 10_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config.snapshot_every.min(1_000),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(setup)?;
+        let network = Network {
+            transport: transport.clone(),
+            append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
+        };
+        let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
+            .await
+            .map_err(setup)?;
+        let (tx, rx) = mpsc::channel(4096);
+        let group = Arc::new(Group {
+            raft: raft.clone(),
+            store,
+            me,
+            config,
+            transport: transport.clone(),
+            batcher: tx,
+            metrics: metrics.clone(),
+            barrier_round: tokio::sync::Mutex::new(None),
+            ballast,
+            rejoining: std::sync::atomic::AtomicBool::new(rejoin.is_some()),
+            notice: rejoin.as_ref().map(|(n, _)| n.clone()),
+        });
+        group.register_handlers();
+        let workers = GroupWorkers {
+            batcher: Batcher::new(raft, rx, metrics),
+            rejoiner: rejoin.map(|(_, peers)| Rejoiner::new(group.clone(), peers)),
+        };
+        Ok((group, workers))
+    }
+
+    fn is_rejoining(&self) -> bool {
+        self.rejoining.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Lets Raft messages in again (the leader has taken this node out of the group).
+    pub(super) fn rejoined(&self) {
+        self.rejoining
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(super) fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    /// Takes `node` (whose Raft state was reset) out of the group, on the leader (another
+    /// member forwards the request there), so its old progress is forgotten; the steward
+    /// then adds it again as a new learner.
+    async fn drop_member(&self, node: u64) -> Result<(), ForwardRefused> {
+        match self.leader() {
+            Some(l) if l == self.me => {}
+            Some(l) => return self.ask_leader(l, &Rejoin { node }).await,
+            None => return Err(ForwardRefused::NotLeader(None)),
+        }
+        let (is_voter, is_member) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            let membership = m.membership_config.membership();
+            (
+                membership.voter_ids().any(|v| v == node),
+                membership.nodes().any(|(id, _)| *id == node),
+            )
+        };
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([node]))
+        } else if is_member {
+            ChangeMembers::RemoveNodes(BTreeSet::from([node]))
+        } else {
+            return Ok(());
+        };
+        warn!(node = %shoal_placement::NodeId(node), "taking a node with reset metadata state out of the group; it joins again as a learner");
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| ForwardRefused::Failed(e.to_string()))
+    }
+
+    fn register_handlers(self: &Arc<Self>) {
+        let this = self.clone();
+        self.transport.register(move |_from, msg: RaftMessage| {
+            let raft = this.raft.clone();
+            let rejoining = this.is_rejoining();
+            async move {
+                if rejoining {
+                    return Ok(RaftReply::NotServing);
+                }
+                Ok(match msg {
+                    RaftMessage::Append(r) => RaftReply::Append(raft.append_entries(r).await),
+                    RaftMessage::Vote(r) => RaftReply::Vote(raft.vote(r).await),
+                    RaftMessage::Snapshot(r) => RaftReply::Snapshot(raft.install_snapshot(r).await),
+                })
+            }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, msg: Forward| {
+            let this = this.clone();
+            async move { Ok(this.submit_local(msg.0).await) }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, _: ReadIndex| {
+            let this = this.clone();
+            async move {
+                Ok(match this.raft.get_read_log_id().await {
+                    Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
+                    Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                        Err(ForwardRefused::NotLeader(f.leader_id))
+                    }
+                    Err(e) => Err(ForwardRefused::Failed(e.to_string())),
+                })
+            }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, msg: Rejoin| {
+            let this = this.clone();
+            async move { Ok(this.drop_member(msg.node).await) }
+        });
+        let this = self.clone();
+        self.transport.register(move |_from, _: Hello| {
+            let this = this.clone();
+            async move { Ok(this.raft.is_initialized().await.unwrap_or(false)) }
+        });
+    }
+
+    /// The local replica (possibly a little behind the leader; see [`Self::barrier`]).
+    pub fn store(&self) -> &NamespaceStore {
+        &self.store
+    }
+
+    /// The local replica, shared.
+    pub fn store_arc(&self) -> Arc<NamespaceStore> {
+        self.store.clone()
+    }
+
+    /// What `shoal status` shows about the group.
+    pub fn status(&self) -> shoal_agent_api::MetaStatus {
+        let hex = |id: u64| format!("{id:016x}");
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        shoal_agent_api::MetaStatus {
+            leader: m.current_leader.map(hex),
+            voters: membership.voter_ids().map(hex).collect(),
+            learners: membership.learner_ids().map(hex).collect(),
+            term: m.current_term,
+            applied: m.last_applied.map(|l| l.index),
+            layout_epoch: self
+                .store
+                .cluster_layout()
+                .ok()
+                .flatten()
+                .map(|l| l.epoch()),
+            inodes: self.store.stats().map(|s| s.inodes).unwrap_or(0),
+            notice: self.notice.clone(),
+        }
+    }
+
+    /// The local replica's applied index and state digest, read in one transaction.
+    pub async fn digest(&self) -> Result<(Option<u64>, u64), ConsensusError> {
+        let store = self.store.clone();
+        let (marker, digest) = tokio::task::spawn_blocking(move || store.digest()).await??;
+        let applied = match marker {
+            Some(bytes) => postcard::from_bytes::<super::types::AppliedMarker>(&bytes)?
+                .last_applied
+                .map(|l| l.index),
+            None => None,
+        };
+        Ok((applied, digest))
+    }
+
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.me)
+    }
+
+    /// Whether this node belongs to an initialized group.
+    pub async fn is_initialized(&self) -> Result<bool, ConsensusError> {
+        self.raft
+            .is_initialized()
+            .await
+            .map_err(|e| ConsensusError::raft("is_initialized", e))
+    }
+
+    /// Sends `msg` to `leader`. A dead leader never answers: the call gives up as soon as
+    /// this node sees another leader (or none), and the caller resends (same request ids).
+    pub(super) async fn ask_leader<M, T>(&self, leader: u64, msg: &M) -> Result<T, ForwardRefused>
+    where
+        M: Rpc<Response = Result<T, ForwardRefused>>,
+    {
+        let Some(addr) = self.member_addr(leader) else {
+            return Err(ForwardRefused::NotLeader(None));
+        };
+        tokio::select! {
+            r = self.transport.call(addr, msg, RPC_TIMEOUT) => {
+                r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string())))
+            }
+            _ = self.leader_changes_from(leader) => Err(ForwardRefused::NotLeader(None)),
+        }
+    }
+
+    /// Resolves once this node sees a leader other than `leader` (or none).
+    async fn leader_changes_from(&self, leader: u64) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if metrics.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// The RPC address of a member of the group.
+    pub fn member_addr(&self, id: u64) -> Option<SocketAddr> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .get_node(&id)
+            .and_then(|n: &BasicNode| n.addr.parse().ok())
+    }
+
+    async fn submit_local(&self, proposals: Vec<Proposal>) -> Result<Committed, ForwardRefused> {
+        let (reply, rx) = oneshot::channel();
+        let bytes = encoded_len(&proposals);
+        let stopped = || ForwardRefused::Failed("metadata service stopped".into());
+        self.batcher
+            .send(Pending {
+                proposals,
+                bytes,
+                reply,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Commits `proposals` through the leader (this node or another) and returns one
+    /// outcome each. Retries across elections; proposals with a request id are applied
+    /// once however often they are sent.
+    pub async fn propose(&self, proposals: Vec<Proposal>) -> Result<Vec<Outcome>, ConsensusError> {
+        self.propose_within(proposals, LEADER_WAIT).await
+    }
+
+    /// Like [`Self::propose`], waiting at most `wait` for a leader to commit them (the
+    /// outcome is then unknown: they may still commit later).
+    pub async fn propose_within(
+        &self,
+        proposals: Vec<Proposal>,
+        wait: Duration,
+    ) -> Result<Vec<Outcome>, ConsensusError> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let res = match self.leader() {
+                Some(l) if l == self.me => self.submit_local(proposals.clone()).await,
+                Some(l) => self.ask_leader(l, &Forward(proposals.clone())).await,
+                None => Err(ForwardRefused::NotLeader(None)),
+            };
+            match res {
+                Ok((outcomes, index)) if outcomes.len() == proposals.len() => {
+                    // Read-your-writes: what this agent serves next must include them.
+                    let applied = self
+                        .raft
+                        .wait(Some(LEADER_WAIT))
+                        .applied_index_at_least(Some(index), "own proposal")
+                        .await;
+                    if let Err(e) = applied {
+                        warn!(error = %e, "committed proposal not applied locally in time");
+                    }
+                    return Ok(outcomes);
+                }
+                Ok((outcomes, _)) => {
+                    return Err(ConsensusError::OutcomeCount {
+                        sent: proposals.len(),
+                        got: outcomes.len(),
+                    });
+                }
+                Err(e) => {
+                    if started.elapsed() >= wait {
+                        return Err(ConsensusError::NoLeader {
+                            waited_s: wait.as_secs(),
+                            last: Some(e),
+                        });
+                    }
+                    debug!(error = ?e, "proposal not committed yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// One proposal.
+    pub async fn propose_one(&self, proposal: Proposal) -> Result<Outcome, ConsensusError> {
+        let mut out = self.propose(vec![proposal]).await?;
+        out.pop()
+            .ok_or(ConsensusError::OutcomeCount { sent: 1, got: 0 })
+    }
+
+    /// Waits until the local replica has applied everything committed before this call
+    /// (a linearizable read point). Concurrent callers share rounds: a round that started
+    /// after a caller arrived covers it (its read index is at least the commit index at
+    /// the caller's arrival), so one round at a time serves every caller queued behind it.
+    pub async fn barrier(&self) -> Result<(), ConsensusError> {
+        let arrived = Instant::now();
+        let mut last_round = self.barrier_round.lock().await;
+        if last_round.is_some_and(|started| started >= arrived) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.read_index_round().await?;
+        *last_round = Some(started);
+        Ok(())
+    }
+
+    /// One read-index round: the leader's read index, then wait until applied here.
+    async fn read_index_round(&self) -> Result<(), ConsensusError> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let index = match self.leader() {
+                Some(l) if l == self.me => match self.raft.ensure_linearizable().await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => Err(ForwardRefused::Failed(e.to_string())),
+                },
+                Some(l) => self.ask_leader(l, &ReadIndex).await,
+                None => Err(ForwardRefused::NotLeader(None)),
+            };
+            let last = match index {
+                Ok(index) => {
+                    let waited = self
+                        .raft
+                        .wait(Some(RPC_TIMEOUT))
+                        .applied_index_at_least(Some(index), "read barrier")
+                        .await;
+                    match waited {
+                        Ok(_) => return Ok(()),
+                        Err(e) => {
+                            warn!(error = %e, "replica did not catch up for a read");
+                            None
+                        }
+                    }
+                }
+                Err(e) => {
+                    debug!(error = ?e, "read barrier not served yet; retrying");
+                    Some(e)
+                }
+            };
+            if started.elapsed() >= LEADER_WAIT {
+                return Err(ConsensusError::NoLeader {
+                    waited_s: LEADER_WAIT.as_secs(),
+                    last,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Whether the agent at `addr` already belongs to an initialized group.
+    pub async fn peer_initialized(&self, addr: SocketAddr) -> Option<bool> {
+        self.transport.call(addr, &Hello, RPC_TIMEOUT).await.ok()
+    }
+}

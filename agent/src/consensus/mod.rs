@@ -1,0 +1,27 @@
+//! The consensus glue: this node's member of the metadata Raft group (openraft), whose log
+//! (`log_store`) and state machine (`state_machine`, over `shoal-namespace`) live in redb
+//! files under `<data_dir>/meta`, its network (`net`: typed mesh RPCs), and what a member
+//! needs beyond Raft itself: proposal batching, read barriers, the space the log can
+//! always write (`ballast`), and the check for a stale data dir (`rejoin`).
+//!
+//! Read [`Group`] first. Background work on the group (the layout steward, garbage
+//! collection) lives in `crate::workers`; the filesystem it serves in `crate::fs`.
+
+pub mod ballast;
+mod batcher;
+pub mod config;
+mod error;
+mod group;
+mod log_store;
+pub mod metrics;
+pub mod net;
+pub mod rejoin;
+mod state_machine;
+mod types;
+pub mod voters;
+
+pub use batcher::Batcher;
+pub use config::MetaConfig;
+pub use error::{BoxError, ConsensusError};
+pub use group::{Group, GroupWorkers};
+pub use rejoin::Rejoiner;

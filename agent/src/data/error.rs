@@ -1,0 +1,172 @@
+//! Why a stripe could not be written, read or deleted, with whether trying again may help.
+
+use shoal_agent_api::RecordError;
+use shoal_placement::{EcProfile, NodeId, PlacementError, StripeId};
+
+use super::erasure::ErasureError;
+use super::shard_rpc::ShardFailure;
+
+/// One shard that could not be stored, deleted or read, and why (the holder's class).
+#[derive(Clone, Debug)]
+pub struct ShardFault {
+    pub index: u8,
+    pub node: NodeId,
+    /// The node's name, for messages (empty when not known).
+    pub name: String,
+    pub kind: ShardFailure,
+    pub message: String,
+}
+
+impl std::fmt::Display for ShardFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            ShardFailure::Full => "node full",
+            ShardFailure::Corrupt => "corrupt",
+            ShardFailure::NotFound => "not found",
+            ShardFailure::Other => "failed",
+        };
+        write!(
+            f,
+            "shard {} on {} ({}): {what}: {}",
+            self.index, self.name, self.node, self.message
+        )
+    }
+}
+
+/// A list of faults, shown one after the other.
+#[derive(Clone, Debug)]
+pub struct ShardFaults(pub Vec<ShardFault>);
+
+impl std::fmt::Display for ShardFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// What the stripe coordinator can fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum StripeError {
+    /// The profile or the data's size make no stripe (a caller's error).
+    #[error("stripe geometry: {0}")]
+    Geometry(PlacementError),
+    /// Placement found too few nodes that take new shards (more may come back).
+    #[error("stripe placement: {0}")]
+    Placement(PlacementError),
+    /// No k+m nodes with room for the stripe.
+    #[error("cluster full: no room for a {ec} stripe (node full: {full}; {reason})")]
+    NoSpace {
+        ec: EcProfile,
+        /// Names of the nodes without room.
+        full: String,
+        reason: PlacementError,
+    },
+    /// Some shards could not be stored; the stored ones were deleted again.
+    #[error("stripe write failed: {0}")]
+    NotStored(ShardFaults),
+    /// A shard could not be deleted (its node down, say); tried again later.
+    #[error("stripe {stripe} not deleted: {faults}")]
+    NotDeleted {
+        stripe: StripeId,
+        faults: ShardFaults,
+    },
+    /// Fewer than k shards could be read.
+    #[error("stripe {stripe} unreadable: {source}")]
+    Unreadable {
+        stripe: StripeId,
+        source: ErasureError,
+    },
+    /// The record cannot be read as it says (from a damaged or hostile source).
+    #[error(transparent)]
+    BadRecord(#[from] RecordError),
+    /// A range outside the stripe.
+    #[error("range {offset}+{len} is outside stripe {stripe} of {size} bytes")]
+    OutOfRange {
+        stripe: StripeId,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    /// Encoding failed.
+    #[error("erasure coding: {0}")]
+    Erasure(#[from] ErasureError),
+    /// Membership (who is alive) could not be read.
+    #[error(transparent)]
+    Mesh(#[from] shoal_mesh::MeshError),
+    /// The local replica (the layout) could not be read.
+    #[error("cluster layout: {0}")]
+    Layout(#[from] shoal_namespace::NamespaceError),
+    /// This node's own store failed.
+    #[error(transparent)]
+    Store(#[from] shoal_store::StoreError),
+    /// A task of the coordinator failed, or the agent is stopping.
+    #[error("stripe task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The agent is shutting down.
+    #[error("the agent is shutting down")]
+    Stopped,
+}
+
+impl StripeError {
+    /// Whether the same request may succeed a little later (nodes come back or are
+    /// declared down, a leader is elected); never for corruption or a caller's error.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StripeError::Placement(e) => e.is_retryable(),
+            StripeError::NotStored(f) | StripeError::NotDeleted { faults: f, .. } => {
+                f.0.iter().all(|s| s.kind == ShardFailure::Other)
+            }
+            StripeError::Unreadable { .. } | StripeError::Mesh(_) | StripeError::Task(_) => true,
+            StripeError::Geometry(_)
+            | StripeError::NoSpace { .. }
+            | StripeError::BadRecord(_)
+            | StripeError::OutOfRange { .. }
+            | StripeError::Erasure(_)
+            | StripeError::Layout(_)
+            | StripeError::Store(_)
+            | StripeError::Stopped => false,
+        }
+    }
+
+    /// Whether the cluster has no room (the mount answers ENOSPC).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StripeError::NoSpace { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(kind: ShardFailure) -> ShardFault {
+        ShardFault {
+            index: 1,
+            node: NodeId(2),
+            name: "n2".into(),
+            kind,
+            message: "x".into(),
+        }
+    }
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let unreachable = StripeError::NotStored(ShardFaults(vec![fault(ShardFailure::Other)]));
+        assert!(unreachable.is_retryable());
+        let corrupt = StripeError::NotStored(ShardFaults(vec![
+            fault(ShardFailure::Other),
+            fault(ShardFailure::Corrupt),
+        ]));
+        assert!(
+            !corrupt.is_retryable(),
+            "corruption is not retried for 30 s"
+        );
+        let geometry = StripeError::Geometry(PlacementError::StripeTooLong { len: 9, max: 8 });
+        assert!(!geometry.is_retryable());
+        let few = StripeError::Placement(PlacementError::NotEnoughNodes { need: 6, have: 5 });
+        assert!(few.is_retryable());
+        assert_eq!(
+            fault(ShardFailure::Full).to_string(),
+            "shard 1 on n2 (0000000000000002): node full: x"
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! Who can take new shards and how to reach every node: the committed layout, with the
+//! nodes that cannot take shards right now marked down for placement (reads still reach
+//! them), and the nodes' addresses from gossip.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use shoal_mesh::{MemberState, MemberView};
+use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
+
+use super::MIN_ROOM;
+use super::error::StripeError;
+
+/// How to reach a node: QUIC for control, the bulk lane (when it runs one) for payloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Addrs {
+    pub rpc: SocketAddr,
+    pub bulk: Option<SocketAddr>,
+}
+
+/// Who can hold shards now, and how to reach them.
+pub(crate) struct Peers {
+    pub layout: Layout,
+    pub addrs: HashMap<NodeId, Addrs>,
+    pub names: HashMap<NodeId, String>,
+    /// Live nodes left out of placement for want of room (facts or a recent answer).
+    pub full: Vec<NodeId>,
+}
+
+impl Peers {
+    /// The names of `nodes`, for a message.
+    pub fn names_of(&self, nodes: &[NodeId]) -> String {
+        let mut names: Vec<String> = nodes
+            .iter()
+            .map(|n| self.names.get(n).cloned().unwrap_or_else(|| n.to_string()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names.join(", ")
+    }
+
+    pub fn name(&self, node: NodeId) -> String {
+        self.names.get(&node).cloned().unwrap_or_default()
+    }
+}
+
+/// Nodes marked by recent answers (write failures, "full"), each for a while.
+#[derive(Default)]
+pub(crate) struct Marks(Mutex<HashMap<NodeId, Instant>>);
+
+impl Marks {
+    pub fn mark(&self, node: NodeId) {
+        self.lock().insert(node, Instant::now());
+    }
+
+    /// The nodes marked within the last `window` (older marks are dropped).
+    pub fn recent(&self, window: Duration) -> Vec<NodeId> {
+        let mut m = self.lock();
+        m.retain(|_, at| at.elapsed() < window);
+        m.keys().copied().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Builds the placement view (pure): `committed` is the layout in the metadata (None
+/// before the group has one: then gossip's alive members, epoch 0), `members` gossip's
+/// view, `suspects` nodes a shard write just failed on (unreachable for now), `full` nodes
+/// that just answered "full".
+pub(crate) fn peers(
+    committed: Option<&Layout>,
+    members: Vec<MemberView>,
+    suspects: &[NodeId],
+    mut full: Vec<NodeId>,
+) -> Result<Peers, StripeError> {
+    let mut gossip_nodes = Vec::new();
+    let mut addrs = HashMap::new();
+    let mut names = HashMap::new();
+    let mut refusing = Vec::new();
+    for m in members
+        .into_iter()
+        .filter(|m| m.state == MemberState::Alive)
+    {
+        let Some(f) = m.facts else { continue };
+        let id = m.id.node;
+        if !f.store_accepting {
+            if f.store_room_bytes < MIN_ROOM {
+                full.push(id);
+            } else {
+                refusing.push(id);
+            }
+        }
+        gossip_nodes.push(LayoutNode::active(
+            id,
+            f.failure_domain.as_str(),
+            f.capacity_bytes.max(1),
+        ));
+        addrs.insert(
+            id,
+            Addrs {
+                rpc: f.rpc_addr,
+                bulk: f.bulk_addr,
+            },
+        );
+        names.insert(id, f.name);
+    }
+    for n in suspects {
+        addrs.remove(n);
+    }
+    full.retain(|id| addrs.contains_key(id));
+    full.sort_unstable();
+    full.dedup();
+    let takes_shards =
+        |id: &NodeId| addrs.contains_key(id) && !refusing.contains(id) && !full.contains(id);
+    gossip_nodes.retain(|n| takes_shards(&n.id));
+    let layout = match committed {
+        Some(l) => {
+            let nodes = l
+                .nodes()
+                .iter()
+                .map(|n| {
+                    let mut n = n.clone();
+                    if !takes_shards(&n.id) && n.state == NodeState::Active {
+                        n.state = NodeState::Down;
+                    }
+                    n
+                })
+                .collect();
+            Layout::new(l.epoch(), nodes)
+        }
+        None => Layout::new(0, gossip_nodes),
+    }
+    .map_err(StripeError::Placement)?;
+    Ok(Peers {
+        layout,
+        addrs,
+        names,
+        full,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_mesh::{MemberId, NodeFacts, NodeRole};
+
+    use super::*;
+
+    fn member(id: u64, accepting: bool, room: u64) -> MemberView {
+        let addr: SocketAddr = format!("127.0.0.{id}:7947").parse().expect("addr");
+        MemberView {
+            id: MemberId {
+                node: NodeId(id),
+                addr,
+                generation: 1,
+            },
+            state: MemberState::Alive,
+            incarnation: 0,
+            last_heard: None,
+            is_self: false,
+            facts: Some(NodeFacts {
+                node: NodeId(id),
+                generation: 1,
+                seq: 0,
+                name: format!("n{id}"),
+                failure_domain: format!("fd{id}"),
+                rpc_addr: addr,
+                bulk_addr: None,
+                capacity_bytes: 100 << 30,
+                used_bytes: 0,
+                role: NodeRole::Active,
+                agent_version: String::new(),
+                store_accepting: accepting,
+                store_room_bytes: room,
+            }),
+        }
+    }
+
+    fn layout(ids: &[u64]) -> Layout {
+        let nodes = ids
+            .iter()
+            .map(|&i| LayoutNode::active(NodeId(i), format!("fd{i}").as_str(), 1))
+            .collect();
+        Layout::new(3, nodes).expect("layout")
+    }
+
+    fn states(p: &Peers) -> Vec<(u64, NodeState)> {
+        p.layout.nodes().iter().map(|n| (n.id.0, n.state)).collect()
+    }
+
+    #[test]
+    fn nodes_that_take_no_shards_are_down_for_placement_but_reachable() {
+        let members = vec![
+            member(1, true, 1 << 30),
+            member(2, false, 0),
+            member(3, false, 1 << 30),
+            member(4, true, 1 << 30),
+        ];
+        let p = peers(
+            Some(&layout(&[1, 2, 3, 4, 5])),
+            members,
+            &[NodeId(4)],
+            vec![],
+        )
+        .expect("peers");
+        assert_eq!(
+            states(&p),
+            [
+                (1, NodeState::Active),
+                (2, NodeState::Down),
+                (3, NodeState::Down),
+                (4, NodeState::Down),
+                (5, NodeState::Down),
+            ],
+            "full, failing store, suspect, not alive"
+        );
+        assert_eq!(p.full, [NodeId(2)], "only the one without room is full");
+        assert!(
+            p.addrs.contains_key(&NodeId(2)),
+            "a full node still serves reads"
+        );
+        assert!(
+            !p.addrs.contains_key(&NodeId(4)),
+            "a suspect is not reached"
+        );
+    }
+
+    #[test]
+    fn a_node_that_answered_full_is_full_for_a_while() {
+        let members = vec![member(1, true, 1 << 30), member(2, true, 1 << 30)];
+        let p = peers(Some(&layout(&[1, 2])), members, &[], vec![NodeId(2)]).expect("peers");
+        assert_eq!(states(&p)[1], (2, NodeState::Down));
+        assert_eq!(p.full, [NodeId(2)]);
+        let marks = Marks::default();
+        marks.mark(NodeId(7));
+        assert_eq!(marks.recent(Duration::from_secs(10)), [NodeId(7)]);
+        assert!(marks.recent(Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn before_a_committed_layout_gossip_decides() {
+        let members = vec![member(1, true, 1 << 30), member(2, false, 0)];
+        let p = peers(None, members, &[], vec![]).expect("peers");
+        assert_eq!(p.layout.epoch(), 0);
+        assert_eq!(states(&p), [(1, NodeState::Active)]);
+    }
+}

@@ -1,0 +1,262 @@
+//! Reading a stripe: just the needed byte ranges of its data shards; on a missing, slow or
+//! corrupt one, any k whole shards checked against the record and decoded. Which shards a
+//! degraded read asks for is [`degraded_sources`] (pure).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_agent_api::{ShardLocation, StripeRead, StripeRecord};
+use shoal_placement::{DEFAULT_SHARD_SIZE, StripeGeometry};
+use tokio::task::JoinSet;
+use tracing::warn;
+
+use super::erasure::{self, ErasureError};
+use super::error::StripeError;
+use super::peers::Peers;
+use super::shard_rpc::{ShardFailure, ShardRequest, ShardResponse};
+use super::stripes::Stripes;
+
+/// A data shard slower than this is read around (degraded read).
+const RANGE_TIMEOUT: Duration = Duration::from_secs(2);
+const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shards a degraded read fetches whole: every shard not already known bad, data
+/// shards first (a read with all data shards needs no decoding). An error when fewer than
+/// k are left: nothing to wait for.
+pub(super) fn degraded_sources<'r>(
+    record: &'r StripeRecord,
+    bad: &[u8],
+) -> Result<Vec<&'r ShardLocation>, ErasureError> {
+    let mut left: Vec<&ShardLocation> = record
+        .shards
+        .iter()
+        .filter(|l| !bad.contains(&l.index))
+        .collect();
+    left.sort_by_key(|l| (l.index >= record.ec.k, l.index));
+    let need = usize::from(record.ec.k);
+    if left.len() < need {
+        return Err(ErasureError::TooFewShards {
+            present: left.len(),
+            total: record.shards.len(),
+            need,
+        });
+    }
+    Ok(left)
+}
+
+impl Stripes {
+    /// Reads `[offset, offset+len)` of a stripe.
+    pub async fn read(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        offset: u64,
+        len: u64,
+    ) -> Result<StripeRead, StripeError> {
+        let ec = record.ec;
+        record.check()?;
+        let geometry = StripeGeometry::new(record.len, ec.k, DEFAULT_SHARD_SIZE)
+            .map_err(StripeError::Geometry)?;
+        let slices = geometry
+            .shards_for_range(offset, len)
+            .map_err(StripeError::Geometry)?;
+        // Enough for a degraded read: every shard whole, plus the answer.
+        let _buffers = self
+            .reserve_buffers(record.shard_len * ec.total() as u64 * 2 + len)
+            .await?;
+        let peers = self.peers().await?;
+        self.metrics.read.inc();
+        let mut set = JoinSet::new();
+        for (n, s) in slices.iter().enumerate() {
+            let loc = &record.shards[s.shard_index as usize];
+            let this = self.clone();
+            let addr = peers.addrs.get(&loc.node).copied();
+            let req = ShardRequest::Get {
+                stripe: record.id.0,
+                index: s.shard_index,
+                offset: s.offset_in_shard,
+                len: Some(s.len),
+            };
+            let node = loc.node;
+            set.spawn(async move { (n, this.call(node, addr, req, RANGE_TIMEOUT).await) });
+        }
+        let mut parts: Vec<Option<Vec<u8>>> = vec![None; slices.len()];
+        let mut bad = Vec::new();
+        for (n, resp) in set.join_all().await {
+            match resp {
+                ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
+                other => {
+                    self.note_bad(record, slices[n].shard_index, &other);
+                    bad.push(slices[n].shard_index);
+                }
+            }
+        }
+        if bad.is_empty() {
+            let data = parts.into_iter().flatten().flatten().collect();
+            return Ok(StripeRead {
+                data,
+                decoded: false,
+                bad_shards: vec![],
+            });
+        }
+        self.metrics.degraded_reads.inc();
+        self.degraded(record, &peers, bad, offset, len).await
+    }
+
+    fn note_bad(&self, record: &StripeRecord, index: u8, resp: &ShardResponse) {
+        match resp {
+            ShardResponse::Failed {
+                kind: ShardFailure::Corrupt,
+                message,
+            } => {
+                self.metrics.corrupt_seen.inc();
+                warn!(stripe = %record.id, shard = index, %message, "corrupt shard; reading around it");
+            }
+            ShardResponse::Data(_) => {
+                self.metrics.corrupt_seen.inc();
+                warn!(stripe = %record.id, shard = index, answer = ?short(resp), "shard does not match its record; reading around it")
+            }
+            other => {
+                warn!(stripe = %record.id, shard = index, answer = ?short(other), "shard unavailable; reading around it")
+            }
+        }
+    }
+
+    async fn degraded(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        peers: &Peers,
+        mut bad: Vec<u8>,
+        offset: u64,
+        len: u64,
+    ) -> Result<StripeRead, StripeError> {
+        let unreadable = |source| StripeError::Unreadable {
+            stripe: record.id,
+            source,
+        };
+        let mut set = JoinSet::new();
+        for loc in degraded_sources(record, &bad).map_err(unreadable)? {
+            let this = self.clone();
+            let addr = peers.addrs.get(&loc.node).copied();
+            let req = ShardRequest::Get {
+                stripe: record.id.0,
+                index: loc.index,
+                offset: 0,
+                len: None,
+            };
+            let (node, index, crc) = (loc.node, loc.index, loc.crc32c);
+            set.spawn(async move { (index, crc, this.call(node, addr, req, WHOLE_TIMEOUT).await) });
+        }
+        let mut have: Vec<Option<Vec<u8>>> = vec![None; record.shards.len()];
+        let mut got = 0;
+        // Any k shards will do: stop waiting for slow or dead holders once k have answered.
+        while let Some(joined) = set.join_next().await {
+            let Ok((index, crc, resp)) = joined else {
+                continue;
+            };
+            match resp {
+                ShardResponse::Data(d) if crc32c::crc32c(&d) == crc => {
+                    // `record.check()` made every index a slot of `have`.
+                    if let Some(slot) = have.get_mut(usize::from(index)) {
+                        *slot = Some(d);
+                        got += 1;
+                    }
+                    if got == usize::from(record.ec.k) {
+                        set.abort_all();
+                        break;
+                    }
+                }
+                other => {
+                    self.note_bad(record, index, &other);
+                    bad.push(index);
+                }
+            }
+        }
+        let ec = record.ec;
+        let shard_len = record.shard_len as usize;
+        let data_shards =
+            tokio::task::spawn_blocking(move || erasure::decode(ec, shard_len, &have))
+                .await?
+                .map_err(unreadable)?;
+        let joined = data_shards.concat();
+        let out_of_range = || StripeError::OutOfRange {
+            stripe: record.id,
+            offset,
+            len,
+            size: record.len,
+        };
+        let end = usize::try_from(offset.saturating_add(len)).map_err(|_| out_of_range())?;
+        let data = joined
+            .get(offset as usize..end)
+            .ok_or_else(out_of_range)?
+            .to_vec();
+        bad.sort_unstable();
+        bad.dedup();
+        Ok(StripeRead {
+            data,
+            decoded: true,
+            bad_shards: bad,
+        })
+    }
+}
+
+fn short(r: &ShardResponse) -> String {
+    match r {
+        ShardResponse::Failed { kind, message } => format!("{kind:?}: {message}"),
+        ShardResponse::Data(d) => format!("{} bytes (wrong length or checksum)", d.len()),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_placement::{EcProfile, NodeId, StripeId};
+
+    use super::*;
+
+    fn record(k: u8, m: u8) -> StripeRecord {
+        StripeRecord {
+            id: StripeId(9),
+            len: 100,
+            ec: EcProfile { k, m },
+            shard_len: 50,
+            epoch: 1,
+            shards: (0..k + m)
+                .map(|index| ShardLocation {
+                    index,
+                    node: NodeId(u64::from(index) + 10),
+                    crc32c: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_degraded_read_asks_every_good_shard_data_first() {
+        let r = record(4, 2);
+        let asked: Vec<u8> = degraded_sources(&r, &[1])
+            .expect("enough")
+            .iter()
+            .map(|l| l.index)
+            .collect();
+        assert_eq!(asked, [0, 2, 3, 4, 5]);
+        let asked: Vec<u8> = degraded_sources(&r, &[5, 0])
+            .expect("enough")
+            .iter()
+            .map(|l| l.index)
+            .collect();
+        assert_eq!(asked, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_degraded_read_with_fewer_than_k_good_shards_fails_at_once() {
+        let r = record(4, 2);
+        assert!(matches!(
+            degraded_sources(&r, &[0, 1, 4]),
+            Err(ErasureError::TooFewShards {
+                present: 3,
+                total: 6,
+                need: 4
+            })
+        ));
+    }
+}

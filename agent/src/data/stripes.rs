@@ -1,0 +1,318 @@
+//! [`Stripes`]: the coordinator's state, the shard RPCs it serves and sends, and the
+//! buffer budget. Writes are in `write.rs`, reads in `read.rs`, the placement view in
+//! `peers.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use shoal_agent_api::StripeRecord;
+use shoal_mesh::{GossipHandle, Transport};
+use shoal_placement::{EcProfile, NodeId, StripeId};
+use shoal_store::{DiskStore, ShardKey, ShardStore};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::warn;
+
+use super::error::{ShardFault, ShardFaults, StripeError};
+use super::peers::{self, Addrs, Marks, Peers};
+use super::shard_rpc::{ShardFailure, ShardRequest, ShardResponse, failure};
+
+pub(super) const PUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long new stripes avoid a node a shard write just failed on.
+const SUSPECT_FOR: Duration = Duration::from_secs(10);
+/// How long new stripes avoid a node that just answered "full" (its gossiped facts say
+/// so too within seconds, and say when it has room again).
+const FULL_FOR: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Default)]
+pub(super) struct StripeMetrics {
+    pub written: Counter,
+    pub read: Counter,
+    pub degraded_reads: Counter,
+    /// Corrupt shards this coordinator was answered with, or found by checksum.
+    pub corrupt_seen: Counter,
+}
+
+/// The stripe coordinator of this node (see the module doc of `data`).
+pub struct Stripes {
+    pub(super) me: NodeId,
+    /// Bytes of stripe buffers in flight, in MiB permits: writes and reads wait here instead
+    /// of growing the agent past its memory reservation.
+    buffers: Arc<Semaphore>,
+    buffer_permits: u32,
+    /// Nodes a shard write just failed on (not "full"): new stripes avoid them for a
+    /// while, so writes move on before membership declares a dead node down.
+    suspects: Marks,
+    /// Nodes that answered "full": new stripes go elsewhere for a while.
+    full: Marks,
+    store: Arc<DiskStore>,
+    transport: Arc<Transport>,
+    gossip: GossipHandle,
+    /// The replicated metadata: its layout is where new shards go (gossip only says who
+    /// is alive right now).
+    namespace: Arc<shoal_namespace::NamespaceStore>,
+    pub(super) default_ec: EcProfile,
+    pub(super) metrics: StripeMetrics,
+}
+
+/// How a coordinator writes: the profile of new stripes and the buffer budget.
+pub struct StripeSettings {
+    pub default_ec: EcProfile,
+    /// Bytes of stripe buffers allowed in flight.
+    pub buffer_budget_bytes: u64,
+}
+
+impl Stripes {
+    pub fn new(
+        me: NodeId,
+        store: Arc<DiskStore>,
+        transport: Arc<Transport>,
+        gossip: GossipHandle,
+        namespace: Arc<shoal_namespace::NamespaceStore>,
+        settings: StripeSettings,
+        registry: &mut Registry,
+    ) -> Self {
+        let StripeSettings {
+            default_ec,
+            buffer_budget_bytes,
+        } = settings;
+        let buffer_permits = (buffer_budget_bytes >> 20).clamp(16, u32::MAX as u64 >> 4) as u32;
+        let metrics = StripeMetrics::default();
+        let r = registry.sub_registry_with_prefix("shoal_stripes");
+        r.register(
+            "written",
+            "Stripes written by this coordinator",
+            metrics.written.clone(),
+        );
+        r.register(
+            "read",
+            "Stripe reads served by this coordinator",
+            metrics.read.clone(),
+        );
+        r.register(
+            "degraded_reads",
+            "Stripe reads that had to decode",
+            metrics.degraded_reads.clone(),
+        );
+        r.register(
+            "corrupt_shards_seen",
+            "Corrupt shards this coordinator was answered with or found by checksum",
+            metrics.corrupt_seen.clone(),
+        );
+        Stripes {
+            me,
+            buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
+            buffer_permits,
+            suspects: Marks::default(),
+            full: Marks::default(),
+            store,
+            transport,
+            gossip,
+            namespace,
+            default_ec,
+            metrics,
+        }
+    }
+
+    /// The placement view now (see `peers::peers`).
+    pub(super) async fn peers(&self) -> Result<Peers, StripeError> {
+        let members = self.gossip.members().await?;
+        let committed = self.namespace.cluster_layout()?;
+        peers::peers(
+            committed.as_ref(),
+            members,
+            &self.suspects.recent(SUSPECT_FOR),
+            self.full.recent(FULL_FOR),
+        )
+    }
+
+    pub(super) fn suspect(&self, node: NodeId) {
+        if node != self.me {
+            self.suspects.mark(node);
+        }
+    }
+
+    pub(super) fn mark_full(&self, node: NodeId) {
+        self.full.mark(node);
+    }
+
+    /// Deletes every shard of a stripe. Ok when no node holds one any more; an error
+    /// names the shards that could not be deleted (their node down, say) so the caller
+    /// tries again later.
+    pub async fn delete(self: &Arc<Self>, record: &StripeRecord) -> Result<(), StripeError> {
+        let peers = self.peers().await?;
+        let mut set = JoinSet::new();
+        for shard in &record.shards {
+            let this = self.clone();
+            let addr = peers.addrs.get(&shard.node).copied();
+            let (node, index) = (shard.node, shard.index);
+            let req = ShardRequest::Delete {
+                stripe: record.id.0,
+                index,
+            };
+            set.spawn(async move { (node, index, this.call(node, addr, req, PUT_TIMEOUT).await) });
+        }
+        let mut faults = Vec::new();
+        for (node, index, resp) in set.join_all().await {
+            match resp {
+                ShardResponse::Deleted(_)
+                | ShardResponse::Failed {
+                    kind: ShardFailure::NotFound,
+                    ..
+                } => {}
+                ShardResponse::Failed { kind, message } => faults.push(ShardFault {
+                    index,
+                    node,
+                    name: peers.name(node),
+                    kind,
+                    message,
+                }),
+                other => faults.push(ShardFault {
+                    index,
+                    node,
+                    name: peers.name(node),
+                    kind: ShardFailure::Other,
+                    message: format!("unexpected answer {other:?}"),
+                }),
+            }
+        }
+        if faults.is_empty() {
+            Ok(())
+        } else {
+            Err(StripeError::NotDeleted {
+                stripe: record.id,
+                faults: ShardFaults(faults),
+            })
+        }
+    }
+
+    /// Stripe ids with at least one shard in this node's store.
+    pub fn local_stripes(&self) -> Vec<StripeId> {
+        let mut ids: Vec<StripeId> = self
+            .store
+            .list()
+            .into_iter()
+            .map(|(k, _)| StripeId(k.stripe))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Deletes every shard of `stripe` in this node's store; returns how many there were.
+    pub async fn delete_local(&self, stripe: StripeId) -> Result<usize, StripeError> {
+        let keys: Vec<ShardKey> = self
+            .store
+            .list()
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| k.stripe == stripe.0)
+            .collect();
+        for k in &keys {
+            self.store.delete(*k).await?;
+        }
+        Ok(keys.len())
+    }
+
+    /// The erasure-coding profile of new stripes.
+    pub fn default_ec(&self) -> EcProfile {
+        self.default_ec
+    }
+
+    /// Serves one shard request against this node's store (local or from a peer).
+    pub async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
+        match req {
+            ShardRequest::Put {
+                stripe,
+                index,
+                data,
+            } => match self.store.put(ShardKey { stripe, index }, data).await {
+                Ok(()) => ShardResponse::Stored,
+                Err(e) => failure(&e),
+            },
+            ShardRequest::Get {
+                stripe,
+                index,
+                offset,
+                len,
+            } => {
+                match self
+                    .store
+                    .get(ShardKey { stripe, index }, offset, len)
+                    .await
+                {
+                    Ok(b) => ShardResponse::Data(b.to_vec()),
+                    Err(e) => {
+                        if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
+                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node");
+                        }
+                        failure(&e)
+                    }
+                }
+            }
+            ShardRequest::Delete { stripe, index } => {
+                match self.store.delete(ShardKey { stripe, index }).await {
+                    Ok(existed) => ShardResponse::Deleted(existed),
+                    Err(e) => failure(&e),
+                }
+            }
+        }
+    }
+
+    /// Sends one shard request to `node` (served here when it is this node). Never fails:
+    /// a transport failure is a `Failed { Other }` answer.
+    pub(super) async fn call(
+        self: &Arc<Self>,
+        node: NodeId,
+        addr: Option<Addrs>,
+        req: ShardRequest,
+        timeout: Duration,
+    ) -> ShardResponse {
+        if node == self.me {
+            return match tokio::time::timeout(timeout, self.serve_shard(req)).await {
+                Ok(r) => r,
+                Err(_) => ShardResponse::Failed {
+                    kind: ShardFailure::Other,
+                    message: "local store timed out".into(),
+                },
+            };
+        }
+        let Some(addr) = addr else {
+            return ShardResponse::Failed {
+                kind: ShardFailure::Other,
+                message: format!("node {node} is not alive"),
+            };
+        };
+        // Shard payloads take the bulk lane when both ends run one; deletes stay on QUIC.
+        let res = match (addr.bulk, &req) {
+            (Some(bulk), ShardRequest::Put { .. } | ShardRequest::Get { .. })
+                if self.transport.has_bulk() =>
+            {
+                self.transport.call_bulk(bulk, &req, timeout).await
+            }
+            _ => self.transport.call(addr.rpc, &req, timeout).await,
+        };
+        match res {
+            Ok(r) => r,
+            Err(e) => ShardResponse::Failed {
+                kind: ShardFailure::Other,
+                message: e.to_string(),
+            },
+        }
+    }
+
+    /// Waits until `bytes` of buffer fit in the budget (back-pressure, never unbounded growth).
+    pub(super) async fn reserve_buffers(
+        &self,
+        bytes: u64,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, StripeError> {
+        let permits = (bytes.div_ceil(1 << 20) as u32).clamp(1, self.buffer_permits);
+        self.buffers
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| StripeError::Stopped)
+    }
+}

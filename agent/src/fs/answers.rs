@@ -1,0 +1,29 @@
+//! Failures as the mount hears them: the errno classes of [`FsError`]. This is the edge
+//! where the agent's typed errors become the wire's; `Unavailable` makes the mount wait
+//! and retry, anything else reaches the application.
+
+use shoal_agent_api::FsError;
+
+use crate::consensus::ConsensusError;
+use crate::data::StripeError;
+
+impl From<ConsensusError> for FsError {
+    fn from(e: ConsensusError) -> FsError {
+        match e {
+            ConsensusError::Namespace(n) => n.into(),
+            e if e.is_retryable() => FsError::Unavailable(e.to_string()),
+            e => FsError::Io(e.to_string()),
+        }
+    }
+}
+
+impl From<StripeError> for FsError {
+    fn from(e: StripeError) -> FsError {
+        // The write path has retried what was worth retrying by the time this is called.
+        if e.is_no_space() {
+            FsError::NoSpace
+        } else {
+            FsError::Io(e.to_string())
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The table of the local mounts' open handles, and the question "which of these inodes
+//! does a mount hold open?" that the leader asks every agent before it purges an unlinked
+//! inode (`meta/held-open`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use shoal_agent_api::Ino;
+use shoal_mesh::{Rpc, Transport};
+
+/// How long after this agent starts its mounts have to re-announce their open handles
+/// (they ping the agent every 5 s while files are open: three chances).
+const REANNOUNCE_GRACE: Duration = Duration::from_secs(15);
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks an agent which of these inodes a local mount holds open.
+#[derive(Serialize, Deserialize)]
+pub struct HeldOpen(pub Vec<Ino>);
+
+impl Rpc for HeldOpen {
+    const ENDPOINT: &'static str = "meta/held-open";
+    type Response = Vec<Ino>;
+}
+
+/// (mount session, handle) → (inode, the mount's pid when known, from the socket's peer
+/// credentials).
+type Holds = HashMap<(u64, u64), (Ino, Option<i32>)>;
+
+/// Open handles of local mounts.
+pub struct OpenHandles {
+    held: Mutex<Holds>,
+    started: Instant,
+}
+
+impl Default for OpenHandles {
+    fn default() -> Self {
+        OpenHandles {
+            held: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl OpenHandles {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Holds> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an open handle (idempotent: a mount re-announces its handles after
+    /// reconnecting).
+    pub fn hold(&self, session: u64, handle: u64, ino: Ino, pid: Option<i32>) {
+        self.lock().insert((session, handle), (ino, pid));
+    }
+
+    pub fn release(&self, session: u64, handle: u64) {
+        self.lock().remove(&(session, handle));
+    }
+
+    /// Which of `inos` a live local mount holds open. Handles of a mount process that
+    /// has exited are forgotten here (it cannot close them any more). Right after this
+    /// agent started, mounts may not have re-announced their handles yet: then every
+    /// inode counts as held.
+    pub fn held_among(&self, inos: &[Ino]) -> Vec<Ino> {
+        if self.started.elapsed() < REANNOUNCE_GRACE {
+            return inos.to_vec();
+        }
+        let mut held = self.lock();
+        held.retain(|_, (_, pid)| pid.is_none_or(|p| Path::new(&format!("/proc/{p}")).exists()));
+        inos.iter()
+            .copied()
+            .filter(|i| held.values().any(|(h, _)| h == i))
+            .collect()
+    }
+
+    /// Serves [`HeldOpen`] from this table.
+    pub fn serve(self: &Arc<Self>, transport: &Transport) {
+        let this = self.clone();
+        transport.register(move |_from, msg: HeldOpen| {
+            let this = this.clone();
+            async move { Ok(this.held_among(&msg.0)) }
+        });
+    }
+
+    /// Asks every peer in `addrs` which of `inos` they hold open; one that does not answer
+    /// counts as holding all of them (its mounts may still read).
+    pub async fn held_anywhere(
+        &self,
+        transport: &Transport,
+        inos: &[Ino],
+        addrs: &[SocketAddr],
+    ) -> Vec<Ino> {
+        let mut held = self.held_among(inos);
+        for addr in addrs {
+            match transport
+                .call(*addr, &HeldOpen(inos.to_vec()), RPC_TIMEOUT)
+                .await
+            {
+                Ok(h) => held.extend(h),
+                Err(_) => return inos.to_vec(),
+            }
+        }
+        held.sort_unstable();
+        held.dedup();
+        held
+    }
+}

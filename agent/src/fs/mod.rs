@@ -1,0 +1,14 @@
+//! The filesystem service: serves `shoal mount`'s requests. Namespace changes go through
+//! the metadata group; reads come from the local replica (after a read barrier where
+//! close-to-open needs one); file data goes to and from erasure-coded stripes, or inline
+//! for small files (`write`); the table of the mounts' open handles is `handles`.
+//!
+//! Read [`FsService`] first.
+
+mod answers;
+pub mod handles;
+mod service;
+mod write;
+
+pub use handles::OpenHandles;
+pub use service::FsService;

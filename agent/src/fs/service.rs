@@ -1,0 +1,311 @@
+//! [`FsService`]: one request from a local mount in, one answer out. Queries are answered
+//! from the local replica (`serve_query`), changes are committed through the group
+//! (`serve_change`); file data is in `write.rs` and below.
+
+use std::sync::Arc;
+
+use shoal_agent_api::{
+    FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ,
+    RequestId, Timestamp,
+};
+use shoal_mesh::{GossipHandle, MemberState};
+use shoal_namespace::{Command, NamespaceError, Outcome, Proposal};
+use shoal_placement::DEFAULT_SHARD_SIZE;
+use tokio::task::JoinSet;
+
+use super::handles::OpenHandles;
+use crate::consensus::{ConsensusError, Group};
+use crate::data::Stripes;
+
+pub struct FsService {
+    pub(super) group: Arc<Group>,
+    pub(super) stripes: Arc<Stripes>,
+    gossip: GossipHandle,
+    handles: Arc<OpenHandles>,
+}
+
+impl FsService {
+    pub fn new(
+        group: Arc<Group>,
+        stripes: Arc<Stripes>,
+        gossip: GossipHandle,
+        handles: Arc<OpenHandles>,
+    ) -> Self {
+        FsService {
+            group,
+            stripes,
+            gossip,
+            handles,
+        }
+    }
+
+    /// Serves one request from the local client with process id `pid` (from the socket's
+    /// peer credentials).
+    pub async fn handle(self: &Arc<Self>, req: FsRequest, pid: Option<i32>) -> FsResponse {
+        let answer = if is_change(&req) {
+            self.serve_change(req).await
+        } else {
+            self.serve_query(req, pid).await
+        };
+        answer.unwrap_or_else(FsResponse::Error)
+    }
+
+    /// Requests answered from the local replica (and the stripes), with read barriers
+    /// where close-to-open needs them.
+    async fn serve_query(&self, req: FsRequest, pid: Option<i32>) -> Result<FsResponse, FsError> {
+        let store = self.group.store();
+        Ok(match req {
+            FsRequest::Lookup { parent, name } => {
+                // At the leader's commit point: a name another node just created, removed
+                // or renamed over must resolve as it does there now (the kernel then caches
+                // the answer for the entry TTL). Concurrent lookups share one round.
+                self.group.barrier().await?;
+                FsResponse::Entry(store.lookup(parent, &name)?)
+            }
+            FsRequest::GetAttr { ino } => FsResponse::Attr(self.getattr_fresh(ino).await?),
+            FsRequest::ReadLink { ino } => FsResponse::ReadLink(store.readlink(ino)?),
+            FsRequest::ReadDir { ino, after, limit } => {
+                // A listing from the start is an open of the directory (close-to-open);
+                // the pages after it come from a replica at least that fresh.
+                if after.is_none() {
+                    self.group.barrier().await?;
+                }
+                let limit = limit.clamp(1, MAX_DIR_PAGE) as usize;
+                match store.readdir_page(ino, after.as_deref(), limit) {
+                    Ok((entries, more)) => FsResponse::Entries { entries, more },
+                    // Removed while being listed: it was empty (rmdir), so the listing
+                    // ends, as on a local filesystem.
+                    Err(NamespaceError::Fs(FsError::NotFound)) if after.is_some() => {
+                        FsResponse::Entries {
+                            entries: Vec::new(),
+                            more: false,
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            FsRequest::Layout { ino } => FsResponse::Layout(store.file_layout(ino)?),
+            FsRequest::Open {
+                ino,
+                session,
+                handle,
+                synced,
+            } => {
+                // A synced open still barriers when the inode is not here yet (its create
+                // went through an agent that has restarted since, or the local apply was
+                // slow).
+                let attr = if synced {
+                    self.getattr_fresh(ino).await?
+                } else {
+                    self.group.barrier().await?;
+                    store.getattr(ino)?
+                };
+                self.handles.hold(session, handle, ino, pid);
+                FsResponse::Attr(attr)
+            }
+            FsRequest::Release { session, handle } => {
+                self.handles.release(session, handle);
+                FsResponse::Done
+            }
+            FsRequest::Read { ino, offset, len } => {
+                if len > MAX_READ {
+                    return Err(FsError::Invalid);
+                }
+                FsResponse::Data(self.read(ino, offset, len as u64).await?)
+            }
+            FsRequest::StatFs => FsResponse::StatFs(self.statfs().await?),
+            // `handle` sends changes to `serve_change`.
+            _ => return Err(FsError::Invalid),
+        })
+    }
+
+    /// Requests that change the namespace or file data, committed through the group.
+    async fn serve_change(&self, req: FsRequest) -> Result<FsResponse, FsError> {
+        let (id, command) = match req {
+            FsRequest::Write {
+                id,
+                ino,
+                offset,
+                data,
+            } => return Ok(FsResponse::Attr(self.write(id, ino, offset, data).await?)),
+            FsRequest::SetAttr { id, ino, set } => (id, Command::SetAttr { ino, set }),
+            FsRequest::MkNode {
+                id,
+                parent,
+                name,
+                kind,
+                perm,
+                owner,
+                rdev,
+                target,
+            } => {
+                let cmd = Command::MkNode {
+                    parent,
+                    name,
+                    kind,
+                    perm,
+                    owner,
+                    rdev,
+                    target,
+                };
+                return Ok(entry(self.apply(id, cmd).await?));
+            }
+            FsRequest::Link {
+                id,
+                ino,
+                new_parent,
+                new_name,
+            } => {
+                let cmd = Command::Link {
+                    ino,
+                    new_parent,
+                    new_name,
+                };
+                return Ok(entry(self.apply(id, cmd).await?));
+            }
+            FsRequest::Unlink { id, parent, name } => (id, Command::Unlink { parent, name }),
+            FsRequest::Rmdir { id, parent, name } => (id, Command::Rmdir { parent, name }),
+            FsRequest::Rename {
+                id,
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => (
+                id,
+                Command::Rename {
+                    parent,
+                    name,
+                    new_parent,
+                    new_name,
+                    flags,
+                },
+            ),
+            // `handle` sends queries to `serve_query`.
+            _ => return Err(FsError::Invalid),
+        };
+        self.apply(id, command).await
+    }
+
+    /// Commits one command and turns its outcome into an answer.
+    async fn apply(&self, id: RequestId, command: Command) -> Result<FsResponse, FsError> {
+        command.precheck()?;
+        let outcome = self
+            .group
+            .propose_one(Proposal {
+                id: Some(id),
+                now: Timestamp::now(),
+                command,
+            })
+            .await?;
+        match outcome {
+            Outcome::Attr(a) => Ok(FsResponse::Attr(a)),
+            Outcome::Done => Ok(FsResponse::Done),
+            Outcome::Failed(e) => Err(e),
+            other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+        }
+    }
+
+    pub(super) async fn getattr_fresh(&self, ino: Ino) -> Result<FileAttr, FsError> {
+        match self.group.store().getattr(ino) {
+            Err(NamespaceError::Fs(FsError::NotFound)) => {
+                self.group.barrier().await?;
+                Ok(self.group.store().getattr(ino)?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    async fn read(&self, ino: Ino, offset: u64, len: u64) -> Result<Vec<u8>, FsError> {
+        let data = self.group.store().file_range(ino, offset, len)?;
+        regular_file(data.attr.kind)?;
+        let end = offset.saturating_add(len).min(data.attr.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        let inline_end = (data.inline.len() as u64).min(end);
+        if offset < inline_end {
+            out[..(inline_end - offset) as usize]
+                .copy_from_slice(&data.inline[offset as usize..inline_end as usize]);
+        }
+        let mut reads = JoinSet::new();
+        for e in data.extents {
+            let (s, t) = (offset.max(e.offset), end.min(e.offset + e.len));
+            if s >= t {
+                continue;
+            }
+            let stripes = self.stripes.clone();
+            reads.spawn(async move {
+                let r = stripes
+                    .read(&e.stripe, e.stripe_offset + (s - e.offset), t - s)
+                    .await;
+                (s, r)
+            });
+        }
+        while let Some(joined) = reads.join_next().await {
+            let (s, r) = joined.map_err(|e| FsError::Io(e.to_string()))?;
+            let r = r?;
+            let at = (s - offset) as usize;
+            let n = r.data.len().min(out.len() - at);
+            out[at..at + n].copy_from_slice(&r.data[..n]);
+        }
+        Ok(out)
+    }
+
+    async fn statfs(&self) -> Result<FsStats, FsError> {
+        let ec = self.stripes.default_ec();
+        let members = self
+            .gossip
+            .members()
+            .await
+            .map_err(|e| FsError::Io(e.to_string()))?;
+        let (mut total, mut used) = (0u64, 0u64);
+        for m in members.iter().filter(|m| m.state == MemberState::Alive) {
+            if let Some(f) = &m.facts {
+                total += f.capacity_bytes;
+                used += f.used_bytes.min(f.capacity_bytes);
+            }
+        }
+        let usable = |b: u64| (b as u128 * ec.k as u128 / ec.total() as u128) as u64;
+        let stats = self.group.store().stats()?;
+        Ok(FsStats {
+            total_bytes: usable(total),
+            free_bytes: usable(total - used),
+            files: stats.inodes,
+            files_free: u32::MAX as u64,
+            block_size: (ec.k as u64 * DEFAULT_SHARD_SIZE) as u32,
+        })
+    }
+}
+
+/// Whether `req` changes the namespace or file data.
+fn is_change(req: &FsRequest) -> bool {
+    matches!(
+        req,
+        FsRequest::Write { .. }
+            | FsRequest::SetAttr { .. }
+            | FsRequest::MkNode { .. }
+            | FsRequest::Link { .. }
+            | FsRequest::Unlink { .. }
+            | FsRequest::Rmdir { .. }
+            | FsRequest::Rename { .. }
+    )
+}
+
+/// File data is read and written only on regular files.
+pub(super) fn regular_file(kind: FileKind) -> Result<(), FsError> {
+    match kind {
+        FileKind::File => Ok(()),
+        FileKind::Dir => Err(FsError::IsDir),
+        _ => Err(FsError::Invalid),
+    }
+}
+
+fn entry(r: FsResponse) -> FsResponse {
+    match r {
+        FsResponse::Attr(a) => FsResponse::Entry(a),
+        other => other,
+    }
+}

@@ -1,0 +1,246 @@
+//! Writing file data: inline when the file is small enough, else as new stripes
+//! (copy-on-write) committed as extents once every shard is durable. A stripe write that
+//! failed in a way that may pass (a node just died and is not yet declared down) is
+//! retried for a while; corruption or a caller's error is not.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, StripeRecord, Timestamp};
+use shoal_namespace::{Command, NewExtent, Outcome, Proposal};
+use shoal_placement::DEFAULT_SHARD_SIZE;
+use tokio::task::JoinSet;
+use tracing::warn;
+
+use super::service::{FsService, regular_file};
+use crate::consensus::ConsensusError;
+use crate::data::StripeError;
+
+/// How often a write retries when the inline data it carried over changed under it.
+const CONFLICT_RETRIES: u64 = 8;
+/// How long a write keeps retrying stripes that could not be written (longer than
+/// membership takes to declare a dead node down), at most.
+const STRIPE_RETRY_FOR: Duration = Duration::from_secs(30);
+/// How long a write's commit waits for a leader, at most.
+const COMMIT_WAIT: Duration = Duration::from_secs(60);
+
+/// The request id of attempt `n` of a write's extent commit: distinct from the id of its
+/// inline attempt, and per retry, so a "conflict" answer is never replayed from the
+/// deduplication table.
+fn commit_id(id: RequestId, attempt: u64) -> RequestId {
+    RequestId {
+        client: id.client ^ 0x9e37_79b9_7f4a_7c15_u64.rotate_left(attempt as u32 + 1),
+        seq: id.seq,
+    }
+}
+
+impl FsService {
+    /// How long a write may retry its stripes, and how long its commit may wait for a
+    /// leader: each a quarter of `orphan_shard_grace_s` at most, so a write is always done
+    /// (committed, or given up and written again) well before its shards could be taken
+    /// for orphans. The abandon fence keeps a later commit safe anyway; this keeps it rare.
+    fn write_patience(&self) -> (Duration, Duration) {
+        let quarter = Duration::from_secs(self.group.config.orphan_shard_grace_s) / 4;
+        (STRIPE_RETRY_FOR.min(quarter), COMMIT_WAIT.min(quarter))
+    }
+
+    /// Writes and commits `data` at `offset`: inline when the file is small enough, else
+    /// as new stripes (copy-on-write) committed once every shard is durable.
+    pub(super) async fn write(
+        &self,
+        id: RequestId,
+        ino: Ino,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<FileAttr, FsError> {
+        let current = self.group.store().file_data(ino)?;
+        regular_file(current.attr.kind)?;
+        if data.is_empty() {
+            return Ok(current.attr);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(FsError::TooBig)?;
+        let max_inline = self.group.config.inline_max;
+        let mut carried = (current.inline, current.inline_version);
+        if current.extents.is_empty() && end <= max_inline {
+            match self
+                .write_inline(id, ino, offset, &data, max_inline)
+                .await?
+            {
+                Ok(attr) => return Ok(attr),
+                Err(now) => carried = now,
+            }
+        }
+        let data = Arc::new(data);
+        for attempt in 0..CONFLICT_RETRIES {
+            let (inline, version) = &carried;
+            let (retry_for, commit_wait) = self.write_patience();
+            let extents = self
+                .write_stripes_patiently(inline, offset, &data, retry_for)
+                .await?;
+            let records: Vec<_> = extents.iter().map(|e| e.stripe.clone()).collect();
+            let proposal = Proposal {
+                id: Some(commit_id(id, attempt)),
+                now: Timestamp::now(),
+                command: Command::WriteExtents {
+                    ino,
+                    inline_version: (!inline.is_empty()).then_some(*version),
+                    extents,
+                },
+            };
+            let outcome = self
+                .group
+                .propose_within(vec![proposal], commit_wait)
+                .await
+                .and_then(|mut o| {
+                    o.pop()
+                        .ok_or(ConsensusError::OutcomeCount { sent: 1, got: 0 })
+                });
+            match outcome {
+                Ok(Outcome::Attr(a)) => return Ok(a),
+                Ok(Outcome::Conflict) => {
+                    self.discard(&records).await;
+                    self.group.barrier().await?;
+                    let now = self.group.store().file_data(ino)?;
+                    carried = (now.inline, now.inline_version);
+                }
+                // This write took so long that a node gave its shards up for orphans (the
+                // fence refused the commit): write the data again, to new stripes.
+                Ok(Outcome::StripeAbandoned(stripe)) => {
+                    warn!(%stripe, ino, "a stripe of this write was abandoned before its commit; writing again");
+                    self.discard(&records).await;
+                }
+                Ok(Outcome::Failed(e)) => {
+                    self.discard(&records).await;
+                    return Err(e);
+                }
+                Ok(other) => {
+                    self.discard(&records).await;
+                    return Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into());
+                }
+                // Not known whether it committed: leave the shards to the orphan GC.
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(FsError::Unavailable(
+            "the file's inline data kept changing under this write".into(),
+        ))
+    }
+
+    /// Tries the write as inline data: the new attributes, or (inline refused: the file
+    /// must go to stripes) its current inline bytes and version to carry over.
+    async fn write_inline(
+        &self,
+        id: RequestId,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        max_inline: u64,
+    ) -> Result<Result<FileAttr, (Vec<u8>, u64)>, FsError> {
+        let outcome = self
+            .group
+            .propose_one(Proposal {
+                id: Some(id),
+                now: Timestamp::now(),
+                command: Command::WriteInline {
+                    ino,
+                    offset,
+                    data: data.to_vec(),
+                    max_inline,
+                },
+            })
+            .await?;
+        match outcome {
+            Outcome::Attr(a) => Ok(Ok(a)),
+            Outcome::NotInline { inline, version } => Ok(Err((inline, version))),
+            Outcome::Failed(e) => Err(e),
+            other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+        }
+    }
+
+    /// Like [`Self::write_stripes`], retrying for up to `retry_for` while the failure may
+    /// pass (`StripeError::is_retryable`): a node that just died is still in the layout
+    /// until gossip declares it down (a few seconds), after which new stripes skip it.
+    /// The caller sees a stall, not an error.
+    async fn write_stripes_patiently(
+        &self,
+        inline: &[u8],
+        offset: u64,
+        data: &Arc<Vec<u8>>,
+        retry_for: Duration,
+    ) -> Result<Vec<NewExtent>, FsError> {
+        let deadline = Instant::now() + retry_for;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.write_stripes(inline, offset, data).await {
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    warn!(error = %e, "stripe write failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other.map_err(FsError::from),
+            }
+        }
+    }
+
+    /// Writes the carried-over inline bytes (if any) and `data` as stripes, in parallel;
+    /// returns the extents in commit order. On a failure the stripes written are deleted.
+    async fn write_stripes(
+        &self,
+        inline: &[u8],
+        offset: u64,
+        data: &Arc<Vec<u8>>,
+    ) -> Result<Vec<NewExtent>, StripeError> {
+        let ec = self.stripes.default_ec();
+        let stripe_bytes = ec.k as usize * DEFAULT_SHARD_SIZE as usize;
+        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+        if !inline.is_empty() {
+            pieces.push((0, inline.to_vec()));
+        }
+        for (i, chunk) in data.chunks(stripe_bytes).enumerate() {
+            pieces.push((offset + (i * stripe_bytes) as u64, chunk.to_vec()));
+        }
+        let mut set = JoinSet::new();
+        for (n, (at, bytes)) in pieces.into_iter().enumerate() {
+            let stripes = self.stripes.clone();
+            set.spawn(async move {
+                let len = bytes.len() as u64;
+                (n, at, len, stripes.write(bytes, None).await)
+            });
+        }
+        let mut done: Vec<(usize, NewExtent)> = Vec::new();
+        let mut failure = None;
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok((n, offset, len, Ok(stripe))) => done.push((
+                    n,
+                    NewExtent {
+                        offset,
+                        len,
+                        stripe,
+                    },
+                )),
+                Ok((_, _, _, Err(e))) => failure = Some(e),
+                Err(e) => failure = Some(StripeError::Task(e)),
+            }
+        }
+        done.sort_by_key(|(n, _)| *n);
+        let extents: Vec<NewExtent> = done.into_iter().map(|(_, e)| e).collect();
+        if let Some(e) = failure {
+            let records: Vec<_> = extents.into_iter().map(|e| e.stripe).collect();
+            self.discard(&records).await;
+            return Err(e);
+        }
+        Ok(extents)
+    }
+
+    /// Deletes stripes that were written but will never be committed.
+    async fn discard(&self, records: &[StripeRecord]) {
+        for r in records {
+            if let Err(e) = self.stripes.delete(r).await {
+                warn!(stripe = %r.id, error = %e, "could not delete an uncommitted stripe; the orphan collector will");
+            }
+        }
+    }
+}

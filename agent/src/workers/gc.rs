@@ -1,0 +1,415 @@
+//! Garbage collection, as three workers. On every node, `orphan-shards` deletes local
+//! shards no stripe record names (a writer that crashed before its commit). On the
+//! metadata leader, `stripe-gc` deletes the shards of stripes no extent references any
+//! more and then forgets them, and `orphan-purge` purges unlinked inodes once their grace
+//! is over and no mount anywhere holds them open (who must be asked is
+//! [`holders_to_ask`], pure).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_agent_api::Timestamp;
+use shoal_mesh::{GossipHandle, MemberState, MemberView, Transport};
+use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_placement::{Layout, NodeId, NodeState, StripeId};
+use tracing::{debug, info};
+
+use super::{Step, Ticker, Worker};
+use crate::AgentError;
+use crate::consensus::{ConsensusError, Group};
+use crate::data::Stripes;
+use crate::fs::OpenHandles;
+
+/// Stripes freed per unit of work, at most.
+const STRIPES_PER_PASS: usize = 256;
+
+fn unexpected(outcome: Outcome) -> AgentError {
+    ConsensusError::UnexpectedOutcome(Box::new(outcome)).into()
+}
+
+/// The `orphan-shards` worker: deletes this node's shards of stripes the metadata has not
+/// known for `orphan_shard_grace_s` (never committed: their writer failed or crashed
+/// before the commit). The clock starts when this agent first sees a stripe unknown, so a
+/// restart only delays collection.
+///
+/// Unknown at the read index is not enough: a commit naming the stripe may still be in
+/// the log, not yet committed, or be retried later. So the stripes are first abandoned
+/// through Raft (refused for any the log has committed by then, and fencing the rest
+/// against later commits), and only the ones the state machine fenced are deleted.
+pub struct OrphanShards {
+    group: Arc<Group>,
+    stripes: Arc<Stripes>,
+    unknown_since: HashMap<StripeId, Instant>,
+    ticker: Ticker,
+}
+
+impl OrphanShards {
+    pub fn new(group: Arc<Group>, stripes: Arc<Stripes>) -> Self {
+        let every = Duration::from_secs(group.config.gc_interval_s);
+        OrphanShards {
+            group,
+            stripes,
+            unknown_since: HashMap::new(),
+            ticker: Ticker::every(every),
+        }
+    }
+
+    /// The local stripes unknown for the whole grace (the others' clocks are kept).
+    fn due(&mut self, now: Instant) -> Result<Vec<StripeId>, AgentError> {
+        let grace = Duration::from_secs(self.group.config.orphan_shard_grace_s);
+        let mut still_unknown = HashMap::new();
+        let mut due = Vec::new();
+        for id in self.stripes.local_stripes() {
+            if self.group.store().stripe_known(id)? {
+                continue;
+            }
+            let since = self.unknown_since.get(&id).copied().unwrap_or(now);
+            if now.duration_since(since) < grace {
+                still_unknown.insert(id, since);
+            } else {
+                due.push(id);
+            }
+        }
+        self.unknown_since = still_unknown;
+        Ok(due)
+    }
+}
+
+impl Worker for OrphanShards {
+    fn name(&self) -> &'static str {
+        "orphan-shards"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        if self.stripes.local_stripes().is_empty() {
+            self.unknown_since.clear();
+            return Ok(Step::Idle);
+        }
+        // Judge against everything committed so far, not a lagging replica.
+        self.group.barrier().await?;
+        let now = Instant::now();
+        let due = self.due(now)?;
+        if due.is_empty() {
+            return Ok(Step::Idle);
+        }
+        let proposal = Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::AbandonStripes { ids: due.clone() },
+        };
+        let fenced = match self.group.propose_one(proposal).await {
+            Ok(Outcome::Abandoned(ids)) => ids,
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) => {
+                // Not known whether it applied: the next pass asks again (abandoning is
+                // idempotent, and the shards stay until an answer says they may go).
+                let grace = Duration::from_secs(self.group.config.orphan_shard_grace_s);
+                for id in due {
+                    self.unknown_since
+                        .insert(id, now.checked_sub(grace).unwrap_or(now));
+                }
+                return Err(e.into());
+            }
+        };
+        for id in fenced {
+            let n = self.stripes.delete_local(id).await?;
+            info!(stripe = %id, shards = n, "deleted shards no file references (never committed)");
+        }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) {
+        self.ticker.tick().await;
+    }
+
+    fn progress(&self) -> Option<String> {
+        (!self.unknown_since.is_empty()).then(|| {
+            format!(
+                "{} unknown stripes within their grace",
+                self.unknown_since.len()
+            )
+        })
+    }
+}
+
+/// The `stripe-gc` worker (acts on the leader): deletes the shards of garbage stripes and
+/// records them freed.
+pub struct StripeGc {
+    group: Arc<Group>,
+    stripes: Arc<Stripes>,
+    ticker: Ticker,
+}
+
+impl StripeGc {
+    pub fn new(group: Arc<Group>, stripes: Arc<Stripes>) -> Self {
+        let every = Duration::from_secs(group.config.gc_interval_s);
+        StripeGc {
+            group,
+            stripes,
+            ticker: Ticker::every(every),
+        }
+    }
+}
+
+impl Worker for StripeGc {
+    fn name(&self) -> &'static str {
+        "stripe-gc"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        if !self.group.is_leader() {
+            return Ok(Step::Idle);
+        }
+        let garbage = self.group.store().garbage(STRIPES_PER_PASS)?;
+        if garbage.is_empty() {
+            return Ok(Step::Idle);
+        }
+        let mut freed = Vec::new();
+        for record in &garbage {
+            match self.stripes.delete(record).await {
+                Ok(()) => freed.push(record.id),
+                Err(e) => debug!(stripe = %record.id, error = %e, "stripe not freed yet"),
+            }
+        }
+        if freed.is_empty() {
+            return Ok(Step::Idle);
+        }
+        let n = freed.len();
+        let proposal = Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::StripesFreed { ids: freed },
+        };
+        self.group.propose_one(proposal).await?;
+        info!(stripes = n, "freed unreferenced stripes");
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) {
+        self.ticker.tick().await;
+    }
+}
+
+/// The `orphan-purge` worker (acts on the leader): purges unlinked inodes past their grace
+/// that no mount holds open.
+pub struct OrphanPurge {
+    group: Arc<Group>,
+    gossip: GossipHandle,
+    transport: Arc<Transport>,
+    handles: Arc<OpenHandles>,
+    ticker: Ticker,
+}
+
+impl OrphanPurge {
+    pub fn new(
+        group: Arc<Group>,
+        gossip: GossipHandle,
+        transport: Arc<Transport>,
+        handles: Arc<OpenHandles>,
+    ) -> Self {
+        let every = Duration::from_secs(group.config.gc_interval_s);
+        OrphanPurge {
+            group,
+            gossip,
+            transport,
+            handles,
+            ticker: Ticker::every(every),
+        }
+    }
+}
+
+impl Worker for OrphanPurge {
+    fn name(&self) -> &'static str {
+        "orphan-purge"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        if !self.group.is_leader() {
+            return Ok(Step::Idle);
+        }
+        let cutoff = Timestamp::now().secs - self.group.config.orphan_grace_s as i64;
+        let due: Vec<u64> = self
+            .group
+            .store()
+            .orphans()?
+            .into_iter()
+            .filter(|(_, at)| at.secs <= cutoff)
+            .map(|(ino, _)| ino)
+            .collect();
+        if due.is_empty() {
+            return Ok(Step::Idle);
+        }
+        let members = self.gossip.members().await?;
+        let layout = self.group.store().cluster_layout()?;
+        let peers = match holders_to_ask(layout.as_ref(), &members) {
+            Ok(peers) => peers,
+            Err(node) => {
+                debug!(%node, inodes = due.len(), "not purging unlinked inodes: a node that may hold them open cannot be asked");
+                return Ok(Step::Idle);
+            }
+        };
+        let held = self
+            .handles
+            .held_anywhere(&self.transport, &due, &peers)
+            .await;
+        let proposals: Vec<Proposal> = due
+            .iter()
+            .filter(|ino| !held.contains(ino))
+            .map(|&ino| Proposal {
+                id: None,
+                now: Timestamp::now(),
+                command: Command::Purge { ino },
+            })
+            .collect();
+        if proposals.is_empty() {
+            return Ok(Step::Idle);
+        }
+        let n = proposals.len();
+        self.group.propose(proposals).await?;
+        info!(inodes = n, "purged unlinked inodes");
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) {
+        self.ticker.tick().await;
+    }
+}
+
+/// Which agents must say whether a mount holds an orphan open before it is purged: every
+/// node of the layout that is not `out`, and every live member not in the layout yet.
+/// `Err(node)` when one of them cannot be asked (not alive, or no address known): a node
+/// cut off by a partition still serves its open files, so it counts as holding
+/// everything until it is `out` or back (a restarted agent counts as holding everything
+/// until its mounts have re-announced their handles).
+fn holders_to_ask(
+    layout: Option<&Layout>,
+    members: &[MemberView],
+) -> Result<Vec<SocketAddr>, NodeId> {
+    let reachable = |id: NodeId| {
+        members
+            .iter()
+            .find(|m| m.id.node == id && !m.is_self)
+            .filter(|m| m.state == MemberState::Alive)
+            .and_then(|m| m.facts.as_ref().map(|f| f.rpc_addr))
+    };
+    let me = members.iter().find(|m| m.is_self).map(|m| m.id.node);
+    let mut addrs = Vec::new();
+    let mut in_layout = Vec::new();
+    for node in layout.map(Layout::nodes).unwrap_or_default() {
+        in_layout.push(node.id);
+        if node.state == NodeState::Out || Some(node.id) == me {
+            continue;
+        }
+        addrs.push(reachable(node.id).ok_or(node.id)?);
+    }
+    for m in members
+        .iter()
+        .filter(|m| !m.is_self && m.state == MemberState::Alive)
+        .filter(|m| !in_layout.contains(&m.id.node))
+    {
+        if let Some(f) = &m.facts {
+            addrs.push(f.rpc_addr);
+        }
+    }
+    Ok(addrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_mesh::{MemberId, MemberState, MemberView, NodeFacts, NodeRole};
+    use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
+
+    use super::holders_to_ask;
+
+    fn member(id: u64, state: MemberState, is_self: bool) -> MemberView {
+        let addr = format!("127.0.0.{id}:7947").parse().expect("addr");
+        MemberView {
+            id: MemberId {
+                node: NodeId(id),
+                addr,
+                generation: 1,
+            },
+            state,
+            incarnation: 0,
+            last_heard: None,
+            is_self,
+            facts: Some(NodeFacts {
+                node: NodeId(id),
+                generation: 1,
+                seq: 0,
+                name: format!("n{id}"),
+                failure_domain: "fd".into(),
+                rpc_addr: addr,
+                bulk_addr: None,
+                capacity_bytes: 1,
+                used_bytes: 0,
+                role: NodeRole::Active,
+                agent_version: String::new(),
+                store_accepting: true,
+                store_room_bytes: 1,
+            }),
+        }
+    }
+
+    fn layout(states: &[(u64, NodeState)]) -> Layout {
+        let nodes = states
+            .iter()
+            .map(|&(id, state)| LayoutNode {
+                state,
+                ..LayoutNode::active(NodeId(id), "fd", 1)
+            })
+            .collect();
+        Layout::new(1, nodes).expect("layout")
+    }
+
+    #[test]
+    fn a_node_that_cannot_be_asked_holds_every_orphan_until_it_is_out() {
+        let members = [
+            member(1, MemberState::Alive, true),
+            member(2, MemberState::Alive, false),
+            member(3, MemberState::Suspect, false),
+        ];
+        let l = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Active),
+            (3, NodeState::Active),
+        ]);
+        assert_eq!(holders_to_ask(Some(&l), &members), Err(NodeId(3)));
+        let down = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Active),
+            (3, NodeState::Down),
+        ]);
+        assert_eq!(holders_to_ask(Some(&down), &members), Err(NodeId(3)));
+        // A node in the layout that gossip does not know at all is not asked either.
+        let four = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Active),
+            (4, NodeState::Active),
+        ]);
+        assert_eq!(holders_to_ask(Some(&four), &members[..2]), Err(NodeId(4)));
+        let out = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Active),
+            (3, NodeState::Out),
+        ]);
+        let asked = holders_to_ask(Some(&out), &members).expect("askable");
+        assert_eq!(asked, vec!["127.0.0.2:7947".parse().expect("addr")]);
+    }
+
+    #[test]
+    fn live_members_not_in_the_layout_yet_are_asked_too() {
+        let members = [
+            member(1, MemberState::Alive, true),
+            member(2, MemberState::Alive, false),
+        ];
+        let l = layout(&[(1, NodeState::Active)]);
+        assert_eq!(
+            holders_to_ask(Some(&l), &members),
+            Ok(vec!["127.0.0.2:7947".parse().expect("addr")])
+        );
+        assert_eq!(holders_to_ask(None, &members).map(|a| a.len()), Ok(1));
+    }
+}

@@ -1,0 +1,331 @@
+//! Keeps the metadata group and the cluster layout in step with membership: forms the
+//! group when a new cluster starts, adds every agent as a learner, chooses voters across
+//! failure domains, replaces a voter that stays down, and commits layout changes (new
+//! nodes, nodes down and back) as new layout epochs. Acts only on the leader, except the
+//! one-time bootstrap.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::{BasicNode, ChangeMembers};
+use shoal_agent_api::Timestamp;
+use shoal_mesh::{GossipHandle, MemberState, MemberView};
+use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
+use tracing::{info, warn};
+
+use super::{Step, Ticker, Worker};
+use crate::AgentError;
+use crate::consensus::voters::{Candidate, VoterPlan, choose_voters};
+use crate::consensus::{ConsensusError, Group};
+
+const TICK: Duration = Duration::from_secs(1);
+/// Members must have been seen this long before a new cluster forms (gossip converges).
+const BOOTSTRAP_SETTLE: Duration = Duration::from_secs(3);
+/// A voter down this long is replaced.
+const VOTER_REPLACE_AFTER: Duration = Duration::from_secs(30);
+
+struct Member {
+    id: u64,
+    failure_domain: String,
+    rpc: String,
+    weight: u64,
+}
+
+fn alive_members(views: &[MemberView]) -> Vec<Member> {
+    views
+        .iter()
+        .filter(|m| m.state == MemberState::Alive)
+        .filter_map(|m| {
+            let f = m.facts.as_ref()?;
+            Some(Member {
+                id: m.id.node.0,
+                failure_domain: f.failure_domain.clone(),
+                rpc: f.rpc_addr.to_string(),
+                weight: f.capacity_bytes.max(1),
+            })
+        })
+        .collect()
+}
+
+/// The `steward` worker: one round a second (see the module doc).
+pub struct Steward {
+    meta: Arc<Group>,
+    gossip: GossipHandle,
+    started: Instant,
+    /// Voters not seen alive, since when.
+    down_since: HashMap<u64, Instant>,
+    ticker: Ticker,
+}
+
+impl Steward {
+    pub fn new(meta: Arc<Group>, gossip: GossipHandle) -> Steward {
+        Steward {
+            meta,
+            gossip,
+            started: Instant::now(),
+            down_since: HashMap::new(),
+            ticker: Ticker::every(TICK),
+        }
+    }
+}
+
+impl Worker for Steward {
+    fn name(&self) -> &'static str {
+        "steward"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        let meta = &self.meta;
+        let views = self.gossip.members().await?;
+        let alive = alive_members(&views);
+        if !meta.is_initialized().await? {
+            if self.started.elapsed() >= BOOTSTRAP_SETTLE {
+                bootstrap(meta, &alive).await;
+            }
+            return Ok(Step::Idle);
+        }
+        if !meta.is_leader() {
+            self.down_since.clear();
+            return Ok(Step::Idle);
+        }
+        let now = Instant::now();
+        let alive_ids: BTreeSet<u64> = alive.iter().map(|m| m.id).collect();
+        self.down_since.retain(|id, _| !alive_ids.contains(id));
+        reconcile_members(meta, &alive, &mut self.down_since, now).await?;
+        reconcile_layout(meta, &alive).await?;
+        record_generations(meta, &views).await?;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) {
+        self.ticker.tick().await;
+    }
+}
+
+/// Records the generation each live member runs with (from its facts: the start count
+/// in its data dir), where the replica has an older one. A node that later starts from an
+/// older copy of its data dir finds itself below this record (see `rejoin`).
+async fn record_generations(meta: &Group, views: &[MemberView]) -> Result<(), AgentError> {
+    let mut newer = Vec::new();
+    for m in views.iter().filter(|m| m.state == MemberState::Alive) {
+        let Some(f) = &m.facts else { continue };
+        let known = meta.store().node_generation(m.id.node)?;
+        if known.is_none_or(|k| k < f.generation) {
+            newer.push((m.id.node, f.generation));
+        }
+    }
+    if newer.is_empty() {
+        return Ok(());
+    }
+    meta.propose_one(Proposal {
+        id: None,
+        now: Timestamp::now(),
+        command: Command::RecordGenerations { generations: newer },
+    })
+    .await?;
+    Ok(())
+}
+
+/// Forms the group if this node has the lowest id among the agents it sees, enough of
+/// them are up, and none of them belongs to a group already.
+async fn bootstrap(meta: &Group, alive: &[Member]) {
+    if alive.len() < meta.config.bootstrap_expect {
+        return;
+    }
+    if alive.iter().map(|m| m.id).min() != Some(meta.me) {
+        return;
+    }
+    for m in alive.iter().filter(|m| m.id != meta.me) {
+        let Ok(addr) = m.rpc.parse() else { continue };
+        if meta.peer_initialized(addr).await != Some(false) {
+            // Either already in a group (it will add us) or not answering yet.
+            return;
+        }
+    }
+    let candidates: Vec<Candidate> = alive
+        .iter()
+        .map(|m| Candidate {
+            id: m.id,
+            failure_domain: m.failure_domain.clone(),
+        })
+        .collect();
+    let voters = choose_voters(&candidates, &BTreeSet::new());
+    let nodes: BTreeMap<u64, BasicNode> = alive
+        .iter()
+        .filter(|m| voters.contains(&m.id))
+        .map(|m| (m.id, BasicNode::new(&m.rpc)))
+        .collect();
+    info!(voters = ?voters.iter().map(|v| format!("{v:016x}")).collect::<Vec<_>>(), "forming the metadata group");
+    if let Err(e) = meta.raft.initialize(nodes).await {
+        warn!(error = %e, "could not form the metadata group");
+    }
+}
+
+async fn reconcile_members(
+    meta: &Group,
+    alive: &[Member],
+    down_since: &mut HashMap<u64, Instant>,
+    now: Instant,
+) -> Result<(), AgentError> {
+    let (voters, known): (BTreeSet<u64>, BTreeSet<u64>) = {
+        let metrics = meta.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        (
+            membership.voter_ids().collect(),
+            membership.nodes().map(|(id, _)| *id).collect(),
+        )
+    };
+    for m in alive.iter().filter(|m| !known.contains(&m.id)) {
+        info!(node = %NodeId(m.id), "adding agent to the metadata group as a learner");
+        meta.raft
+            .add_learner(m.id, BasicNode::new(&m.rpc), false)
+            .await
+            .map_err(|e| ConsensusError::membership("add learner", e))?;
+    }
+    for v in &voters {
+        if !alive.iter().any(|m| m.id == *v) {
+            down_since.entry(*v).or_insert(now);
+        }
+    }
+    let candidates: Vec<Candidate> = alive
+        .iter()
+        .map(|m| Candidate {
+            id: m.id,
+            failure_domain: m.failure_domain.clone(),
+        })
+        .collect();
+    let plan = VoterPlan {
+        voters: &voters,
+        known: &known,
+        alive: &candidates,
+        down_since,
+        now,
+        me: meta.me,
+        replace_after: VOTER_REPLACE_AFTER,
+    };
+    if let Some(desired) = plan.desired() {
+        info!(
+            from = ?voters.iter().map(|v| format!("{v:016x}")).collect::<Vec<_>>(),
+            to = ?desired.iter().map(|v| format!("{v:016x}")).collect::<Vec<_>>(),
+            "changing metadata voters"
+        );
+        meta.raft
+            .change_membership(ChangeMembers::ReplaceAllVoters(desired), true)
+            .await
+            .map_err(|e| ConsensusError::membership("replace voters", e))?;
+    }
+    Ok(())
+}
+
+/// The layout the cluster should have now: every node ever seen stays (its shards are
+/// still referenced), alive ones `Active`, the rest `Down`. Drained/out states set by an
+/// operator are kept.
+fn desired_layout(current: Option<&Layout>, alive: &[Member]) -> Vec<LayoutNode> {
+    let mut nodes: BTreeMap<u64, LayoutNode> = BTreeMap::new();
+    if let Some(l) = current {
+        for n in l.nodes() {
+            let mut n = n.clone();
+            if n.state == NodeState::Active {
+                n.state = NodeState::Down;
+            }
+            nodes.insert(n.id.0, n);
+        }
+    }
+    for m in alive {
+        let entry = nodes.entry(m.id).or_insert_with(|| {
+            LayoutNode::active(NodeId(m.id), m.failure_domain.as_str(), m.weight)
+        });
+        entry.failure_domain = m.failure_domain.as_str().into();
+        entry.weight = m.weight;
+        if entry.state == NodeState::Down {
+            entry.state = NodeState::Active;
+        }
+    }
+    nodes.into_values().collect()
+}
+
+async fn reconcile_layout(meta: &Group, alive: &[Member]) -> Result<(), AgentError> {
+    let current = meta.store().cluster_layout()?;
+    let nodes = desired_layout(current.as_ref(), alive);
+    if current
+        .as_ref()
+        .is_some_and(|l| l.nodes() == nodes.as_slice())
+    {
+        return Ok(());
+    }
+    let epoch = current.as_ref().map_or(1, |l| l.epoch() + 1);
+    let layout = Layout::new(epoch, nodes).map_err(crate::data::StripeError::Placement)?;
+    info!(
+        epoch,
+        nodes = layout.nodes().len(),
+        "committing a new cluster layout"
+    );
+    match meta
+        .propose_one(Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::SetLayout { layout },
+        })
+        .await
+    {
+        Ok(Outcome::Done) => Ok(()),
+        Ok(other) => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, domain: &str, weight: u64) -> Member {
+        Member {
+            id,
+            failure_domain: domain.into(),
+            rpc: format!("127.0.0.{id}:7947"),
+            weight,
+        }
+    }
+
+    fn states(nodes: &[LayoutNode]) -> Vec<(u64, NodeState)> {
+        nodes.iter().map(|n| (n.id.0, n.state)).collect()
+    }
+
+    #[test]
+    fn the_layout_keeps_every_node_ever_seen_and_marks_the_missing_down() {
+        let first = desired_layout(None, &[member(1, "a", 10), member(2, "b", 10)]);
+        assert_eq!(
+            states(&first),
+            [(1, NodeState::Active), (2, NodeState::Active)]
+        );
+        let current = Layout::new(1, first).expect("layout");
+        // Node 2 is gone, node 3 is new: 2 stays (its shards are still referenced), down.
+        let next = desired_layout(Some(&current), &[member(1, "a", 10), member(3, "c", 10)]);
+        assert_eq!(
+            states(&next),
+            [
+                (1, NodeState::Active),
+                (2, NodeState::Down),
+                (3, NodeState::Active)
+            ]
+        );
+        // Back: active again, with its new weight and domain.
+        let current = Layout::new(2, next).expect("layout");
+        let back = desired_layout(Some(&current), &[member(2, "b2", 20)]);
+        let two = back.iter().find(|n| n.id.0 == 2).expect("node 2");
+        assert_eq!((two.state, two.weight), (NodeState::Active, 20));
+        assert_eq!(two.failure_domain.0, "b2");
+    }
+
+    #[test]
+    fn an_operators_state_is_kept_whatever_gossip_says() {
+        let mut nodes = desired_layout(None, &[member(1, "a", 10), member(2, "b", 10)]);
+        nodes[1].state = NodeState::Out;
+        let current = Layout::new(1, nodes).expect("layout");
+        let next = desired_layout(Some(&current), &[member(1, "a", 10), member(2, "b", 10)]);
+        assert_eq!(states(&next), [(1, NodeState::Active), (2, NodeState::Out)]);
+    }
+}

@@ -24,7 +24,7 @@ use crate::data::shard_rpc::ShardRequest;
 use crate::data::{StripeSettings, Stripes};
 use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
-use crate::workers::{Workers, facts, gc, metrics, steward};
+use crate::workers::{Workers, facts, gc, gpu, metrics, steward};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
 
 /// One running agent.
@@ -182,6 +182,10 @@ impl Node {
             self.gossip.clone(),
             self.config.node.data_dir.clone(),
             self.group.ballast.clone(),
+        ));
+        w.spawn(gpu::GpuPoller::new(
+            self.resources.clone(),
+            Resources::gpu_probe(),
         ));
         w.spawn(metrics::MetricsRefresh::new(self.group.clone()));
         w.spawn(steward::Steward::new(

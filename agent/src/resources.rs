@@ -1,9 +1,9 @@
-//! The agent's side of the resource guard: confine the process at start, poll the GPUs,
-//! feed the governor, export reservation, usage and budgets to status and metrics.
+//! The agent's side of the resource guard: confine the process at start, take the GPU
+//! readings (polled by the `gpu` worker) into the governor, export reservation, usage and
+//! budgets to status and metrics.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -17,9 +17,6 @@ use shoal_resource_guard::{
 use tracing::{info, warn};
 
 use crate::AgentError;
-
-/// How often NVML and the cgroup counters are read (NVML calls are synchronous).
-const POLL_EVERY: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
@@ -48,7 +45,6 @@ pub struct Resources {
     /// Latest GPU reading.
     pub gpu: Arc<Mutex<GpuSample>>,
     gauges: Gauges,
-    stop: Arc<AtomicBool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -91,38 +87,20 @@ impl Resources {
             ))),
             gpu: Arc::new(Mutex::new(GpuSample::default())),
             gauges,
-            stop: Arc::new(AtomicBool::new(false)),
         });
-        let poller = resources.clone();
-        std::thread::Builder::new()
-            .name("shoal-gpu-poll".into())
-            .spawn(move || poller.poll_loop(NvmlProbe::init()))
-            .map_err(|source| AgentError::Setup {
-                what: "the GPU poller thread",
-                source,
-            })?;
         Ok(resources)
     }
 
-    fn poll_loop(&self, mut probe: impl GpuProbe) {
-        let mut first = true;
-        while !self.stop.load(Ordering::Relaxed) {
-            let sample = probe.sample();
-            if first {
-                match &sample.unavailable {
-                    Some(reason) => info!(%reason, "GPU probe"),
-                    None => info!(
-                        gpus = sample.count,
-                        "GPU probe: NVML is reading the node's GPUs"
-                    ),
-                }
-                first = false;
-            }
-            lock(&self.governor).observe(&sample, Instant::now());
-            *lock(&self.gpu) = sample;
-            self.update_gauges();
-            std::thread::sleep(POLL_EVERY);
-        }
+    /// The node's GPUs, for the `gpu` worker to poll.
+    pub fn gpu_probe() -> Box<dyn GpuProbe> {
+        Box::new(NvmlProbe::init())
+    }
+
+    /// Takes a GPU reading: the governor's budget follows it.
+    pub fn observe(&self, sample: GpuSample) {
+        lock(&self.governor).observe(&sample, Instant::now());
+        *lock(&self.gpu) = sample;
+        self.update_gauges();
     }
 
     fn update_gauges(&self) {
@@ -194,9 +172,8 @@ impl Resources {
         (gov.factor(), budgets)
     }
 
-    /// Stops the poller and leaves the cgroup (moving back to the parent and removing it).
+    /// Leaves the cgroup (moving back to the parent and removing it).
     pub fn shutdown(&self) {
-        self.stop.store(true, Ordering::Relaxed);
         if let Some(g) = &self.guard {
             match g.release() {
                 Ok(()) => info!("left and removed the agent's cgroup"),

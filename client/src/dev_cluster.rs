@@ -148,43 +148,10 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<()> {
         .iter()
         .map(|ip| format!("\"{ip}:{}\"", opts.gossip_port))
         .collect();
-    let mut started = Vec::new();
-    for (i, ip) in (1..=opts.nodes).zip(&ips) {
-        let nd = node_dir(&dir, i);
-        std::fs::create_dir_all(nd.join("data"))?;
-        if !nd.join("tls").join(cert::NODE_CERT).exists() {
-            cert::issue(
-                &ca_dir,
-                &format!("node{i}"),
-                &[IpAddr::V4(*ip)],
-                &nd.join("tls"),
-            )?;
-        }
-        let config = render_config(opts, &dir, i, *ip, &seeds);
-        std::fs::write(nd.join("agent.toml"), config)?;
-        if running_pid(&nd).is_some() {
-            println!("node{i}: already running");
-            continue;
-        }
-        match spawn_agent(&agent_bin, &nd) {
-            Ok(pid) => started.push((i, pid)),
-            Err(e) => {
-                stop_all(&dir, opts.nodes);
-                return Err(e.context(format!("starting node{i}")));
-            }
-        }
-    }
+    start_nodes(opts, &dir, &agent_bin, &ips, &seeds)?;
     let timeout = Duration::from_secs(opts.timeout);
     if let Err(e) = wait_converged(&dir, opts.nodes, timeout) {
-        for i in 1..=opts.nodes {
-            let log = node_dir(&dir, i).join("agent.log");
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-            eprintln!("--- node{i} ({}) last lines:", log.display());
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
-        }
+        print_log_tails(&dir, opts.nodes);
         stop_all(&dir, opts.nodes);
         return Err(e);
     }
@@ -216,6 +183,54 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<()> {
     }
     println!("  shoal dev-cluster down --dir {}", dir.display());
     Ok(())
+}
+
+/// Writes every node's certificate (once) and config (every time), and starts each node
+/// that is not running; a node that cannot start stops them all.
+fn start_nodes(
+    opts: &UpOptions,
+    dir: &Path,
+    agent_bin: &Path,
+    ips: &[Ipv4Addr],
+    seeds: &[String],
+) -> anyhow::Result<()> {
+    let ca_dir = dir.join("ca");
+    for (i, ip) in (1..=opts.nodes).zip(ips) {
+        let nd = node_dir(dir, i);
+        std::fs::create_dir_all(nd.join("data"))?;
+        if !nd.join("tls").join(cert::NODE_CERT).exists() {
+            cert::issue(
+                &ca_dir,
+                &format!("node{i}"),
+                &[IpAddr::V4(*ip)],
+                &nd.join("tls"),
+            )?;
+        }
+        let config = render_config(opts, dir, i, *ip, seeds);
+        std::fs::write(nd.join("agent.toml"), config)?;
+        if running_pid(&nd).is_some() {
+            println!("node{i}: already running");
+            continue;
+        }
+        if let Err(e) = spawn_agent(agent_bin, &nd) {
+            stop_all(dir, opts.nodes);
+            return Err(e.context(format!("starting node{i}")));
+        }
+    }
+    Ok(())
+}
+
+/// The last lines of every node's log, to say why a start failed.
+fn print_log_tails(dir: &Path, nodes: u8) {
+    for i in 1..=nodes {
+        let log = node_dir(dir, i).join("agent.log");
+        let tail = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+        eprintln!("--- node{i} ({}) last lines:", log.display());
+        for l in tail.iter().rev() {
+            eprintln!("{l}");
+        }
+    }
 }
 
 fn render_config(opts: &UpOptions, dir: &Path, i: u8, ip: Ipv4Addr, seeds: &[String]) -> String {

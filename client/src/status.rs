@@ -54,40 +54,7 @@ pub fn render_table(report: &StatusReport) -> String {
 }
 
 fn render_node_resources(out: &mut String, report: &StatusReport) {
-    match &report.resources {
-        None => {
-            let _ = writeln!(
-                out,
-                "reservation: none ([resources] not configured; the agent is unconfined)"
-            );
-        }
-        Some(r) => {
-            let cpu = match &r.cpus {
-                Some(c) => format!("cpus {c}"),
-                None => format!("{:.2} cores", r.reserved_cores),
-            };
-            let used = match (r.memory_used_bytes, r.memory_peak_bytes) {
-                (Some(u), Some(p)) => format!(", using {} (peak {})", bytes(u), bytes(p)),
-                _ => String::new(),
-            };
-            let _ = writeln!(
-                out,
-                "reservation: {cpu}, memory {}{used}; training keeps {:.2} cores, {}",
-                bytes(r.memory_limit_bytes),
-                r.training_cores,
-                bytes(r.training_memory_bytes)
-            );
-            match (&r.cgroup, &r.note) {
-                (Some(cg), _) => {
-                    let _ = writeln!(out, "  enforced in {cg}");
-                }
-                (None, Some(note)) => {
-                    let _ = writeln!(out, "  NOT enforced (best-effort): {note}");
-                }
-                (None, None) => {}
-            }
-        }
-    }
+    render_reservation(out, report);
     let st = &report.store;
     let _ = writeln!(
         out,
@@ -96,6 +63,46 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
         bytes(st.used_bytes),
         bytes(st.limit_bytes)
     );
+    render_meta(out, report);
+    render_gpu_and_budget(out, report);
+    render_workers(out, report);
+}
+
+fn render_reservation(out: &mut String, report: &StatusReport) {
+    let Some(r) = &report.resources else {
+        let _ = writeln!(
+            out,
+            "reservation: none ([resources] not configured; the agent is unconfined)"
+        );
+        return;
+    };
+    let cpu = match &r.cpus {
+        Some(c) => format!("cpus {c}"),
+        None => format!("{:.2} cores", r.reserved_cores),
+    };
+    let used = match (r.memory_used_bytes, r.memory_peak_bytes) {
+        (Some(u), Some(p)) => format!(", using {} (peak {})", bytes(u), bytes(p)),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "reservation: {cpu}, memory {}{used}; training keeps {:.2} cores, {}",
+        bytes(r.memory_limit_bytes),
+        r.training_cores,
+        bytes(r.training_memory_bytes)
+    );
+    match (&r.cgroup, &r.note) {
+        (Some(cg), _) => {
+            let _ = writeln!(out, "  enforced in {cg}");
+        }
+        (None, Some(note)) => {
+            let _ = writeln!(out, "  NOT enforced (best-effort): {note}");
+        }
+        (None, None) => {}
+    }
+}
+
+fn render_meta(out: &mut String, report: &StatusReport) {
     let meta = &report.meta;
     let _ = writeln!(
         out,
@@ -111,6 +118,9 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
     if let Some(notice) = &meta.notice {
         let _ = writeln!(out, "metadata notice: {notice}");
     }
+}
+
+fn render_gpu_and_budget(out: &mut String, report: &StatusReport) {
     let gpu = &report.gpu;
     match (&gpu.note, gpu.utilization_percent) {
         (Some(note), _) => {
@@ -145,6 +155,30 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
         report.background_factor * 100.0,
         budgets.join(", ")
     );
+}
+
+/// One line per worker: its name and state, what it is at, and its last error.
+fn render_workers(out: &mut String, report: &StatusReport) {
+    if report.workers.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "workers:");
+    let width = report
+        .workers
+        .iter()
+        .map(|w| w.name.len())
+        .max()
+        .unwrap_or(0);
+    for w in &report.workers {
+        let mut line = format!("  {:<width$}  {}", w.name, w.state);
+        if let Some(p) = &w.progress {
+            line.push_str(&format!(", {p}"));
+        }
+        if let Some(e) = &w.last_error {
+            line.push_str(&format!(" (last error: {e})"));
+        }
+        let _ = writeln!(out, "{line}");
+    }
 }
 
 fn row(n: &MemberStatus) -> [String; 10] {

@@ -54,11 +54,12 @@ pub enum MeshError {
         endpoint: &'static str,
         peer: SocketAddr,
     },
-    /// The peer answered with an error.
-    #[error("RPC {endpoint} to {peer}: peer says: {message}")]
+    /// The peer refused the request; its class says whether to try again.
+    #[error("RPC {endpoint} to {peer}: peer says ({class:?}): {message}")]
     RpcRemote {
         endpoint: &'static str,
         peer: SocketAddr,
+        class: crate::FailureClass,
         message: String,
     },
     /// Bytes from the network did not decode as the expected message.
@@ -82,6 +83,10 @@ impl MeshError {
             MeshError::RpcConnect { .. }
                 | MeshError::RpcStream { .. }
                 | MeshError::RpcTimeout { .. }
+                | MeshError::RpcRemote {
+                    class: crate::FailureClass::Retryable,
+                    ..
+                }
         )
     }
 }

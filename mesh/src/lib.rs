@@ -31,5 +31,5 @@ pub use gossip::{GossipDriver, GossipHandle};
 pub use identity::{MemberId, NodeId};
 pub use membership::{Effect, MemberEvent, MemberState, MemberView, Membership, MembershipConfig};
 pub use metrics::{MeshMetrics, ReasonLabel};
-pub use rpc::{MAX_MESSAGE as MAX_RPC_MESSAGE, Rpc, Transport};
+pub use rpc::{FailureClass, MAX_MESSAGE as MAX_RPC_MESSAGE, Refusal, Rpc, Transport};
 pub use tls::{ClusterKey, TlsFiles};

@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! request:  postcard(RequestHead { version, endpoint, from }) ++ postcard(message)
-//! response: version (1) | status (1) | postcard(response) or UTF-8 error text
+//! response: version (1) | status (1) | postcard(response)
+//!           or, for status "error", class (1) | UTF-8 text (a [`Refusal`])
 //! ```
+//!
+//! A handler refuses with a [`Refusal`]: a [`FailureClass`] travels with the text, so the
+//! caller's retry loop decides from the class, never from the words.
 //!
 //! A feature defines its messages by implementing [`Rpc`] and registers one handler per
 //! message type with [`Transport::register`].
@@ -50,8 +54,81 @@ struct RequestHead {
     from: NodeId,
 }
 
+/// What kind of failure a refusal is: whether the caller may try again, and why not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureClass {
+    /// Try again later (the peer is busy, electing, not yet ready).
+    Retryable,
+    /// What was asked for is not there.
+    NotFound,
+    /// No room for it.
+    NoSpace,
+    /// The data is damaged.
+    Corrupt,
+    /// The peer will not do it (not allowed, or not its role).
+    Refused,
+    /// The request itself is malformed.
+    Invalid,
+}
+
+impl FailureClass {
+    const ALL: [FailureClass; 6] = [
+        FailureClass::Retryable,
+        FailureClass::NotFound,
+        FailureClass::NoSpace,
+        FailureClass::Corrupt,
+        FailureClass::Refused,
+        FailureClass::Invalid,
+    ];
+
+    fn wire(self) -> u8 {
+        self as u8
+    }
+
+    fn from_wire(b: u8) -> Option<FailureClass> {
+        FailureClass::ALL.get(usize::from(b)).copied()
+    }
+}
+
+/// A handler's refusal of a request: its class and the text for the operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub class: FailureClass,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(class: FailureClass, message: impl Into<String>) -> Refusal {
+        Refusal {
+            class,
+            message: message.into(),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = vec![self.class.wire()];
+        out.extend_from_slice(self.message.as_bytes());
+        out
+    }
+
+    /// Reads an error body. A peer of the release before classes sent bare text: that is
+    /// a refusal (text never starts with a class byte, which are control characters).
+    fn decode(body: &[u8]) -> Refusal {
+        match body.split_first() {
+            Some((&b, text)) if FailureClass::from_wire(b).is_some() => Refusal {
+                class: FailureClass::from_wire(b).unwrap_or(FailureClass::Refused),
+                message: String::from_utf8_lossy(text).into_owned(),
+            },
+            _ => Refusal::new(
+                FailureClass::Refused,
+                String::from_utf8_lossy(body).into_owned(),
+            ),
+        }
+    }
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, String>> + Send + Sync>;
+type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, Refusal>> + Send + Sync>;
 
 const MAX_LOGGED_SOURCES: usize = 1024;
 
@@ -141,21 +218,27 @@ impl Transport {
     }
 
     /// Serves requests of type `M` with `handler` (the caller's node id and the message in,
-    /// the response or an error text out).
+    /// the response or a refusal out).
     pub fn register<M, F, Fut>(&self, handler: F)
     where
         M: Rpc,
         F: Fn(NodeId, M) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<M::Response, String>> + Send + 'static,
+        Fut: Future<Output = Result<M::Response, Refusal>> + Send + 'static,
     {
         let handler = Arc::new(handler);
         let erased: Handler = Arc::new(move |from, body: &[u8]| {
             let decoded = postcard::from_bytes::<M>(body);
             let handler = handler.clone();
             Box::pin(async move {
-                let msg = decoded.map_err(|e| format!("malformed {}: {e}", M::ENDPOINT))?;
+                let msg = decoded.map_err(|e| {
+                    Refusal::new(
+                        FailureClass::Invalid,
+                        format!("malformed {}: {e}", M::ENDPOINT),
+                    )
+                })?;
                 let resp = handler(from, msg).await?;
-                postcard::to_allocvec(&resp).map_err(|e| e.to_string())
+                postcard::to_allocvec(&resp)
+                    .map_err(|e| Refusal::new(FailureClass::Refused, e.to_string()))
             })
         });
         self.handlers
@@ -258,16 +341,20 @@ impl Transport {
         let (head, body) = match postcard::take_from_bytes::<RequestHead>(request) {
             Ok(x) => x,
             Err(e) => {
-                return (
-                    STATUS_ERROR,
-                    format!("malformed request head: {e}").into_bytes(),
-                    None,
+                let r = Refusal::new(
+                    FailureClass::Invalid,
+                    format!("malformed request head: {e}"),
                 );
+                return (STATUS_ERROR, r.encode(), None);
             }
         };
         if head.version != RPC_VERSION {
             let msg = format!("unsupported RPC version {}", head.version);
-            return (STATUS_ERROR, msg.into_bytes(), None);
+            return (
+                STATUS_ERROR,
+                Refusal::new(FailureClass::Invalid, msg).encode(),
+                None,
+            );
         }
         let found = self
             .handlers
@@ -281,7 +368,7 @@ impl Transport {
         };
         match handler(head.from, body).await {
             Ok(resp) => (STATUS_OK, resp, Some(name)),
-            Err(msg) => (STATUS_ERROR, msg.into_bytes(), Some(name)),
+            Err(refusal) => (STATUS_ERROR, refusal.encode(), Some(name)),
         }
     }
 
@@ -404,11 +491,21 @@ impl Transport {
             [RPC_VERSION, STATUS_OK, body @ ..] => {
                 postcard::from_bytes(body).map_err(|e| MeshError::RpcDecode(e.to_string()))
             }
-            [RPC_VERSION, _, text @ ..] => Err(MeshError::RpcRemote {
+            [RPC_VERSION, STATUS_NO_HANDLER, text @ ..] => Err(MeshError::RpcRemote {
                 endpoint: M::ENDPOINT,
                 peer,
+                class: FailureClass::Refused,
                 message: String::from_utf8_lossy(text).into_owned(),
             }),
+            [RPC_VERSION, _, body @ ..] => {
+                let refusal = Refusal::decode(body);
+                Err(MeshError::RpcRemote {
+                    endpoint: M::ENDPOINT,
+                    peer,
+                    class: refusal.class,
+                    message: refusal.message,
+                })
+            }
             [v, ..] => Err(MeshError::RpcDecode(format!("unsupported RPC version {v}"))),
             [] => Err(MeshError::RpcDecode("empty response".into())),
         }
@@ -496,5 +593,23 @@ impl Transport {
     pub async fn close(&self) {
         self.endpoint.close(0u32.into(), b"shutdown");
         self.endpoint.wait_idle().await;
+    }
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_keeps_its_class_across_the_wire() {
+        for class in FailureClass::ALL {
+            let r = Refusal::new(class, "no");
+            assert_eq!(Refusal::decode(&r.encode()), r);
+        }
+        // The release before classes sent bare text.
+        assert_eq!(
+            Refusal::decode(b"malformed store/shard"),
+            Refusal::new(FailureClass::Refused, "malformed store/shard")
+        );
     }
 }

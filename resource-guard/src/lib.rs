@@ -5,8 +5,10 @@
 //! - [`ResourcesConfig`] → [`plan`] → [`Reservation`]: the pure reservation plan (config and
 //!   machine inventory in, cgroup limits out, with validation that names the key and the
 //!   machine's actual figure).
-//! - [`CgroupFs`]: the seam to the kernel. [`CgroupV1`] and [`CgroupV2`] go through
-//!   cgroups-rs; [`FakeCgroupV2`] models v2 in memory. One [`contract`] suite runs against all.
+//! - [`CgroupFs`]: the seam to the kernel. [`CgroupV1`] goes through cgroups-rs;
+//!   [`CgroupV2`] writes the v2 files itself (cgroups-rs enables controllers in an order a
+//!   delegated service cgroup refuses); [`FakeCgroupV2`] models v2 in memory. One
+//!   [`contract`] suite runs against all.
 //! - [`Governor`]: pure token buckets that turn GPU utilisation into a budget for background
 //!   work; [`GpuProbe`] (NVML, or a fake) feeds it.
 //!

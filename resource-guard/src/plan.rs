@@ -51,22 +51,38 @@ pub fn plan(
     config: &ResourcesConfig,
     machine: &MachineInventory,
 ) -> Result<Reservation, GuardError> {
+    let (cpus, cores) = plan_cpu(config, machine)?;
+    let memory_bytes = plan_memory(config, machine)?;
+    let (training_cores, training_memory_bytes) =
+        check_training_floor(config, machine, cores, memory_bytes)?;
+    let cgroup = check_cgroup_name(&config.cgroup)?;
+    Ok(Reservation {
+        cpus,
+        cores,
+        memory_bytes,
+        training_cores,
+        training_memory_bytes,
+        cgroup,
+    })
+}
+
+/// The reserved CPUs: a cpuset on this machine, or a quota of cores it has.
+fn plan_cpu(
+    config: &ResourcesConfig,
+    machine: &MachineInventory,
+) -> Result<(Option<CpuList>, f64), GuardError> {
     let machine_cores = machine.cpus.len() as f64;
-    let (cpus, cores) = match (&config.cpus, config.cpu_cores) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                "resources.cpu_cores",
-                "give either resources.cpus (a cpuset) or resources.cpu_cores (a quota), not both"
-                    .into(),
-            ));
-        }
-        (None, None) => {
-            return Err(invalid(
-                "resources.cpus",
-                "reserve CPU with resources.cpus (e.g. \"0-3\") or resources.cpu_cores (e.g. 2.5)"
-                    .into(),
-            ));
-        }
+    match (&config.cpus, config.cpu_cores) {
+        (Some(_), Some(_)) => Err(invalid(
+            "resources.cpu_cores",
+            "give either resources.cpus (a cpuset) or resources.cpu_cores (a quota), not both"
+                .into(),
+        )),
+        (None, None) => Err(invalid(
+            "resources.cpus",
+            "reserve CPU with resources.cpus (e.g. \"0-3\") or resources.cpu_cores (e.g. 2.5)"
+                .into(),
+        )),
         (Some(text), None) => {
             let list = CpuList::parse(text)
                 .filter(|l| !l.is_empty())
@@ -86,7 +102,7 @@ pub fn plan(
                 ));
             }
             let n = list.len() as f64;
-            (Some(list), n)
+            Ok((Some(list), n))
         }
         (None, Some(cores)) => {
             if !(cores.is_finite() && cores >= 0.01) {
@@ -101,9 +117,13 @@ pub fn plan(
                     format!("{cores} is more than this machine's {machine_cores} cores"),
                 ));
             }
-            (None, cores)
+            Ok((None, cores))
         }
-    };
+    }
+}
+
+/// The reserved memory: at least 64 MiB, at most what the machine has.
+fn plan_memory(config: &ResourcesConfig, machine: &MachineInventory) -> Result<u64, GuardError> {
     let memory_bytes = parse_bytes(&config.memory)
         .filter(|m| *m >= 64 << 20)
         .ok_or_else(|| {
@@ -125,6 +145,17 @@ pub fn plan(
             ),
         ));
     }
+    Ok(memory_bytes)
+}
+
+/// What the training job keeps (cores, memory), refused below the configured floors.
+fn check_training_floor(
+    config: &ResourcesConfig,
+    machine: &MachineInventory,
+    cores: f64,
+    memory_bytes: u64,
+) -> Result<(f64, u64), GuardError> {
+    let machine_cores = machine.cpus.len() as f64;
     if !(config.min_free_cores.is_finite() && config.min_free_cores >= 0.0) {
         return Err(invalid(
             "resources.min_free_cores",
@@ -163,7 +194,11 @@ pub fn plan(
             ),
         ));
     }
-    let name = config.cgroup.as_str();
+    Ok((training_cores, training_memory_bytes))
+}
+
+/// The cgroup's name: a plain name, never a path.
+fn check_cgroup_name(name: &str) -> Result<String, GuardError> {
     if name.is_empty()
         || name.len() > 200
         || !name
@@ -176,14 +211,7 @@ pub fn plan(
             format!("{name:?} must be a plain name of letters, digits, '-', '_' and '.'"),
         ));
     }
-    Ok(Reservation {
-        cpus,
-        cores,
-        memory_bytes,
-        training_cores,
-        training_memory_bytes,
-        cgroup: name.to_owned(),
-    })
+    Ok(name.to_owned())
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //! forgotten) runs on the cluster clock instead, advanced by the leader's stamps.
 
 use serde::{Deserialize, Serialize};
-use shoal_agent_api::{
+use shoal_agent_api as api;
+
+use crate::format::{
     FileAttr, FileKind, FsError, Ino, Owner, RenameFlags, RequestId, SetAttr, StripeRecord,
     Timestamp,
 };
@@ -161,11 +163,11 @@ impl Command {
     /// Refuses, before it is proposed, a command whose names or symlink target no
     /// directory may hold: the log should not carry (and replicate) what every replica
     /// would refuse anyway. Applying checks the same again.
-    pub fn precheck(&self) -> Result<(), FsError> {
+    pub fn precheck(&self) -> Result<(), api::FsError> {
         use crate::namespace::{SYMLINK_MAX, check_name};
         let long = |name: &str| {
             if name.len() > shoal_agent_api::NAME_MAX {
-                Err(FsError::NameTooLong)
+                Err(api::FsError::NameTooLong)
             } else {
                 Ok(())
             }
@@ -174,7 +176,7 @@ impl Command {
             Command::MkNode { name, target, .. } => {
                 check_name(name)?;
                 if target.as_ref().is_some_and(|t| t.len() > SYMLINK_MAX) {
-                    return Err(FsError::NameTooLong);
+                    return Err(api::FsError::NameTooLong);
                 }
                 Ok(())
             }
@@ -186,7 +188,7 @@ impl Command {
             }
             Command::WriteInline {
                 data, max_inline, ..
-            } if data.len() as u64 > *max_inline => Err(FsError::Invalid),
+            } if data.len() as u64 > *max_inline => Err(api::FsError::Invalid),
             _ => Ok(()),
         }
     }
@@ -219,9 +221,10 @@ pub enum Outcome {
 
 #[cfg(test)]
 mod tests {
-    use shoal_agent_api::{FileKind, FsError, NAME_MAX, ROOT_INO, RenameFlags};
+    use shoal_agent_api::{FsError, NAME_MAX, ROOT_INO};
 
     use super::Command;
+    use crate::format::{FileKind, RenameFlags};
     use crate::testkit::mknode_cmd;
 
     #[test]

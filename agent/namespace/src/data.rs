@@ -6,7 +6,9 @@
 //! the count reaches zero the stripe moves to the garbage table, where the garbage
 //! collector finds it, deletes its shards and sends `StripesFreed`.
 
-use shoal_agent_api::{FileKind, FsError, Ino, Timestamp};
+use shoal_agent_api::FsError;
+
+use crate::format::{FileKind, Ino, Timestamp};
 use shoal_placement::StripeId;
 
 use crate::record::{ExtentRecord, InodeRecord};
@@ -207,7 +209,8 @@ pub(crate) fn abandon_stripes(
 
 #[cfg(test)]
 mod tests {
-    use shoal_agent_api::{FsError, ROOT_INO, SetAttr};
+    use crate::format::{FsError, SetAttr};
+    use shoal_agent_api::ROOT_INO;
 
     use crate::testkit::{Kit, extent};
     use crate::{Command, Outcome};

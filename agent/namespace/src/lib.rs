@@ -11,6 +11,7 @@
 mod command;
 mod data;
 mod error;
+pub mod format;
 mod namespace;
 mod query;
 mod record;
@@ -24,5 +25,7 @@ pub use query::{FileData, NamespaceStats};
 pub use snapshot::snapshot_marker;
 pub use store::NamespaceStore;
 
+#[cfg(test)]
+mod golden;
 #[cfg(test)]
 mod testkit;

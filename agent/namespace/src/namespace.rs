@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use shoal_agent_api::{
-    FileKind, FsError, Ino, NAME_MAX, Owner, ROOT_INO, RenameFlags, SetAttr, SetTime, Timestamp,
-};
+use shoal_agent_api::{FsError, NAME_MAX, ROOT_INO};
+
+use crate::format::{FileKind, Ino, Owner, RenameFlags, SetAttr, SetTime, Timestamp};
 
 use crate::data;
 use crate::record::{DirentRecord, InodeRecord};
@@ -475,7 +475,8 @@ pub(crate) fn setattr(
 
 #[cfg(test)]
 mod tests {
-    use shoal_agent_api::{FileKind, FsError, Owner, ROOT_INO, RenameFlags, SetAttr, SetTime};
+    use crate::format::{FileKind, FsError, Owner, RenameFlags, SetAttr, SetTime};
+    use shoal_agent_api::ROOT_INO;
 
     use super::LINK_MAX;
     use crate::testkit::{Kit, at, mknode_cmd};
@@ -491,14 +492,16 @@ mod tests {
         let kit = Kit::new();
         let root = kit.store.getattr(ROOT_INO).expect("root");
         assert_eq!(
-            (root.kind, root.perm, root.nlink),
+            (FileKind::from(root.kind), root.perm, root.nlink),
             (FileKind::Dir, 0o755, 2)
         );
         assert_eq!(root.mtime, at(0));
         assert!(kit.names(ROOT_INO).is_empty());
         assert!(matches!(
             kit.store.lookup(ROOT_INO, "x"),
-            Err(crate::NamespaceError::Fs(FsError::NotFound))
+            Err(crate::NamespaceError::Fs(
+                shoal_agent_api::FsError::NotFound
+            ))
         ));
         assert!(kit.store.getattr(2).is_err());
         assert_eq!(kit.store.parent_of(ROOT_INO).expect("parent"), ROOT_INO);
@@ -677,9 +680,12 @@ mod tests {
         assert!(kit.store.orphans().expect("orphans").is_empty());
         assert_eq!(kit.run(unlink("g")), Outcome::Done);
         let gone = kit.clock;
-        assert_eq!(kit.store.orphans().expect("orphans"), vec![(f, at(gone))]);
+        assert_eq!(
+            kit.store.orphans().expect("orphans"),
+            vec![(f, at(gone).into())]
+        );
         let attr = kit.store.getattr(f).expect("still readable by number");
-        assert_eq!((attr.nlink, attr.ctime), (0, at(gone)));
+        assert_eq!((attr.nlink, attr.ctime), (0, at(gone).into()));
         assert!(kit.store.file_data(f).is_ok());
         assert_eq!(kit.fail(unlink("g")), FsError::NotFound);
         let relink = Command::Link {
@@ -791,7 +797,7 @@ mod tests {
         assert_eq!(kit.store.lookup(ROOT_INO, "g").expect("g").ino, f);
         assert_eq!(
             kit.store.orphans().expect("orphans"),
-            vec![(g, at(kit.clock))]
+            vec![(g, at(kit.clock).into())]
         );
         assert_eq!(kit.nlink(g), 0);
     }

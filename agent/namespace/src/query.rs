@@ -1,12 +1,12 @@
 //! Queries on the applied state, each in one read transaction. Before anything was
-//! applied the root directory answers as an empty directory with zero times.
+//! applied the root directory answers as an empty directory with zero times. Queries
+//! answer in the agent API's types, converted here from the records.
 
 use std::ops::Bound;
 
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use shoal_agent_api::{
-    DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, Ino, ROOT_INO, StripeRecord,
-    Timestamp,
+    DirEntry, Extent, FileAttr, FileLayout, FsError, Ino, ROOT_INO, StripeRecord, Timestamp,
 };
 use shoal_placement::{Layout, StripeId};
 
@@ -57,13 +57,13 @@ impl NamespaceStore {
         let dirents = txn.open_table(DIRENTS)?;
         let entry = record::read_dirent(&dirents, parent, name)?.ok_or(FsError::NotFound)?;
         let node = record::read_inode(&inodes, entry.ino)?.ok_or_else(|| dangling(entry.ino))?;
-        Ok(node.attr(entry.ino))
+        Ok(node.attr(entry.ino).into())
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<FileAttr, NamespaceError> {
         let txn = self.read()?;
         let inodes = txn.open_table(INODES)?;
-        Ok(inode(&inodes, ino)?.attr(ino))
+        Ok(inode(&inodes, ino)?.attr(ino).into())
     }
 
     /// Every entry of a directory except "." and "..", sorted by name.
@@ -100,7 +100,7 @@ impl NamespaceStore {
             out.push(DirEntry {
                 name: name.to_owned(),
                 ino: entry.ino,
-                kind: entry.kind,
+                kind: entry.kind.into(),
             });
         }
         Ok((out, false))
@@ -116,7 +116,7 @@ impl NamespaceStore {
     pub fn readlink(&self, ino: Ino) -> Result<String, NamespaceError> {
         let txn = self.read()?;
         let node = inode(&txn.open_table(INODES)?, ino)?;
-        if node.kind != FileKind::Symlink {
+        if node.kind != crate::format::FileKind::Symlink {
             return Err(FsError::Invalid.into());
         }
         Ok(node.target)
@@ -128,7 +128,7 @@ impl NamespaceStore {
         let node = inode(&txn.open_table(INODES)?, ino)?;
         let extents = extents_of(&txn, ino)?;
         Ok(FileData {
-            attr: node.attr(ino),
+            attr: node.attr(ino).into(),
             inline_version: node.data_version,
             inline: node.inline,
             extents,
@@ -163,12 +163,12 @@ impl NamespaceStore {
                 offset: start,
                 len: ext.len,
                 stripe_offset: ext.stripe_offset,
-                stripe: entry.record,
+                stripe: entry.record.into(),
             });
         }
         extents.reverse();
         Ok(FileData {
-            attr: node.attr(ino),
+            attr: node.attr(ino).into(),
             inline_version: node.data_version,
             inline: node.inline,
             extents,
@@ -181,7 +181,7 @@ impl NamespaceStore {
         let node = inode(&txn.open_table(INODES)?, ino)?;
         let extents = extents_of(&txn, ino)?;
         Ok(FileLayout {
-            attr: node.attr(ino),
+            attr: node.attr(ino).into(),
             inline_len: node.inline.len() as u64,
             extents,
         })
@@ -236,7 +236,8 @@ impl NamespaceStore {
         let mut out = Vec::new();
         for item in txn.open_table(ORPHANS)?.iter()? {
             let (key, value) = item?;
-            out.push((key.value(), decode(value.value(), "orphan")?));
+            let at: crate::format::Timestamp = decode(value.value(), "orphan")?;
+            out.push((key.value(), at.into()));
         }
         Ok(out)
     }
@@ -248,7 +249,8 @@ impl NamespaceStore {
         let mut out = Vec::new();
         for item in txn.open_table(GARBAGE)?.iter()?.take(limit) {
             let (_, value) = item?;
-            out.push(decode(value.value(), "garbage")?);
+            let record: crate::format::StripeRecord = decode(value.value(), "garbage")?;
+            out.push(record.into());
         }
         Ok(out)
     }
@@ -301,7 +303,7 @@ fn extents_of(txn: &ReadTransaction, ino: Ino) -> Result<Vec<Extent>, NamespaceE
             offset,
             len: ext.len,
             stripe_offset: ext.stripe_offset,
-            stripe: entry.record,
+            stripe: entry.record.into(),
         });
     }
     Ok(out)

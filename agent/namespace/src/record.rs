@@ -13,7 +13,9 @@
 use redb::{ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use shoal_agent_api::{FileAttr, FileKind, Ino, ROOT_INO, StripeRecord, Timestamp};
+use shoal_agent_api::ROOT_INO;
+
+use crate::format::{FileAttr, FileKind, Ino, StripeRecord, Timestamp};
 use shoal_placement::StripeId;
 
 use crate::NamespaceError;

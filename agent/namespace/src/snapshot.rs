@@ -8,11 +8,11 @@
 //! time 0), version 1 neither that nor a checksum. Records inside are decoded (and so
 //! checked) on install.
 
+use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
 use redb::{
     Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
-use shoal_agent_api::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::Layout;
 
 use crate::record::{
@@ -310,7 +310,8 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use shoal_agent_api::{FileKind, ROOT_INO, RequestId};
+    use crate::format::{FileKind, RequestId};
+    use shoal_agent_api::ROOT_INO;
     use shoal_placement::{Layout, LayoutNode, NodeId};
 
     use crate::testkit::{Kit, extent, mknode_cmd};
@@ -325,7 +326,7 @@ mod tests {
         kit.write_extents(g, vec![extent(0, 10, 3)]);
         kit.run(Command::SetAttr {
             ino: g,
-            set: shoal_agent_api::SetAttr {
+            set: crate::format::SetAttr {
                 size: Some(0),
                 ..Default::default()
             },

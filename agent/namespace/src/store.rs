@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::format::Timestamp;
 use redb::{Database, Durability, ReadableDatabase};
-use shoal_agent_api::Timestamp;
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
@@ -104,7 +104,7 @@ impl NamespaceStore {
                     tx.ensure_root(proposal.now)?;
                     let outcome = match execute(&mut tx, proposal.now, &proposal.command) {
                         Ok(outcome) => outcome,
-                        Err(NamespaceError::Fs(e)) => Outcome::Failed(e),
+                        Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
                         Err(e) => return Err(e),
                     };
                     if let Some(id) = proposal.id {
@@ -233,7 +233,8 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
 
 #[cfg(test)]
 mod tests {
-    use shoal_agent_api::{FileKind, FsError, ROOT_INO, RequestId};
+    use crate::format::{FileKind, FsError, RequestId};
+    use shoal_agent_api::ROOT_INO;
 
     use crate::NamespaceStore;
     use shoal_placement::{Layout, LayoutNode, NodeId};

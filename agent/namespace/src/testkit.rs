@@ -1,8 +1,10 @@
 //! A store in a temporary directory with one-line helpers, for the unit tests.
 
-use shoal_agent_api::{
-    FileAttr, FileKind, FsError, Ino, Owner, ROOT_INO, RenameFlags, RequestId, ShardLocation,
-    StripeRecord, Timestamp,
+use shoal_agent_api::ROOT_INO;
+
+use crate::format::{
+    FileAttr, FileKind, FsError, Ino, Owner, RenameFlags, RequestId, ShardLocation, StripeRecord,
+    Timestamp,
 };
 use shoal_placement::{EcProfile, NodeId, StripeId};
 

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use redb::{ReadableTable, Table, WriteTransaction};
-use shoal_agent_api::{Ino, ROOT_INO, RequestId, StripeRecord, Timestamp};
+use shoal_agent_api::ROOT_INO;
+
+use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::{Layout, StripeId};
 
 use crate::record::{

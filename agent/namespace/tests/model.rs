@@ -8,9 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use shoal_agent_api::{
-    FileAttr, FileKind, FsError, Ino, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr,
-    SetTime, ShardLocation, StripeRecord, Timestamp,
+use shoal_agent_api::{Ino, NAME_MAX, ROOT_INO};
+use shoal_namespace::format::{
+    FileAttr, FileKind, FsError, Owner, RenameFlags, RequestId, SetAttr, SetTime, ShardLocation,
+    StripeRecord, Timestamp,
 };
 use shoal_namespace::{
     Batch, Command, NamespaceError, NamespaceStore, NewExtent, Outcome, Proposal,
@@ -885,7 +886,7 @@ impl Gen {
 
 fn fs_err<T: std::fmt::Debug>(r: Result<T, NamespaceError>) -> FsError {
     match r {
-        Err(NamespaceError::Fs(e)) => e,
+        Err(NamespaceError::Fs(e)) => e.into(),
         other => panic!("expected a namespace error, got {other:?}"),
     }
 }
@@ -909,7 +910,7 @@ fn check(store: &NamespaceStore, model: &Model, ctx: &str) {
                     .readdir(ino)
                     .expect("readdir")
                     .into_iter()
-                    .map(|e| (e.name, e.ino, e.kind))
+                    .map(|e| (e.name, e.ino, e.kind.into()))
                     .collect();
                 assert_eq!(got, want, "{ctx}: readdir {ino}");
                 for (name, child, _) in &want {
@@ -940,7 +941,13 @@ fn check(store: &NamespaceStore, model: &Model, ctx: &str) {
         );
     }
     let orphans: Vec<(Ino, Timestamp)> = model.orphans.iter().map(|(i, t)| (*i, *t)).collect();
-    assert_eq!(store.orphans().expect("orphans"), orphans, "{ctx}: orphans");
+    let stored: Vec<(Ino, Timestamp)> = store
+        .orphans()
+        .expect("orphans")
+        .into_iter()
+        .map(|(i, t)| (i, t.into()))
+        .collect();
+    assert_eq!(stored, orphans, "{ctx}: orphans");
     let garbage: Vec<u128> = store
         .garbage(usize::MAX)
         .expect("garbage")

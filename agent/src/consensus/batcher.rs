@@ -163,14 +163,14 @@ async fn answer(
     count: usize,
 ) {
     let result: Result<Committed, ForwardRefused> = match receiver {
-        Err(fatal) => Err(ForwardRefused::Failed(fatal.to_string())),
+        Err(fatal) => Err(ForwardRefused::Unavailable(fatal.to_string())),
         Ok(rx) => match rx.await {
-            Err(_) => Err(ForwardRefused::Failed("proposal dropped".into())),
+            Err(_) => Err(ForwardRefused::Unavailable("proposal dropped".into())),
             Ok(Ok(resp)) => Ok((resp.data, resp.log_id.index)),
             Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
                 Err(ForwardRefused::NotLeader(f.leader_id))
             }
-            Ok(Err(e)) => Err(ForwardRefused::Failed(e.to_string())),
+            Ok(Err(e)) => Err(ForwardRefused::Unavailable(e.to_string())),
         },
     };
     drop(permit);

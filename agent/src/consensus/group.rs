@@ -176,7 +176,7 @@ impl Group {
             .change_membership(change, false)
             .await
             .map(|_| ())
-            .map_err(|e| ForwardRefused::Failed(e.to_string()))
+            .map_err(|e| ForwardRefused::Unavailable(e.to_string()))
     }
 
     fn register_handlers(self: &Arc<Self>) {
@@ -209,7 +209,7 @@ impl Group {
                     Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
                         Err(ForwardRefused::NotLeader(f.leader_id))
                     }
-                    Err(e) => Err(ForwardRefused::Failed(e.to_string())),
+                    Err(e) => Err(ForwardRefused::Unavailable(e.to_string())),
                 })
             }
         });
@@ -298,7 +298,7 @@ impl Group {
         };
         tokio::select! {
             r = self.transport.call(addr, msg, RPC_TIMEOUT) => {
-                r.unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string())))
+                r.unwrap_or_else(|e| Err(ForwardRefused::Unavailable(e.to_string())))
             }
             _ = self.leader_changes_from(leader) => Err(ForwardRefused::NotLeader(None)),
         }
@@ -330,7 +330,7 @@ impl Group {
     async fn submit_local(&self, proposals: Vec<Proposal>) -> Result<Committed, ForwardRefused> {
         let (reply, rx) = oneshot::channel();
         let bytes = encoded_len(&proposals);
-        let stopped = || ForwardRefused::Failed("metadata service stopped".into());
+        let stopped = || ForwardRefused::Unavailable("metadata service stopped".into());
         self.batcher
             .send(Pending {
                 proposals,
@@ -429,7 +429,7 @@ impl Group {
             let index = match self.leader() {
                 Some(l) if l == self.me => match self.raft.ensure_linearizable().await {
                     Ok(_) => return Ok(()),
-                    Err(e) => Err(ForwardRefused::Failed(e.to_string())),
+                    Err(e) => Err(ForwardRefused::Unavailable(e.to_string())),
                 },
                 Some(l) => self.ask_leader(l, &ReadIndex).await,
                 None => Err(ForwardRefused::NotLeader(None)),

@@ -316,7 +316,8 @@ impl RaftLogStorage<MetaRaft> for LogStore {
 #[cfg(test)]
 mod tests {
     use openraft::{CommittedLeaderId, EntryPayload, LogId};
-    use shoal_agent_api::{FileKind, Owner, ROOT_INO, Timestamp};
+    use shoal_agent_api::ROOT_INO;
+    use shoal_namespace::format::{FileKind, Owner, Timestamp};
     use shoal_namespace::{Batch, Command, LeaderStamp, Proposal};
 
     use super::{Entry, decode_entry, encode};

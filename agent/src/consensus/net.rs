@@ -49,8 +49,10 @@ impl Rpc for RaftMessage {
 pub enum ForwardRefused {
     /// Ask this node instead (None: no leader known right now).
     NotLeader(Option<u64>),
-    /// The leader could not commit; the text says why.
-    Failed(String),
+    /// The leader could not commit or serve now (it is stepping down, its Raft stopped,
+    /// a membership change is under way): try again, here or at the next leader. The text
+    /// is for the operator.
+    Unavailable(String),
 }
 
 /// Proposals forwarded by a follower to the leader.

@@ -189,7 +189,7 @@ impl crate::workers::Worker for Rejoiner {
                 Duration::from_secs(10),
             )
             .await
-            .unwrap_or_else(|e| Err(ForwardRefused::Failed(e.to_string())));
+            .unwrap_or_else(|e| Err(ForwardRefused::Unavailable(e.to_string())));
         match result {
             Ok(()) => {
                 self.group.rejoined();

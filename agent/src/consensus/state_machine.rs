@@ -284,7 +284,8 @@ mod tests {
 
     use openraft::storage::RaftStateMachine;
     use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
-    use shoal_agent_api::{FileKind, Owner, ROOT_INO, Timestamp};
+    use shoal_agent_api::ROOT_INO;
+    use shoal_namespace::format::{FileKind, Owner, Timestamp};
     use shoal_namespace::{Batch, Command, NamespaceStore, Proposal};
 
     use super::StateMachine;

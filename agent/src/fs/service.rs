@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use shoal_agent_api::{
     FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ,
-    RequestId, Timestamp,
+    RequestId,
 };
 use shoal_mesh::{GossipHandle, MemberState};
+use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, NamespaceError, Outcome, Proposal};
 use shoal_placement::DEFAULT_SHARD_SIZE;
 use tokio::task::JoinSet;
@@ -128,7 +129,13 @@ impl FsService {
                 offset,
                 data,
             } => return Ok(FsResponse::Attr(self.write(id, ino, offset, data).await?)),
-            FsRequest::SetAttr { id, ino, set } => (id, Command::SetAttr { ino, set }),
+            FsRequest::SetAttr { id, ino, set } => (
+                id,
+                Command::SetAttr {
+                    ino,
+                    set: set.into(),
+                },
+            ),
             FsRequest::MkNode {
                 id,
                 parent,
@@ -142,9 +149,9 @@ impl FsService {
                 let cmd = Command::MkNode {
                     parent,
                     name,
-                    kind,
+                    kind: kind.into(),
                     perm,
-                    owner,
+                    owner: owner.into(),
                     rdev,
                     target,
                 };
@@ -179,7 +186,7 @@ impl FsService {
                     name,
                     new_parent,
                     new_name,
-                    flags,
+                    flags: flags.into(),
                 },
             ),
             // `handle` sends queries to `serve_query`.
@@ -194,15 +201,15 @@ impl FsService {
         let outcome = self
             .group
             .propose_one(Proposal {
-                id: Some(id),
+                id: Some(id.into()),
                 now: Timestamp::now(),
                 command,
             })
             .await?;
         match outcome {
-            Outcome::Attr(a) => Ok(FsResponse::Attr(a)),
+            Outcome::Attr(a) => Ok(FsResponse::Attr(a.into())),
             Outcome::Done => Ok(FsResponse::Done),
-            Outcome::Failed(e) => Err(e),
+            Outcome::Failed(e) => Err(e.into()),
             other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
         }
     }

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, StripeRecord, Timestamp};
+use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, StripeRecord};
+use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, NewExtent, Outcome, Proposal};
 use shoal_placement::DEFAULT_SHARD_SIZE;
 use tokio::task::JoinSet;
@@ -79,9 +80,10 @@ impl FsService {
             let extents = self
                 .write_stripes_patiently(inline, offset, &data, retry_for)
                 .await?;
-            let records: Vec<_> = extents.iter().map(|e| e.stripe.clone()).collect();
+            let records: Vec<StripeRecord> =
+                extents.iter().map(|e| e.stripe.clone().into()).collect();
             let proposal = Proposal {
-                id: Some(commit_id(id, attempt)),
+                id: Some(commit_id(id, attempt).into()),
                 now: Timestamp::now(),
                 command: Command::WriteExtents {
                     ino,
@@ -98,7 +100,7 @@ impl FsService {
                         .ok_or(ConsensusError::OutcomeCount { sent: 1, got: 0 })
                 });
             match outcome {
-                Ok(Outcome::Attr(a)) => return Ok(a),
+                Ok(Outcome::Attr(a)) => return Ok(a.into()),
                 Ok(Outcome::Conflict) => {
                     self.discard(&records).await;
                     self.group.barrier().await?;
@@ -113,7 +115,7 @@ impl FsService {
                 }
                 Ok(Outcome::Failed(e)) => {
                     self.discard(&records).await;
-                    return Err(e);
+                    return Err(e.into());
                 }
                 Ok(other) => {
                     self.discard(&records).await;
@@ -141,7 +143,7 @@ impl FsService {
         let outcome = self
             .group
             .propose_one(Proposal {
-                id: Some(id),
+                id: Some(id.into()),
                 now: Timestamp::now(),
                 command: Command::WriteInline {
                     ino,
@@ -152,9 +154,9 @@ impl FsService {
             })
             .await?;
         match outcome {
-            Outcome::Attr(a) => Ok(Ok(a)),
+            Outcome::Attr(a) => Ok(Ok(a.into())),
             Outcome::NotInline { inline, version } => Ok(Err((inline, version))),
-            Outcome::Failed(e) => Err(e),
+            Outcome::Failed(e) => Err(e.into()),
             other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
         }
     }
@@ -218,7 +220,7 @@ impl FsService {
                     NewExtent {
                         offset,
                         len,
-                        stripe,
+                        stripe: stripe.into(),
                     },
                 )),
                 Ok((_, _, _, Err(e))) => failure = Some(e),
@@ -228,7 +230,7 @@ impl FsService {
         done.sort_by_key(|(n, _)| *n);
         let extents: Vec<NewExtent> = done.into_iter().map(|(_, e)| e).collect();
         if let Some(e) = failure {
-            let records: Vec<_> = extents.into_iter().map(|e| e.stripe).collect();
+            let records: Vec<StripeRecord> = extents.into_iter().map(|e| e.stripe.into()).collect();
             self.discard(&records).await;
             return Err(e);
         }

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shoal_agent_api::Timestamp;
 use shoal_mesh::{GossipHandle, MemberState, MemberView, Transport};
+use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, NodeId, NodeState, StripeId};
 use tracing::{debug, info};

@@ -4,7 +4,7 @@
 //! first, before the subsystems they use shut down.
 //!
 //! The workers: `batcher` (the leader's proposal batcher), `facts` (this node's gossiped
-//! facts), `metrics` (gauges), `steward` (the metadata group's membership and the cluster
+//! facts), `gpu` (GPU readings for the governor), `metrics` (gauges), `steward` (the metadata group's membership and the cluster
 //! layout), `stripe-gc` (shards of unreferenced stripes), `orphan-purge` (unlinked inodes
 //! no mount holds), `orphan-shards` (shards no stripe record names). What to do is decided
 //! by pure code beside each (`steward` uses `consensus::voters`, `gc` its
@@ -12,6 +12,7 @@
 
 pub mod facts;
 pub mod gc;
+pub mod gpu;
 pub mod metrics;
 pub mod steward;
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::{BasicNode, ChangeMembers};
-use shoal_agent_api::Timestamp;
 use shoal_mesh::{GossipHandle, MemberState, MemberView};
+use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
 use tracing::{info, warn};

@@ -100,6 +100,92 @@ fn open_flags(direct: bool) -> i32 {
     }
 }
 
+/// The index as stored (creating its table on a new store).
+fn read_index(db: &Database) -> Result<BTreeMap<ShardKey, (u64, u32)>, StoreError> {
+    let tx = db.begin_write().map_err(index_err)?;
+    tx.open_table(SHARDS).map_err(index_err)?;
+    tx.commit().map_err(index_err)?;
+    let tx = db.begin_read().map_err(index_err)?;
+    let table = tx.open_table(SHARDS).map_err(index_err)?;
+    let mut index = BTreeMap::new();
+    for row in table.iter().map_err(index_err)? {
+        let (k, v) = row.map_err(index_err)?;
+        let (stripe, idx) = k.value();
+        index.insert(ShardKey { stripe, index: idx }, v.value());
+    }
+    Ok(index)
+}
+
+/// Start-up recovery over the shard files: discards half-written ones, checks the ones the
+/// index missed (valid ones are returned to be indexed, damaged ones removed). Returns
+/// the keys of every shard file and the entries to add.
+#[allow(clippy::type_complexity)]
+fn scan_shards(
+    shards: &Path,
+    index: &BTreeMap<ShardKey, (u64, u32)>,
+    recovery: &mut Recovery,
+) -> Result<(BTreeSet<ShardKey>, Vec<(ShardKey, (u64, u32))>), StoreError> {
+    let mut on_disk = BTreeSet::new();
+    let mut add = Vec::new();
+    for entry in std::fs::read_dir(shards).map_err(io_err("list", shards))? {
+        let entry = entry.map_err(io_err("list", shards))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if name.ends_with(".tmp") {
+            std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
+            warn!(file = %name, "discarded a shard half-written at crash");
+            recovery.discarded_partial.push(name);
+            continue;
+        }
+        let Some(key) = parse_name(&name) else {
+            continue;
+        };
+        on_disk.insert(key);
+        if index.contains_key(&key) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+        match check(key, &bytes) {
+            Ok(h) => {
+                add.push((key, (h.data_len, h.data_crc)));
+                recovery.reindexed += 1;
+            }
+            Err(reason) => {
+                std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
+                warn!(file = %name, %reason, "removed a damaged unindexed shard file");
+                recovery.removed_corrupt.push(name);
+            }
+        }
+    }
+    Ok((on_disk, add))
+}
+
+/// Indexes `add` and drops `gone` in one commit.
+fn fix_index(
+    db: &Database,
+    add: &[(ShardKey, (u64, u32))],
+    gone: &[ShardKey],
+) -> Result<(), StoreError> {
+    if add.is_empty() && gone.is_empty() {
+        return Ok(());
+    }
+    let tx = db.begin_write().map_err(index_err)?;
+    {
+        let mut table = tx.open_table(SHARDS).map_err(index_err)?;
+        for (k, v) in add {
+            table.insert((k.stripe, k.index), *v).map_err(index_err)?;
+        }
+        for k in gone {
+            table.remove((k.stripe, k.index)).map_err(index_err)?;
+        }
+    }
+    tx.commit().map_err(index_err)?;
+    for k in gone {
+        warn!(shard = %k, "dropped an index entry whose shard file is gone");
+    }
+    Ok(())
+}
+
 fn parse_name(name: &str) -> Option<ShardKey> {
     let (stripe, index) = name.split_once('.')?;
     if stripe.len() != 32 {
@@ -201,74 +287,16 @@ impl DiskStore {
             probe_direct_io(&shards)?;
         }
         let db = Database::create(root.join("index.redb")).map_err(index_err)?;
-        let mut index = BTreeMap::new();
-        {
-            let tx = db.begin_write().map_err(index_err)?;
-            tx.open_table(SHARDS).map_err(index_err)?;
-            tx.commit().map_err(index_err)?;
-            let tx = db.begin_read().map_err(index_err)?;
-            let table = tx.open_table(SHARDS).map_err(index_err)?;
-            for row in table.iter().map_err(index_err)? {
-                let (k, v) = row.map_err(index_err)?;
-                let (stripe, idx) = k.value();
-                index.insert(ShardKey { stripe, index: idx }, v.value());
-            }
-        }
+        let mut index = read_index(&db)?;
         let mut recovery = Recovery::default();
-        let mut on_disk = BTreeSet::new();
-        let mut add = Vec::new();
-        for entry in std::fs::read_dir(&shards).map_err(io_err("list", &shards))? {
-            let entry = entry.map_err(io_err("list", &shards))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = entry.path();
-            if name.ends_with(".tmp") {
-                std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
-                warn!(file = %name, "discarded a shard half-written at crash");
-                recovery.discarded_partial.push(name);
-                continue;
-            }
-            let Some(key) = parse_name(&name) else {
-                continue;
-            };
-            on_disk.insert(key);
-            if index.contains_key(&key) {
-                continue;
-            }
-            let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
-            match check(key, &bytes) {
-                Ok(h) => {
-                    add.push((key, (h.data_len, h.data_crc)));
-                    recovery.reindexed += 1;
-                }
-                Err(reason) => {
-                    std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
-                    warn!(file = %name, %reason, "removed a damaged unindexed shard file");
-                    recovery.removed_corrupt.push(name);
-                }
-            }
-        }
+        let (on_disk, add) = scan_shards(&shards, &index, &mut recovery)?;
         let gone: Vec<ShardKey> = index
             .keys()
             .filter(|k| !on_disk.contains(k))
             .copied()
             .collect();
         recovery.dropped_index_entries = gone.len() as u64;
-        if !add.is_empty() || !gone.is_empty() {
-            let tx = db.begin_write().map_err(index_err)?;
-            {
-                let mut table = tx.open_table(SHARDS).map_err(index_err)?;
-                for (k, v) in &add {
-                    table.insert((k.stripe, k.index), *v).map_err(index_err)?;
-                }
-                for k in &gone {
-                    table.remove((k.stripe, k.index)).map_err(index_err)?;
-                }
-            }
-            tx.commit().map_err(index_err)?;
-            for k in &gone {
-                warn!(shard = %k, "dropped an index entry whose shard file is gone");
-            }
-        }
+        fix_index(&db, &add, &gone)?;
         for (k, v) in add {
             index.insert(k, v);
         }

@@ -1,0 +1,168 @@
+//! Golden bytes of the log and snapshot formats: a change to any type the log or a
+//! snapshot carries (this crate's own, or placement's) changes these bytes and fails here,
+//! so it can only happen as a deliberate format change with a version bump.
+
+use shoal_placement::{EcProfile, Layout, LayoutNode, NodeId, StripeId};
+
+use crate::format::{
+    FileKind, Owner, RenameFlags, RequestId, SetAttr, SetTime, ShardLocation, StripeRecord,
+    Timestamp,
+};
+use crate::{Batch, Command, LeaderStamp, NewExtent, Proposal};
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp { secs, nanos: 7 }
+}
+
+/// One batch holding one of each kind of command, with a stamp.
+fn every_command() -> Batch {
+    let stripe = StripeRecord {
+        id: StripeId(0x0102_0304),
+        len: 100,
+        ec: EcProfile { k: 2, m: 1 },
+        shard_len: 50,
+        epoch: 3,
+        shards: (0..3)
+            .map(|index| ShardLocation {
+                index,
+                node: NodeId(10 + u64::from(index)),
+                crc32c: 0xdead_beef,
+            })
+            .collect(),
+    };
+    let layout = Layout::new(4, vec![LayoutNode::active(NodeId(10), "fd1", 5)]).expect("layout");
+    let commands = vec![
+        Command::MkNode {
+            parent: 1,
+            name: "a".into(),
+            kind: FileKind::Symlink,
+            perm: 0o755,
+            owner: Owner { uid: 1, gid: 2 },
+            rdev: 0,
+            target: Some("t".into()),
+        },
+        Command::Link {
+            ino: 2,
+            new_parent: 1,
+            new_name: "b".into(),
+        },
+        Command::Unlink {
+            parent: 1,
+            name: "b".into(),
+        },
+        Command::Rmdir {
+            parent: 1,
+            name: "d".into(),
+        },
+        Command::Rename {
+            parent: 1,
+            name: "a".into(),
+            new_parent: 1,
+            new_name: "c".into(),
+            flags: RenameFlags {
+                noreplace: true,
+                exchange: false,
+            },
+        },
+        Command::SetAttr {
+            ino: 2,
+            set: SetAttr {
+                perm: Some(0o600),
+                size: Some(9),
+                mtime: Some(SetTime::At(at(5))),
+                atime: Some(SetTime::Now),
+                ..SetAttr::default()
+            },
+        },
+        Command::WriteInline {
+            ino: 2,
+            offset: 0,
+            data: vec![1, 2, 3],
+            max_inline: 65536,
+        },
+        Command::WriteExtents {
+            ino: 2,
+            inline_version: Some(4),
+            extents: vec![NewExtent {
+                offset: 0,
+                len: 100,
+                stripe,
+            }],
+        },
+        Command::Purge { ino: 2 },
+        Command::StripesFreed {
+            ids: vec![StripeId(5)],
+        },
+        Command::SetLayout { layout },
+        Command::AbandonStripes {
+            ids: vec![StripeId(6)],
+        },
+        Command::RecordGenerations {
+            generations: vec![(NodeId(10), 8)],
+        },
+    ];
+    Batch {
+        proposals: commands
+            .into_iter()
+            .enumerate()
+            .map(|(i, command)| Proposal {
+                id: Some(RequestId {
+                    client: 9,
+                    seq: i as u64,
+                }),
+                now: at(1_000 + i as i64),
+                command,
+            })
+            .collect(),
+        stamp: Some(LeaderStamp {
+            run: 77,
+            millis: 88,
+        }),
+    }
+}
+
+#[test]
+fn the_log_format_is_pinned() {
+    let bytes = postcard::to_allocvec(&every_command()).expect("encode");
+    assert_eq!(
+        hex(&bytes),
+        GOLDEN_BATCH,
+        "the log format changed: bump the log record version"
+    );
+    let back: Batch = postcard::from_bytes(&bytes).expect("decode");
+    assert_eq!(back, every_command());
+}
+
+#[test]
+fn the_snapshot_format_is_pinned() {
+    let mut kit = crate::testkit::Kit::stamped();
+    let store = &kit.store;
+    store.apply(&[every_command()], b"marker").expect("apply");
+    kit.clock += 1;
+    let snap = kit.store.snapshot().expect("snapshot");
+    assert_eq!(
+        hex(&snap),
+        GOLDEN_SNAPSHOT,
+        "the snapshot format changed: bump its version"
+    );
+}
+
+const GOLDEN_BATCH: &str = concat!(
+    "0d010900d00f070001016102ed03010200010174010901d20f070102010162010902d40f07020101",
+    "62010903d60f0703010164010904d80f07040101610101630100010905da0f070502018003000001",
+    "09010001010a07010906dc0f0706020003010203808004010907de0f070702010401006484868808",
+    "6403322b31320303000aeffdb6f50d010beffdb6f50d020ceffdb6f50d010908e00f070802010909",
+    "e20f0709010501090ae40f070a04010a03666431050001090be60f070b010601090ce80f070c010a",
+    "08014d58",
+);
+const GOLDEN_SNAPSHOT: &str = concat!(
+    "53484d530301066d61726b6572030104010a036664310500020101ed0302000000d00f07d80f07d8",
+    "0f0700000100000202ed0301010201d00f07d00f07d80f0700000001740001010163020200000000",
+    "0d0900000202ed0301010201d00f07d00f07d00f07000901000202ed0302010201d00f07d00f07d2",
+    "0f07000902010903040009040109050405090604050907040509080405090901090a01090b050106",
+    "090c0101090000004d5801060000010a08c46354a2",
+);

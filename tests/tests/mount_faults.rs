@@ -109,6 +109,19 @@ fn agent_restart_under_a_live_mount_fails_no_write() {
     wait_count(&done, 5, "writes before the restart");
     c.stop_agent(2);
     let at_stop = done.load(Ordering::SeqCst);
+    // A clean stop under a workload: workers stop before Raft, so nothing warns about
+    // proposals or Raft after the stop began.
+    let log = c.log(2);
+    let after_stop = log.rsplit("shutting down").next().unwrap_or_default();
+    let warnings: Vec<&str> = after_stop
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "warnings during a clean stop under writes:\n{}",
+        warnings.join("\n")
+    );
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         process_alive(c.mount_pid(2)) && is_mounted(&c.mnt(2)),

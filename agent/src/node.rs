@@ -248,14 +248,7 @@ impl Node {
             Err(_) => warn!("leave announcement timed out"),
         }
         self.workers.stop().await;
-        if let Err(e) = self.group.raft.shutdown().await {
-            warn!(error = %e, "metadata service did not stop cleanly");
-        }
-        // Applies are flushed in groups; a clean stop flushes the rest (a crash replays
-        // them from the log instead).
-        if let Err(e) = self.group.store().persist() {
-            warn!(error = %e, "could not flush the metadata state");
-        }
+        self.group.stop().await;
         if tokio::time::timeout(Duration::from_secs(2), self.transport.close())
             .await
             .is_err()

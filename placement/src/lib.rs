@@ -24,4 +24,4 @@ pub use geometry::{DEFAULT_SHARD_SIZE, SHARD_ALIGN, ShardSlice, StripeGeometry};
 pub use ids::{NodeId, StripeId};
 pub use layout::{FailureDomain, Layout, LayoutNode, NodeState};
 pub use profile::{EcProfile, MAX_SHARDS};
-pub use rendezvous::place;
+pub use rendezvous::{place, place_degraded, place_repair};

@@ -105,33 +105,107 @@ pub fn place(
 ) -> Result<Vec<NodeId>, PlacementError> {
     profile.validate()?;
     let need = profile.total();
+    let have = layout.placement_index().candidates.len();
+    if have < need {
+        return Err(PlacementError::NotEnoughNodes { need, have });
+    }
+    let slots: Vec<u8> = (0..need as u8).collect();
+    place_slots(layout, stripe, &slots, &[])
+        .into_iter()
+        .map(|t| t.ok_or(PlacementError::NotEnoughNodes { need, have }))
+        .collect()
+}
+
+/// Like [`place`] when fewer than `k + m` nodes are eligible: the first slots (every data
+/// shard, then parity) on as many nodes as there are, at least `min_shards`; the rest are
+/// `None` (written later by repair). The slots placed are exactly where [`place`] would
+/// put them under a layout with just these nodes. With enough nodes it is [`place`].
+pub fn place_degraded(
+    layout: &Layout,
+    stripe: StripeId,
+    profile: EcProfile,
+    min_shards: usize,
+) -> Result<Vec<Option<NodeId>>, PlacementError> {
+    profile.validate()?;
+    let need = profile.total();
+    let have = layout.placement_index().candidates.len();
+    if have < min_shards.min(need) {
+        return Err(PlacementError::NotEnoughNodes {
+            need: min_shards,
+            have,
+        });
+    }
+    let n = have.min(need);
+    let slots: Vec<u8> = (0..n as u8).collect();
+    let mut targets = place_slots(layout, stripe, &slots, &[]);
+    targets.resize(need, None);
+    Ok(targets)
+}
+
+/// Targets for the `slots` of a stripe whose other shards are on `holders`: each slot's
+/// contest among the eligible nodes that hold none of it, the holders' failure domains
+/// counted as already used. `None` for a slot no node can take.
+pub fn place_repair(
+    layout: &Layout,
+    stripe: StripeId,
+    slots: &[u8],
+    holders: &[NodeId],
+) -> Vec<Option<NodeId>> {
+    place_slots(layout, stripe, slots, holders)
+}
+
+/// The slot contests behind [`place`], [`place_degraded`] and [`place_repair`].
+fn place_slots(
+    layout: &Layout,
+    stripe: StripeId,
+    slots: &[u8],
+    holders: &[NodeId],
+) -> Vec<Option<NodeId>> {
     let PlacementIndex {
         candidates,
         domain_count,
     } = layout.placement_index();
     let domain_count = *domain_count;
-    if candidates.len() < need {
-        return Err(PlacementError::NotEnoughNodes {
-            need,
-            have: candidates.len(),
-        });
-    }
-
     let mut taken = vec![false; candidates.len()];
     let mut placed_in = vec![0usize; domain_count];
     let mut free_in = vec![0usize; domain_count];
     for c in candidates {
         free_in[c.domain] += 1;
     }
-
-    let mut targets = Vec::with_capacity(need);
-    for slot in 0..need {
+    for (i, c) in candidates.iter().enumerate() {
+        if holders.contains(&c.id) {
+            taken[i] = true;
+            placed_in[c.domain] += 1;
+            free_in[c.domain] -= 1;
+        }
+    }
+    // Holders that are not eligible now (down, draining) still fill their domain.
+    for h in holders {
+        if candidates.iter().any(|c| c.id == *h) {
+            continue;
+        }
+        let domain = layout
+            .nodes()
+            .iter()
+            .find(|n| n.id == *h)
+            .and_then(|n| {
+                candidates
+                    .iter()
+                    .find(|c| layout_domain(layout, c.id) == Some(&n.failure_domain))
+            })
+            .map(|c| c.domain);
+        if let Some(d) = domain {
+            placed_in[d] += 1;
+        }
+    }
+    let mut targets = Vec::with_capacity(slots.len());
+    for &slot in slots {
         // Domains with a free node that hold the fewest shards so far are allowed.
         let level = (0..domain_count)
             .filter(|&d| free_in[d] > 0)
             .map(|d| placed_in[d])
             .min();
-        let key = slot_key(stripe.0, slot as u8);
+        let key = slot_key(stripe.0, slot);
         let mut best: Option<(usize, Score)> = None;
         for (i, c) in candidates.iter().enumerate() {
             if taken[i] || Some(placed_in[c.domain]) != level {
@@ -151,17 +225,25 @@ pub fn place(
                 best = Some((i, score));
             }
         }
-        // Unreachable with candidates.len() >= need, but never panic on a layout.
-        let (i, _) = best.ok_or(PlacementError::NotEnoughNodes {
-            need,
-            have: targets.len(),
-        })?;
-        taken[i] = true;
-        placed_in[candidates[i].domain] += 1;
-        free_in[candidates[i].domain] -= 1;
-        targets.push(candidates[i].id);
+        match best {
+            Some((i, _)) => {
+                taken[i] = true;
+                placed_in[candidates[i].domain] += 1;
+                free_in[candidates[i].domain] -= 1;
+                targets.push(Some(candidates[i].id));
+            }
+            None => targets.push(None),
+        }
     }
-    Ok(targets)
+    targets
+}
+
+fn layout_domain(layout: &Layout, id: NodeId) -> Option<&crate::layout::FailureDomain> {
+    layout
+        .nodes()
+        .iter()
+        .find(|n| n.id == id)
+        .map(|n| &n.failure_domain)
 }
 
 #[cfg(test)]
@@ -179,6 +261,64 @@ mod tests {
 
     fn profile(k: u8, m: u8) -> EcProfile {
         EcProfile { k, m }
+    }
+
+    #[test]
+    fn a_degraded_placement_fills_data_slots_first_where_full_placement_would() {
+        let five = layout(&[
+            (1, "a", 1),
+            (2, "b", 1),
+            (3, "c", 1),
+            (4, "d", 1),
+            (5, "e", 1),
+        ]);
+        let six = layout(&[
+            (1, "a", 1),
+            (2, "b", 1),
+            (3, "c", 1),
+            (4, "d", 1),
+            (5, "e", 1),
+            (6, "f", 1),
+        ]);
+        let p = profile(4, 2);
+        for stripe in 0..50u128 {
+            let degraded = place_degraded(&five, StripeId(stripe), p, 5).expect("5 of 6");
+            assert_eq!(degraded.len(), 6);
+            assert_eq!(degraded[5], None, "the last parity slot waits for repair");
+            let placed: Vec<NodeId> = degraded.iter().flatten().copied().collect();
+            let mut distinct = placed.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), 5);
+            // With every node up it is the full placement.
+            let full = place(&six, StripeId(stripe), p).expect("six");
+            let whole = place_degraded(&six, StripeId(stripe), p, 5).expect("six");
+            assert_eq!(whole, full.iter().copied().map(Some).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            place_degraded(&five, StripeId(1), p, 6),
+            Err(PlacementError::NotEnoughNodes { need: 6, have: 5 })
+        );
+    }
+
+    #[test]
+    fn repair_targets_avoid_the_holders_and_their_domains() {
+        let l = layout(&[
+            (1, "a", 1),
+            (2, "b", 1),
+            (3, "c", 1),
+            (4, "a", 1),
+            (5, "d", 1),
+        ]);
+        for stripe in 0..50u128 {
+            let t = place_repair(&l, StripeId(stripe), &[2], &[NodeId(1), NodeId(2)]);
+            assert_eq!(t.len(), 1);
+            let n = t[0].expect("a target");
+            assert!(n == NodeId(3) || n == NodeId(5), "a new domain: {n}");
+        }
+        // No node left that holds nothing of the stripe.
+        let holders: Vec<NodeId> = (1..=5).map(NodeId).collect();
+        assert_eq!(place_repair(&l, StripeId(1), &[0], &holders), vec![None]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::{BasicNode, ChangeMembers, Config, SnapshotPolicy};
-use shoal_mesh::{Rpc, Transport};
+use shoal_mesh::{FailureClass, Refusal, Rpc, Transport};
 use shoal_namespace::{NamespaceStore, Outcome, Proposal};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
@@ -48,6 +48,9 @@ pub struct Group {
     /// Set while this node's Raft state was reset (a stale data dir) and the leader has
     /// not yet taken it out of the group: every Raft message is refused meanwhile.
     rejoining: std::sync::atomic::AtomicBool,
+    /// Set when the node stops: requests from peers are refused from then on, so nothing
+    /// reaches Raft after it shut down.
+    stopping: std::sync::atomic::AtomicBool,
     /// Shown in status (see [`shoal_agent_api::MetaStatus::notice`]).
     notice: Option<String>,
 }
@@ -122,6 +125,7 @@ impl Group {
             barrier_round: tokio::sync::Mutex::new(None),
             ballast,
             rejoining: std::sync::atomic::AtomicBool::new(rejoin.is_some()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             notice: rejoin.as_ref().map(|(n, _)| n.clone()),
         });
         group.register_handlers();
@@ -134,6 +138,25 @@ impl Group {
 
     fn is_rejoining(&self) -> bool {
         self.rejoining.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Stops this member: peers' requests are refused from now on, then Raft shuts down
+    /// and the replica's last applies are flushed.
+    pub async fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Err(e) = self.raft.shutdown().await {
+            warn!(error = %e, "metadata service did not stop cleanly");
+        }
+        // Applies are flushed in groups; a clean stop flushes the rest (a crash replays
+        // them from the log instead).
+        if let Err(e) = self.store.persist() {
+            warn!(error = %e, "could not flush the metadata state");
+        }
     }
 
     /// Lets Raft messages in again (the leader has taken this node out of the group).
@@ -183,9 +206,9 @@ impl Group {
         let this = self.clone();
         self.transport.register(move |_from, msg: RaftMessage| {
             let raft = this.raft.clone();
-            let rejoining = this.is_rejoining();
+            let refusing = this.is_rejoining() || this.is_stopping();
             async move {
-                if rejoining {
+                if refusing {
                     return Ok(RaftReply::NotServing);
                 }
                 Ok(match msg {
@@ -198,12 +221,24 @@ impl Group {
         let this = self.clone();
         self.transport.register(move |_from, msg: Forward| {
             let this = this.clone();
-            async move { Ok(this.submit_local(msg.0).await) }
+            async move {
+                if this.is_stopping() {
+                    return Ok(Err(ForwardRefused::Unavailable(
+                        "this agent is stopping".into(),
+                    )));
+                }
+                Ok(this.submit_local(msg.0).await)
+            }
         });
         let this = self.clone();
         self.transport.register(move |_from, _: ReadIndex| {
             let this = this.clone();
             async move {
+                if this.is_stopping() {
+                    return Ok(Err(ForwardRefused::Unavailable(
+                        "this agent is stopping".into(),
+                    )));
+                }
                 Ok(match this.raft.get_read_log_id().await {
                     Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
                     Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
@@ -216,12 +251,29 @@ impl Group {
         let this = self.clone();
         self.transport.register(move |_from, msg: Rejoin| {
             let this = this.clone();
-            async move { Ok(this.drop_member(msg.node).await) }
+            async move {
+                if this.is_stopping() {
+                    return Ok(Err(ForwardRefused::Unavailable(
+                        "this agent is stopping".into(),
+                    )));
+                }
+                Ok(this.drop_member(msg.node).await)
+            }
         });
         let this = self.clone();
         self.transport.register(move |_from, _: Hello| {
             let this = this.clone();
-            async move { Ok(this.raft.is_initialized().await.unwrap_or(false)) }
+            async move {
+                // A stopping member must not look uninitialized to a peer deciding to
+                // form a new group: it does not answer.
+                if this.is_stopping() {
+                    return Err(Refusal::new(
+                        FailureClass::Retryable,
+                        "this agent is stopping",
+                    ));
+                }
+                Ok(this.raft.is_initialized().await.unwrap_or(false))
+            }
         });
     }
 

@@ -9,6 +9,17 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeId(pub u64);
 
+impl NodeId {
+    /// No node: where a stripe record names it, that shard is missing (written degraded,
+    /// or given up as corrupt) and waits for repair. No node ever has this id.
+    pub const NONE: NodeId = NodeId(0);
+
+    /// True for [`NodeId::NONE`].
+    pub fn is_none(self) -> bool {
+        self == NodeId::NONE
+    }
+}
+
 impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}", self.0)

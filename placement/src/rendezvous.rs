@@ -110,7 +110,7 @@ pub fn place(
         return Err(PlacementError::NotEnoughNodes { need, have });
     }
     let slots: Vec<u8> = (0..need as u8).collect();
-    place_slots(layout, stripe, &slots, &[])
+    place_slots(layout, stripe, &slots, &[], &[])
         .into_iter()
         .map(|t| t.ok_or(PlacementError::NotEnoughNodes { need, have }))
         .collect()
@@ -137,21 +137,22 @@ pub fn place_degraded(
     }
     let n = have.min(need);
     let slots: Vec<u8> = (0..n as u8).collect();
-    let mut targets = place_slots(layout, stripe, &slots, &[]);
+    let mut targets = place_slots(layout, stripe, &slots, &[], &[]);
     targets.resize(need, None);
     Ok(targets)
 }
 
 /// Targets for the `slots` of a stripe whose other shards are on `holders`: each slot's
-/// contest among the eligible nodes that hold none of it, the holders' failure domains
-/// counted as already used. `None` for a slot no node can take.
+/// contest among the eligible nodes that hold none of it and are not in `avoid`, the
+/// holders' failure domains counted as already used. `None` for a slot no node can take.
 pub fn place_repair(
     layout: &Layout,
     stripe: StripeId,
     slots: &[u8],
     holders: &[NodeId],
+    avoid: &[NodeId],
 ) -> Vec<Option<NodeId>> {
-    place_slots(layout, stripe, slots, holders)
+    place_slots(layout, stripe, slots, holders, avoid)
 }
 
 /// The slot contests behind [`place`], [`place_degraded`] and [`place_repair`].
@@ -160,6 +161,7 @@ fn place_slots(
     stripe: StripeId,
     slots: &[u8],
     holders: &[NodeId],
+    avoid: &[NodeId],
 ) -> Vec<Option<NodeId>> {
     let PlacementIndex {
         candidates,
@@ -176,6 +178,9 @@ fn place_slots(
         if holders.contains(&c.id) {
             taken[i] = true;
             placed_in[c.domain] += 1;
+            free_in[c.domain] -= 1;
+        } else if avoid.contains(&c.id) {
+            taken[i] = true;
             free_in[c.domain] -= 1;
         }
     }
@@ -311,14 +316,34 @@ mod tests {
             (5, "d", 1),
         ]);
         for stripe in 0..50u128 {
-            let t = place_repair(&l, StripeId(stripe), &[2], &[NodeId(1), NodeId(2)]);
+            let t = place_repair(&l, StripeId(stripe), &[2], &[NodeId(1), NodeId(2)], &[]);
             assert_eq!(t.len(), 1);
             let n = t[0].expect("a target");
             assert!(n == NodeId(3) || n == NodeId(5), "a new domain: {n}");
+            let avoided = place_repair(
+                &l,
+                StripeId(stripe),
+                &[2],
+                &[NodeId(1), NodeId(2)],
+                &[NodeId(3)],
+            );
+            assert_eq!(
+                avoided,
+                vec![Some(NodeId(5))],
+                "a node to avoid is passed over"
+            );
         }
         // No node left that holds nothing of the stripe.
         let holders: Vec<NodeId> = (1..=5).map(NodeId).collect();
-        assert_eq!(place_repair(&l, StripeId(1), &[0], &holders), vec![None]);
+        assert_eq!(
+            place_repair(&l, StripeId(1), &[0], &holders, &[]),
+            vec![None]
+        );
+        assert_eq!(
+            place_repair(&l, StripeId(1), &[0], &holders[..4], &[NodeId(5)]),
+            vec![None],
+            "the only free node is one to avoid"
+        );
     }
 
     #[test]

@@ -157,6 +157,39 @@ pub enum Command {
     RecordGenerations {
         generations: Vec<(NodeId, u64)>,
     },
+    /// Moves shards of a live stripe, each only if its slot still names `from`
+    /// (compare-and-set): repair commits rebuilt shards this way once they are durable on
+    /// `to`, and a node gives up a corrupt shard of its own with `to` = [`NodeId::NONE`].
+    /// Refused with [`Outcome::Conflict`] (nothing changed) when a slot names another
+    /// node, a target already holds another slot of the stripe, or a target was disowned
+    /// for that slot (see [`Command::DisownShards`]); with `NotFound` when the stripe is
+    /// not live.
+    RelocateShards {
+        stripe: StripeId,
+        moves: Vec<ShardMove>,
+    },
+    /// `node` asks to delete shards it holds that the stripe records do not name there (a
+    /// repair that stored them but never committed, or a slot moved away while the node
+    /// was out). Shards whose slot does name `node` are kept; the others are fenced: a
+    /// later [`Command::RelocateShards`] of that slot to `node` is refused, so a late
+    /// commit of an old repair cannot point at a deleted shard. Shards of stripes the
+    /// metadata does not know are left to [`Command::AbandonStripes`]. Answered with
+    /// [`Outcome::Disowned`]: the shards `node` may now delete.
+    DisownShards {
+        node: NodeId,
+        shards: Vec<(StripeId, u8)>,
+    },
+}
+
+/// One shard of a stripe moving from one node to another: the shard's index, the node
+/// its slot must name now, the node that holds it from now on (or [`NodeId::NONE`]) and
+/// the checksum of its bytes there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMove {
+    pub index: u8,
+    pub from: NodeId,
+    pub to: NodeId,
+    pub crc32c: u32,
 }
 
 impl Command {
@@ -199,7 +232,7 @@ impl Command {
 pub enum Outcome {
     /// MkNode, Link: the new entry. SetAttr, WriteInline, WriteExtents: the inode after.
     Attr(FileAttr),
-    /// Unlink, Rmdir, Rename, Purge, StripesFreed, SetLayout.
+    /// Unlink, Rmdir, Rename, Purge, StripesFreed, SetLayout, RelocateShards.
     Done,
     /// WriteInline refused: the data must go to stripes. `inline` is the inode's current
     /// inline data and version, for the writer to carry over.
@@ -209,6 +242,8 @@ pub enum Outcome {
         version: u64,
     },
     /// WriteExtents refused: the inline data changed since the writer read it.
+    /// RelocateShards refused: a slot no longer names the node the move expected, or a
+    /// target may not take the shard.
     Conflict,
     /// The namespace refused the command (the errno for the caller).
     Failed(FsError),
@@ -217,6 +252,8 @@ pub enum Outcome {
     /// WriteExtents refused: this stripe was abandoned (its shards may be gone); nothing
     /// changed. The writer writes its data to new stripes and commits again.
     StripeAbandoned(StripeId),
+    /// DisownShards: the shards the asking node may now delete.
+    Disowned(Vec<(StripeId, u8)>),
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::format::{
     FileKind, Owner, RenameFlags, RequestId, SetAttr, SetTime, ShardLocation, StripeRecord,
     Timestamp,
 };
-use crate::{Batch, Command, LeaderStamp, NewExtent, Proposal};
+use crate::{Batch, Command, LeaderStamp, NewExtent, Proposal, ShardMove};
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -104,6 +104,19 @@ fn every_command() -> Batch {
         Command::RecordGenerations {
             generations: vec![(NodeId(10), 8)],
         },
+        Command::RelocateShards {
+            stripe: StripeId(0x0102_0304),
+            moves: vec![ShardMove {
+                index: 2,
+                from: NodeId(12),
+                to: NodeId(13),
+                crc32c: 0xdead_beef,
+            }],
+        },
+        Command::DisownShards {
+            node: NodeId(13),
+            shards: vec![(StripeId(0x0102_0304), 2)],
+        },
     ];
     Batch {
         proposals: commands
@@ -143,6 +156,22 @@ fn the_snapshot_format_is_pinned() {
     let store = &kit.store;
     store.apply(&[every_command()], b"marker").expect("apply");
     kit.clock += 1;
+    // A live stripe with a relocated shard and a disowned copy, so those rows are pinned.
+    let f = kit.mkfile(shoal_agent_api::ROOT_INO, "f");
+    kit.write_extents(f, vec![crate::testkit::extent(0, 10, 0x0506)]);
+    kit.run(Command::RelocateShards {
+        stripe: StripeId(0x0506),
+        moves: vec![ShardMove {
+            index: 1,
+            from: NodeId(2),
+            to: NodeId(7),
+            crc32c: 9,
+        }],
+    });
+    kit.run(Command::DisownShards {
+        node: NodeId(2),
+        shards: vec![(StripeId(0x0506), 1)],
+    });
     let snap = kit.store.snapshot().expect("snapshot");
     assert_eq!(
         hex(&snap),
@@ -152,17 +181,19 @@ fn the_snapshot_format_is_pinned() {
 }
 
 const GOLDEN_BATCH: &str = concat!(
-    "0d010900d00f070001016102ed03010200010174010901d20f070102010162010902d40f07020101",
+    "0f010900d00f070001016102ed03010200010174010901d20f070102010162010902d40f07020101",
     "62010903d60f0703010164010904d80f07040101610101630100010905da0f070502018003000001",
     "09010001010a07010906dc0f0706020003010203808004010907de0f070702010401006484868808",
     "6403322b31320303000aeffdb6f50d010beffdb6f50d020ceffdb6f50d010908e00f070802010909",
     "e20f0709010501090ae40f070a04010a03666431050001090be60f070b010601090ce80f070c010a",
-    "08014d58",
+    "0801090dea0f070d8486880801020c0deffdb6f50d01090eec0f070e0d018486880802014d58",
 );
 const GOLDEN_SNAPSHOT: &str = concat!(
-    "53484d530301066d61726b6572030104010a036664310500020101ed0302000000d00f07d80f07d8",
-    "0f0700000100000202ed0301010201d00f07d00f07d80f0700000001740001010163020200000000",
-    "0d0900000202ed0301010201d00f07d00f07d00f07000901000202ed0302010201d00f07d00f07d2",
-    "0f07000902010903040009040109050405090604050907040509080405090901090a01090b050106",
-    "090c0101090000004d5801060000010a08c46354a2",
+    "53484d530401066d61726b6572040104010a036664310500030101ed0302000000d00f07cc0100cc",
+    "010000000100000202ed0301010201d00f07d00f07d80f070000000174000300a40301e807e8070a",
+    "cc0100ce0100ce0100000100000002010163020201016603000103000a00860a01860a0a03322b31",
+    "0501030001000107090203000100000f0900000202ed0301010201d00f07d00f07d00f0700090100",
+    "0202ed0302010201d00f07d00f07d20f070009020109030400090401090504050906040509070405",
+    "09080405090901090a01090b050106090c01090d0400090e070001090000b81701a8b40601060000",
+    "010a0801860a0102b81700521c5d0d",
 );

@@ -15,11 +15,12 @@ pub mod format;
 mod namespace;
 mod query;
 mod record;
+mod shards;
 mod snapshot;
 mod store;
 mod tx;
 
-pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal};
+pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal, ShardMove};
 pub use error::NamespaceError;
 pub use query::{FileData, NamespaceStats};
 pub use snapshot::snapshot_marker;

@@ -8,11 +8,11 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetada
 use shoal_agent_api::{
     DirEntry, Extent, FileAttr, FileLayout, FsError, Ino, ROOT_INO, StripeRecord, Timestamp,
 };
-use shoal_placement::{Layout, StripeId};
+use shoal_placement::{Layout, NodeId, StripeId};
 
 use crate::record::{
-    self, DIRENTS, EXTENTS, GARBAGE, INODES, InodeRecord, KEY_LAYOUT, KEY_STRIPE_BYTES, ORPHANS,
-    STATE, STRIPES, decode,
+    self, DIRENTS, DISOWNED, EXTENTS, GARBAGE, INODES, InodeRecord, KEY_LAYOUT, KEY_STRIPE_BYTES,
+    ORPHANS, STATE, STRIPES, decode,
 };
 use crate::{NamespaceError, NamespaceStore};
 
@@ -243,14 +243,49 @@ impl NamespaceStore {
     }
 
     /// Up to `limit` stripes no extent references any more, waiting for their shards to be
-    /// deleted (then `StripesFreed`), in id order.
-    pub fn garbage(&self, limit: usize) -> Result<Vec<StripeRecord>, NamespaceError> {
+    /// deleted (then `StripesFreed`), in id order from the first after `after`.
+    pub fn garbage(
+        &self,
+        after: Option<StripeId>,
+        limit: usize,
+    ) -> Result<Vec<StripeRecord>, NamespaceError> {
         let txn = self.read()?;
+        stripe_page(&txn.open_table(GARBAGE)?, after, limit, |value| {
+            let record: crate::format::StripeRecord = decode(value, "garbage")?;
+            Ok(record)
+        })
+    }
+
+    /// Up to `limit` live stripes (some extent references them), in id order from the
+    /// first after `after`: a scan over every stripe goes page by page.
+    pub fn stripes(
+        &self,
+        after: Option<StripeId>,
+        limit: usize,
+    ) -> Result<Vec<StripeRecord>, NamespaceError> {
+        let txn = self.read()?;
+        stripe_page(&txn.open_table(STRIPES)?, after, limit, |value| {
+            let entry: crate::record::StripeEntry = decode(value, "stripe")?;
+            Ok(entry.record)
+        })
+    }
+
+    /// The live stripe `id`, if some extent references it.
+    pub fn live_stripe(&self, id: StripeId) -> Result<Option<StripeRecord>, NamespaceError> {
+        let txn = self.read()?;
+        Ok(record::read_stripe(&txn.open_table(STRIPES)?, id.0)?.map(|e| e.record.into()))
+    }
+
+    /// The shards of `stripe` disowned by a node (index, node): fenced, so a relocation of
+    /// that slot to that node is refused for a while.
+    pub fn disowned(&self, stripe: StripeId) -> Result<Vec<(u8, NodeId)>, NamespaceError> {
+        let txn = self.read()?;
+        let table = txn.open_table(DISOWNED)?;
         let mut out = Vec::new();
-        for item in txn.open_table(GARBAGE)?.iter()?.take(limit) {
-            let (_, value) = item?;
-            let record: crate::format::StripeRecord = decode(value.value(), "garbage")?;
-            out.push(record.into());
+        for item in table.range((stripe.0, 0, 0)..=(stripe.0, u8::MAX, u64::MAX))? {
+            let (key, _) = item?;
+            let (_, index, node) = key.value();
+            out.push((index, NodeId(node)));
         }
         Ok(out)
     }
@@ -262,6 +297,25 @@ impl NamespaceStore {
         Ok(txn.open_table(STRIPES)?.get(id.0)?.is_some()
             || txn.open_table(GARBAGE)?.get(id.0)?.is_some())
     }
+}
+
+/// Up to `limit` records of a stripe-keyed table, from the first id after `after`.
+fn stripe_page(
+    table: &impl ReadableTable<u128, &'static [u8]>,
+    after: Option<StripeId>,
+    limit: usize,
+    record: impl Fn(&[u8]) -> Result<crate::format::StripeRecord, NamespaceError>,
+) -> Result<Vec<StripeRecord>, NamespaceError> {
+    let start = match after {
+        Some(id) => Bound::Excluded(id.0),
+        None => Bound::Unbounded,
+    };
+    let mut out = Vec::new();
+    for item in table.range::<u128>((start, Bound::Unbounded))?.take(limit) {
+        let (_, value) = item?;
+        out.push(record(value.value())?.into());
+    }
+    Ok(out)
 }
 
 fn dangling(ino: Ino) -> NamespaceError {

@@ -3,7 +3,7 @@
 //! Every table is keyed by inode first — `inodes(ino)`, `dirents((parent, name))`,
 //! `extents((ino, offset))`, `orphans(ino)` — so a later split of the namespace into Raft
 //! groups by `hash(ino)` is a key filter. A stripe (`stripes(id)`, `garbage(id)`,
-//! `abandoned(id)`) belongs to the group of the inode whose extents reference it.
+//! `abandoned(id)`, `disowned((id, index, node))`) belongs to the group of the inode whose extents reference it.
 //! `dedup((client, seq))`, `sessions(client)` and `state(name)` are per group.
 //!
 //! Every value is one version byte ([`RECORD_VERSION`]) followed by the postcard encoding
@@ -49,6 +49,11 @@ pub(crate) const LEGACY_CLIENTS: TableDefinition<u64, Bytes> = TableDefinition::
 /// Stripe id → the cluster clock (milliseconds, u64 record) when it was abandoned: fenced
 /// against a late commit, its shards deleted (see `Command::AbandonStripes`).
 pub(crate) const ABANDONED: TableDefinition<u128, Bytes> = TableDefinition::new("abandoned");
+/// (Stripe id, shard index, node) → the cluster clock (milliseconds, u64 record) when
+/// that node disowned its copy of that shard: fenced against a late relocation of the
+/// slot to it (see `Command::DisownShards`).
+pub(crate) const DISOWNED: TableDefinition<(u128, u8, u64), Bytes> =
+    TableDefinition::new("disowned");
 /// Node id → the highest generation it was recorded running with (u64 record).
 pub(crate) const GENERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("generations");
 /// Name → value; the names are the `KEY_*` constants.
@@ -68,6 +73,9 @@ pub(crate) const KEY_CLIENT_SWEEP: &str = "client_sweep";
 pub(crate) const KEY_CLOCK: &str = "clock";
 /// `state` key: the abandoned stripe the expiry sweep looks at next (u128 record).
 pub(crate) const KEY_ABANDON_SWEEP: &str = "abandon_sweep";
+/// `state` key: the stripe whose disowned shards the expiry sweep looks at next (u128
+/// record).
+pub(crate) const KEY_DISOWN_SWEEP: &str = "disown_sweep";
 
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;

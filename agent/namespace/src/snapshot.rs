@@ -1,11 +1,12 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`], then (version 3) of [`Tail`] — sessions on the cluster
-//! clock, the clock itself, abandoned stripes, node generations — and the crc32c of all the bytes before it
-//! (u32 little-endian) at the end. Older versions still install: version 2 carried
-//! [`ClientsV2`] (sessions on proposers' wall clocks; installed as last seen at cluster
-//! time 0), version 1 neither that nor a checksum. Records inside are decoded (and so
+//! encoding of [`SnapshotV1`], then (version 4) of [`Tail`] — sessions on the cluster
+//! clock, the clock itself, abandoned stripes, node generations, disowned shards — and the
+//! crc32c of all the bytes before it (u32 little-endian) at the end. Older versions still
+//! install: version 3 carried [`TailV3`] (no disowned shards), version 2 [`ClientsV2`]
+//! (sessions on proposers' wall clocks; installed as last seen at cluster time 0),
+//! version 1 neither that nor a checksum. Records inside are decoded (and so
 //! checked) on install.
 
 use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
@@ -16,15 +17,15 @@ use serde::{Deserialize, Serialize};
 use shoal_placement::Layout;
 
 use crate::record::{
-    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
-    GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP,
-    KEY_CLOCK, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS,
-    STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
+    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS, ExtentRecord,
+    FIRST_INO, GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED,
+    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
+    LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
 };
 use crate::{NamespaceError, NamespaceStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 3;
+const SNAPSHOT_VERSION: u8 = 4;
 
 /// Everything the state machine held in version 1 (later versions append a tail).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -89,6 +90,8 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
         abandoned: rows(&txn.open_table(ABANDONED)?, "abandoned", |k, v| (k, v))?,
         abandon_sweep: record::read_state(&state, KEY_ABANDON_SWEEP)?.unwrap_or(0),
         generations: rows(&txn.open_table(GENERATIONS)?, "generation", |k, v| (k, v))?,
+        disowned: rows(&txn.open_table(DISOWNED)?, "disowned", |k, v| (k, v))?,
+        disown_sweep: record::read_state(&state, KEY_DISOWN_SWEEP)?.unwrap_or(0),
     };
     Ok((snap, tail))
 }
@@ -159,8 +162,20 @@ struct ClientsV2 {
     sweep: u64,
 }
 
-/// Version 3's tail: sessions on the cluster clock (milliseconds), the idle-session
-/// sweep's position, the cluster clock, and abandoned stripes with their sweep position.
+/// Version 3's tail: [`Tail`] without the disowned shards.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TailV3 {
+    sessions: Vec<(u64, u64)>,
+    sweep: u64,
+    clock: ClockRecord,
+    abandoned: Vec<(u128, u64)>,
+    abandon_sweep: u128,
+    generations: Vec<(u64, u64)>,
+}
+
+/// The tail: sessions on the cluster clock (milliseconds), the idle-session sweep's
+/// position, the cluster clock, abandoned stripes with their sweep position, node
+/// generations, and disowned shards with their sweep position.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Tail {
     sessions: Vec<(u64, u64)>,
@@ -169,6 +184,22 @@ struct Tail {
     abandoned: Vec<(u128, u64)>,
     abandon_sweep: u128,
     generations: Vec<(u64, u64)>,
+    disowned: Vec<((u128, u8, u64), u64)>,
+    disown_sweep: u128,
+}
+
+impl From<TailV3> for Tail {
+    fn from(v3: TailV3) -> Tail {
+        Tail {
+            sessions: v3.sessions,
+            sweep: v3.sweep,
+            clock: v3.clock,
+            abandoned: v3.abandoned,
+            abandon_sweep: v3.abandon_sweep,
+            generations: v3.generations,
+            ..Tail::default()
+        }
+    }
 }
 
 impl From<ClientsV2> for Tail {
@@ -216,6 +247,7 @@ fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Tail), NamespaceError> {
         .map_err(|e| NamespaceError::Corrupt(format!("snapshot: {e}")))?;
     let tail = match version {
         2 => decode_exact::<ClientsV2>(rest, "snapshot clients")?.into(),
+        3 => decode_exact::<TailV3>(rest, "snapshot tail")?.into(),
         _ => decode_exact(rest, "snapshot tail")?,
     };
     Ok((snap, tail))
@@ -241,6 +273,7 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     clear(txn, DEDUP)?;
     clear(txn, SESSIONS)?;
     clear(txn, ABANDONED)?;
+    clear(txn, DISOWNED)?;
     clear(txn, GENERATIONS)?;
     clear(txn, STATE)?;
     txn.delete_table(LEGACY_CLIENTS)?;
@@ -287,6 +320,10 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     for (node, generation) in &tail.generations {
         t.insert(*node, encode(generation)?.as_slice())?;
     }
+    let mut t = txn.open_table(DISOWNED)?;
+    for (key, at) in &tail.disowned {
+        t.insert(*key, encode(at)?.as_slice())?;
+    }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
     t.insert(KEY_STRIPE_BYTES, encode(&stripe_bytes)?.as_slice())?;
@@ -298,6 +335,9 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     }
     if tail.abandon_sweep != 0 {
         t.insert(KEY_ABANDON_SWEEP, encode(&tail.abandon_sweep)?.as_slice())?;
+    }
+    if tail.disown_sweep != 0 {
+        t.insert(KEY_DISOWN_SWEEP, encode(&tail.disown_sweep)?.as_slice())?;
     }
     if let Some(layout) = &snap.layout {
         t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
@@ -385,24 +425,72 @@ mod tests {
         assert_eq!(fresh, kit.store.lookup(ROOT_INO, "s").expect("s").ino + 1);
     }
 
-    /// The version-3 export cut down to the bytes version 1 or 2 wrote: the body without
-    /// the tail, then (v2) the sessions on wall clocks and a checksum.
+    /// Today's export cut down to the bytes an older version wrote: the body without the
+    /// tail, then (v2) the sessions on wall clocks or (v3) the tail before disowned
+    /// shards, and a checksum.
     fn older(kit: &Kit, version: u8) -> Vec<u8> {
-        let v3 = kit.store.snapshot().expect("snapshot");
-        let body = &v3[5..v3.len() - 4];
+        let now = kit.store.snapshot().expect("snapshot");
+        let body = &now[5..now.len() - 4];
         let (_, rest): (super::SnapshotV1, &[u8]) = postcard::take_from_bytes(body).expect("body");
-        let mut out = v3[..v3.len() - 4 - rest.len()].to_vec();
+        let mut out = now[..now.len() - 4 - rest.len()].to_vec();
         out[4] = version;
-        if version == 2 {
-            let clients = super::ClientsV2 {
-                clients: vec![(1, crate::testkit::at(kit.clock))],
-                sweep: 0,
-            };
-            out = postcard::to_extend(&clients, out).expect("encode");
-            let crc = crc32c::crc32c(&out);
-            out.extend_from_slice(&crc.to_le_bytes());
+        match version {
+            2 => {
+                let clients = super::ClientsV2 {
+                    clients: vec![(1, crate::testkit::at(kit.clock))],
+                    sweep: 0,
+                };
+                out = postcard::to_extend(&clients, out).expect("encode");
+            }
+            3 => {
+                let tail: super::Tail = postcard::from_bytes(rest).expect("tail");
+                let v3 = super::TailV3 {
+                    sessions: tail.sessions,
+                    sweep: tail.sweep,
+                    clock: tail.clock,
+                    abandoned: tail.abandoned,
+                    abandon_sweep: tail.abandon_sweep,
+                    generations: tail.generations,
+                };
+                out = postcard::to_extend(&v3, out).expect("encode");
+            }
+            _ => return out,
         }
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
         out
+    }
+
+    #[test]
+    fn a_version_3_snapshot_installs_without_disowned_shards() {
+        let mut kit = populated();
+        let f = kit.mkfile(ROOT_INO, "striped");
+        kit.write_extents(f, vec![crate::testkit::extent(0, 10, 70)]);
+        kit.run(Command::DisownShards {
+            node: NodeId(9),
+            shards: vec![(shoal_placement::StripeId(70), 0)],
+        });
+        let other = Kit::new();
+        other.store.install(&older(&kit, 3)).expect("install");
+        assert_eq!(other.names(ROOT_INO), ["d", "g", "s", "striped"]);
+        assert_eq!(other.sessions(), kit.sessions());
+        assert!(
+            other
+                .store
+                .disowned(shoal_placement::StripeId(70))
+                .expect("query")
+                .is_empty()
+        );
+        let same = Kit::new();
+        same.store
+            .install(&kit.store.snapshot().expect("snapshot"))
+            .expect("install");
+        assert_eq!(
+            same.store
+                .disowned(shoal_placement::StripeId(70))
+                .expect("query"),
+            vec![(0, NodeId(9))]
+        );
     }
 
     #[test]
@@ -433,7 +521,7 @@ mod tests {
         let mut bad_magic = snap.clone();
         bad_magic[0] = b'X';
         let mut bad_version = snap.clone();
-        bad_version[4] = 4;
+        bad_version[4] = super::SNAPSHOT_VERSION + 1;
         let mut flipped = snap.clone();
         for byte in flipped.iter_mut().skip(5).step_by(7) {
             *byte ^= 0xa5;

@@ -8,11 +8,11 @@ use redb::{Database, Durability, ReadableDatabase};
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
-    ABANDONED, DEDUP, DIRENTS, EXTENTS, GARBAGE, GENERATIONS, INODES, KEY_APPLIED, LEGACY_CLIENTS,
-    ORPHANS, SESSIONS, STATE, STRIPES, encode,
+    ABANDONED, DEDUP, DIRENTS, DISOWNED, EXTENTS, GARBAGE, GENERATIONS, INODES, KEY_APPLIED,
+    LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES, encode,
 };
 use crate::tx::Tx;
-use crate::{Batch, Command, NamespaceError, Outcome, data};
+use crate::{Batch, Command, NamespaceError, Outcome, data, shards};
 use shoal_agent_api::FsError;
 
 /// The metadata state machine: the namespace (inodes, directory entries, extents, stripe
@@ -42,6 +42,7 @@ impl NamespaceStore {
         txn.open_table(DEDUP)?;
         txn.open_table(SESSIONS)?;
         txn.open_table(ABANDONED)?;
+        txn.open_table(DISOWNED)?;
         txn.open_table(GENERATIONS)?;
         txn.open_table(STATE)?;
         migrate_legacy_clients(&txn)?;
@@ -228,6 +229,8 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
             }
             Ok(Outcome::Done)
         }
+        Command::RelocateShards { stripe, moves } => shards::relocate_shards(tx, *stripe, moves),
+        Command::DisownShards { node, shards } => shards::disown_shards(tx, *node, shards),
     }
 }
 

@@ -198,7 +198,7 @@ impl Kit {
 
     /// Garbage stripe ids, in order.
     pub(crate) fn garbage_ids(&self) -> Vec<u128> {
-        let garbage = self.store.garbage(usize::MAX).expect("garbage");
+        let garbage = self.store.garbage(None, usize::MAX).expect("garbage");
         garbage.into_iter().map(|r| r.id.0).collect()
     }
 }

@@ -11,13 +11,13 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use shoal_agent_api::ROOT_INO;
 
 use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
-use shoal_placement::{Layout, StripeId};
+use shoal_placement::{Layout, NodeId, StripeId};
 
 use crate::record::{
-    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, FIRST_INO,
-    GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP,
-    KEY_CLOCK, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES,
-    StripeEntry, decode, encode,
+    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS, ExtentRecord,
+    FIRST_INO, GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED,
+    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
+    ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, encode,
 };
 use crate::{LeaderStamp, NamespaceError, Outcome};
 
@@ -59,6 +59,7 @@ pub(crate) struct Tx<'t> {
     dedup: Table<'t, (u64, u64), Bytes>,
     sessions: Table<'t, u64, Bytes>,
     abandoned: Table<'t, u128, Bytes>,
+    disowned: Table<'t, (u128, u8, u64), Bytes>,
     generations: Table<'t, u64, Bytes>,
     state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
@@ -83,6 +84,7 @@ impl<'t> Tx<'t> {
             dedup: txn.open_table(DEDUP)?,
             sessions: txn.open_table(SESSIONS)?,
             abandoned: txn.open_table(ABANDONED)?,
+            disowned: txn.open_table(DISOWNED)?,
             generations: txn.open_table(GENERATIONS)?,
             state,
             cache: BTreeMap::new(),
@@ -282,13 +284,15 @@ impl<'t> Tx<'t> {
                 entry
             }
             None => {
-                // A stripe referenced again before its shards were deleted is live again.
-                self.garbage.remove(id)?;
-                self.stripe_bytes = self.stripe_bytes.saturating_add(stripe.len);
-                StripeEntry {
-                    record: stripe.clone(),
-                    refs: 1,
-                }
+                // A stripe referenced again before its shards were deleted is live again,
+                // with the locations its garbage record holds (repair may have moved
+                // shards since the writer saw it).
+                let record = match self.garbage.remove(id)? {
+                    Some(v) => decode(v.value(), "garbage")?,
+                    None => stripe.clone(),
+                };
+                self.stripe_bytes = self.stripe_bytes.saturating_add(record.len);
+                StripeEntry { record, refs: 1 }
             }
         };
         self.stripes.insert(id, encode(&entry)?.as_slice())?;
@@ -459,24 +463,109 @@ impl<'t> Tx<'t> {
     /// Checks the next few abandoned stripes (wrapping around) and forgets those fenced
     /// for [`ABANDON_KEEP_MS`] of cluster time.
     pub(crate) fn expire_abandoned(&mut self) -> Result<(), NamespaceError> {
-        let start: u128 = record::read_state(&self.state, KEY_ABANDON_SWEEP)?.unwrap_or(0);
-        let mut seen: Vec<(u128, u64)> = Vec::with_capacity(ABANDON_SWEEP_STEP);
-        for item in self.abandoned.range(start..)?.take(ABANDON_SWEEP_STEP) {
-            let (id, at) = item?;
-            seen.push((id.value(), decode(at.value(), "abandoned")?));
-        }
-        let next = match seen.last() {
-            Some(&(id, _)) if seen.len() == ABANDON_SWEEP_STEP => id.saturating_add(1),
-            _ => 0,
-        };
-        self.state
-            .insert(KEY_ABANDON_SWEEP, encode(&next)?.as_slice())?;
         let now = self.clock.now_ms;
-        for (id, at) in seen {
-            if now.saturating_sub(at) >= ABANDON_KEEP_MS {
-                self.abandoned.remove(id)?;
-            }
-        }
+        expire_some(
+            &mut self.abandoned,
+            &mut self.state,
+            KEY_ABANDON_SWEEP,
+            |stripe| stripe,
+            |id| *id,
+            now,
+        )
+    }
+
+    // --- shard locations ---
+
+    /// The live stripe `id` with its reference count.
+    pub(crate) fn live_stripe(&self, id: StripeId) -> Result<Option<StripeEntry>, NamespaceError> {
+        record::read_stripe(&self.stripes, id.0)
+    }
+
+    /// Writes back a live stripe whose record changed (same id, same length).
+    pub(crate) fn put_live_stripe(&mut self, entry: &StripeEntry) -> Result<(), NamespaceError> {
+        self.stripes
+            .insert(entry.record.id.0, encode(entry)?.as_slice())?;
         Ok(())
     }
+
+    /// The record of a stripe waiting in garbage.
+    pub(crate) fn garbage_stripe(
+        &self,
+        id: StripeId,
+    ) -> Result<Option<StripeRecord>, NamespaceError> {
+        match self.garbage.get(id.0)? {
+            Some(v) => decode(v.value(), "garbage").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn is_disowned(
+        &self,
+        stripe: StripeId,
+        index: u8,
+        node: NodeId,
+    ) -> Result<bool, NamespaceError> {
+        Ok(self.disowned.get((stripe.0, index, node.0))?.is_some())
+    }
+
+    pub(crate) fn disown(
+        &mut self,
+        stripe: StripeId,
+        index: u8,
+        node: NodeId,
+    ) -> Result<(), NamespaceError> {
+        let now = self.clock.now_ms;
+        self.disowned
+            .insert((stripe.0, index, node.0), encode(&now)?.as_slice())?;
+        Ok(())
+    }
+
+    /// Checks the next few disowned shards (wrapping around) and forgets those fenced for
+    /// [`ABANDON_KEEP_MS`] of cluster time.
+    pub(crate) fn expire_disowned(&mut self) -> Result<(), NamespaceError> {
+        let now = self.clock.now_ms;
+        expire_some(
+            &mut self.disowned,
+            &mut self.state,
+            KEY_DISOWN_SWEEP,
+            |stripe| (stripe, 0, 0),
+            |key| key.0,
+            now,
+        )
+    }
+}
+
+/// One step of a fence table's expiry sweep: reads the next [`ABANDON_SWEEP_STEP`] fences
+/// from the stripe cursor kept in `state` under `cursor` (wrapping to the start after the
+/// last), moves the cursor past them, and forgets those set [`ABANDON_KEEP_MS`] or more
+/// of cluster time before `now`. `first_key` is the smallest key of a stripe, `stripe_of`
+/// a key's stripe.
+fn expire_some<K>(
+    table: &mut Table<'_, K, Bytes>,
+    state: &mut Table<'_, &'static str, Bytes>,
+    cursor: &'static str,
+    first_key: impl Fn(u128) -> K,
+    stripe_of: impl Fn(&K) -> u128,
+    now: u64,
+) -> Result<(), NamespaceError>
+where
+    K: redb::Key + Copy + 'static + for<'a> redb::Value<SelfType<'a> = K>,
+{
+    let start: u128 = record::read_state(state, cursor)?.unwrap_or(0);
+    let mut seen: Vec<(K, u64)> = Vec::with_capacity(ABANDON_SWEEP_STEP);
+    for item in table.range(first_key(start)..)?.take(ABANDON_SWEEP_STEP) {
+        let (key, at) = item?;
+        seen.push((key.value(), decode(at.value(), "fence")?));
+    }
+    let next = match seen.last() {
+        Some((key, _)) if seen.len() == ABANDON_SWEEP_STEP => stripe_of(key).saturating_add(1),
+        _ => 0,
+    };
+    state.insert(cursor, encode(&next)?.as_slice())?;
+    for (key, at) in seen {
+        if now.saturating_sub(at) >= ABANDON_KEEP_MS {
+            table.remove(key)?;
+        }
+    }
+    Ok(())
 }

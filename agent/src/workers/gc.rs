@@ -162,7 +162,7 @@ impl Worker for StripeGc {
         if !self.group.is_leader() {
             return Ok(Step::Idle);
         }
-        let garbage = self.group.store().garbage(STRIPES_PER_PASS)?;
+        let garbage = self.group.store().garbage(None, STRIPES_PER_PASS)?;
         if garbage.is_empty() {
             return Ok(Step::Idle);
         }

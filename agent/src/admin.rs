@@ -77,7 +77,7 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
                 return;
             }
         };
-        let response = if version < API_VERSION && !answerable_in_old_version(&request) {
+        let response = if version < oldest_version_for(&request) {
             Response::Error(format!(
                 "this agent speaks protocol {API_VERSION}; the client speaks {version}: use the shoal binary of the agent's release"
             ))
@@ -93,10 +93,15 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
     }
 }
 
-/// Whether the answer to `request` is encoded as protocol version 3 had it (everything but
-/// the status report, whose fields grew, and requests version 3 did not have).
-fn answerable_in_old_version(request: &Request) -> bool {
-    !matches!(request, Request::Status | Request::MetaDigest)
+/// The oldest protocol version that encodes `request` and its answer as this agent does:
+/// the status report's fields grew in versions 4 and 5, `MetaDigest` came with version 4,
+/// everything else is as version 3 had it.
+fn oldest_version_for(request: &Request) -> u8 {
+    match request {
+        Request::Status => API_VERSION,
+        Request::MetaDigest => 4,
+        _ => 3,
+    }
 }
 
 async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {

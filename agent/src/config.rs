@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use shoal_mesh::{MeshConfig, TlsConfig};
@@ -20,6 +21,10 @@ pub struct AgentConfig {
     pub tls: TlsConfig,
     #[serde(default)]
     pub storage: StorageConfig,
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    #[serde(default)]
+    pub scrub: ScrubConfig,
     #[serde(default)]
     pub meta: crate::consensus::MetaConfig,
     /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
@@ -66,6 +71,11 @@ pub struct StorageConfig {
     /// filesystem.
     #[serde(default = "default_reserve")]
     pub reserve: String,
+    /// Fewest shards a new stripe is written with when fewer than k+m nodes take shards
+    /// (a node down): the missing ones are written later by repair. Between k+1 and k+m;
+    /// None: k+1.
+    #[serde(default)]
+    pub min_write_shards: Option<u8>,
 }
 
 fn default_capacity() -> String {
@@ -85,11 +95,18 @@ impl Default for StorageConfig {
             ec: default_ec(),
             direct_io: false,
             reserve: default_reserve(),
+            min_write_shards: None,
         }
     }
 }
 
 impl StorageConfig {
+    /// The fewest shards a stripe of profile `ec` is written with: `min_write_shards`
+    /// (checked against the default profile) held between k+1 and k+m for any profile.
+    pub fn min_write_shards(&self, ec: shoal_placement::EcProfile) -> usize {
+        ec.min_write_shards(self.min_write_shards)
+    }
+
     /// `reserve` in bytes.
     pub fn reserve_bytes(&self) -> Result<u64, AgentError> {
         shoal_resource_guard::parse_bytes(self.reserve.trim()).ok_or_else(|| {
@@ -122,6 +139,99 @@ impl StorageConfig {
         shoal_resource_guard::parse_bytes(text)
             .filter(|b| *b > 0)
             .ok_or_else(bad)
+    }
+}
+
+/// `[cluster]`: how the cluster treats its members.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// How long a node may be down before it is `out`: its shards are then rebuilt on the
+    /// other nodes. A node back sooner gets nothing rebuilt (only the stripes written
+    /// without it get their missing shards). A cluster setting: the metadata leader's
+    /// value decides.
+    #[serde(default = "default_down_out_after", with = "duration_text")]
+    pub down_out_after: Duration,
+}
+
+fn default_down_out_after() -> Duration {
+    Duration::from_secs(600)
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            down_out_after: default_down_out_after(),
+        }
+    }
+}
+
+/// `[scrub]`: re-reading every shard at rest to find bitrot before a reader does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubConfig {
+    /// Whether this node scrubs its shards.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// A pass over every local shard starts this long after the previous one started.
+    #[serde(default = "default_scrub_interval", with = "duration_text")]
+    pub interval: Duration,
+    /// Most bytes a second scrub reads (also held to the governor's scrub budget).
+    #[serde(default = "default_scrub_rate")]
+    pub max_rate: String,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_scrub_interval() -> Duration {
+    Duration::from_secs(14 * 86_400)
+}
+fn default_scrub_rate() -> String {
+    "32MiB".into()
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        ScrubConfig {
+            enabled: true,
+            interval: default_scrub_interval(),
+            max_rate: default_scrub_rate(),
+        }
+    }
+}
+
+impl ScrubConfig {
+    /// `max_rate` in bytes per second.
+    pub fn max_rate_bytes(&self) -> Result<u64, AgentError> {
+        shoal_resource_guard::parse_bytes(self.max_rate.trim())
+            .filter(|b| *b > 0)
+            .ok_or_else(|| {
+                invalid(
+                    "scrub.max_rate",
+                    format!(
+                        "{:?} is not a size above 0 (bytes a second: \"32MiB\")",
+                        self.max_rate
+                    ),
+                )
+            })
+    }
+}
+
+/// Durations written as text ("10m", "14d", "30s"; see `shoal_agent_api::units`).
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+    use shoal_agent_api::units::{format_duration, parse_duration};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }
 
@@ -276,6 +386,23 @@ impl AgentConfig {
         }
         self.storage.limit_bytes(u64::MAX / 4)?;
         self.storage.reserve_bytes()?;
+        let ec = self.storage.ec;
+        if let Some(min) = self.storage.min_write_shards {
+            let (low, high) = (u16::from(ec.k) + 1, u16::from(ec.k) + u16::from(ec.m));
+            if !(low..=high).contains(&u16::from(min)) {
+                return Err(invalid(
+                    "storage.min_write_shards",
+                    format!("{min} is outside k+1..=k+m ({low}..={high} for {ec})"),
+                ));
+            }
+        }
+        if self.cluster.down_out_after < Duration::from_secs(1) {
+            return Err(invalid("cluster.down_out_after", "must be at least 1s"));
+        }
+        if self.scrub.interval < Duration::from_secs(1) {
+            return Err(invalid("scrub.interval", "must be at least 1s"));
+        }
+        self.scrub.max_rate_bytes()?;
         self.meta
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;
@@ -339,7 +466,51 @@ cluster_key = "/etc/shoal/tls/cluster.key"
         assert_eq!(c.admin.socket_mode, 0o600);
         assert_eq!(c.metrics.addr, None);
         assert_eq!(c.log.format, LogFormat::Text);
+        assert_eq!(c.cluster.down_out_after, Duration::from_secs(600));
+        assert_eq!(c.scrub.interval, Duration::from_secs(14 * 86_400));
+        assert_eq!(c.scrub.max_rate_bytes().ok(), Some(32 << 20));
+        let ec = shoal_placement::EcProfile { k: 4, m: 2 };
+        assert_eq!(c.storage.min_write_shards(ec), 5, "k+1");
         assert!(c.validate_values().is_ok());
+    }
+
+    #[test]
+    fn min_write_shards_stays_between_k_plus_one_and_k_plus_m() {
+        let mut c = AgentConfig::parse(MINIMAL).expect("parse");
+        for bad in [4, 7, 0] {
+            c.storage.min_write_shards = Some(bad);
+            assert_eq!(
+                key_of(c.validate_values()).as_deref(),
+                Some("storage.min_write_shards"),
+                "{bad} for 4+2"
+            );
+        }
+        c.storage.min_write_shards = Some(6);
+        assert!(c.validate_values().is_ok());
+        let narrow = shoal_placement::EcProfile { k: 2, m: 1 };
+        assert_eq!(c.storage.min_write_shards(narrow), 3, "held to k+m");
+        c.storage.min_write_shards = None;
+        assert_eq!(c.storage.min_write_shards(narrow), 3, "k+1 = k+m");
+    }
+
+    #[test]
+    fn durations_and_rates_are_text_with_units() {
+        let text = format!(
+            "{MINIMAL}\n[cluster]\ndown_out_after = \"30s\"\n[scrub]\ninterval = \"20s\"\nmax_rate = \"1MiB\"\n"
+        );
+        let c = AgentConfig::parse(&text).expect("parse");
+        assert_eq!(c.cluster.down_out_after, Duration::from_secs(30));
+        assert_eq!(c.scrub.interval, Duration::from_secs(20));
+        assert!(c.validate_values().is_ok());
+        let bad = text.replace("\"30s\"", "\"thirty\"");
+        let err = AgentConfig::parse(&bad).expect_err("bad").to_string();
+        assert!(err.contains("down_out_after"), "{err}");
+        let mut c = c;
+        c.scrub.max_rate = "0".into();
+        assert_eq!(
+            key_of(c.validate_values()).as_deref(),
+            Some("scrub.max_rate")
+        );
     }
 
     #[test]

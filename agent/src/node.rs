@@ -24,6 +24,8 @@ use crate::data::shard_rpc::ShardRequest;
 use crate::data::{StripeSettings, Stripes};
 use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
+use crate::workers::repair::{self, RepairShared};
+use crate::workers::scrub::{self, ScrubShared};
 use crate::workers::{Workers, facts, gc, gpu, metrics, steward};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
 
@@ -49,6 +51,12 @@ pub struct Node {
     pub fs: Arc<FsService>,
     /// CPU/RAM reservation, GPU view and background-work governor.
     pub resources: Arc<Resources>,
+    /// The repair worker's view of the cluster's redundancy.
+    pub repair: Arc<RepairShared>,
+    /// This node's scrub: progress and the corrupt shards reads found.
+    pub scrub: Arc<ScrubShared>,
+    /// When this agent started.
+    pub started_at: std::time::Instant,
     /// Everything exported at `/metrics`.
     pub registry: Arc<Registry>,
     /// Background work (see `workers`).
@@ -124,6 +132,7 @@ impl Node {
             group.store_arc(),
             StripeSettings {
                 default_ec: config.storage.ec,
+                min_write_shards: config.storage.min_write_shards,
                 buffer_budget_bytes: stripe_buffer_budget(&resources),
             },
             &mut registry,
@@ -133,6 +142,13 @@ impl Node {
             let handler = handler.clone();
             async move { Ok(handler.serve_shard(req).await) }
         });
+        let repair = RepairShared::new(&mut registry);
+        let scrub = ScrubShared::new(
+            &config.node.data_dir,
+            config.scrub.enabled,
+            config.scrub.interval,
+            &mut registry,
+        );
         let handles = Arc::new(OpenHandles::default());
         handles.serve(&transport);
         let fs = Arc::new(FsService::new(
@@ -161,6 +177,9 @@ impl Node {
             handles,
             fs,
             resources,
+            repair,
+            scrub,
+            started_at: std::time::Instant::now(),
             registry: Arc::new(registry),
             workers: Workers::default(),
             services: Mutex::new(Vec::new()),
@@ -191,12 +210,28 @@ impl Node {
         w.spawn(steward::Steward::new(
             self.group.clone(),
             self.gossip.clone(),
+            self.config.cluster.down_out_after,
         ));
         w.spawn(gc::OrphanShards::new(
             self.group.clone(),
             self.stripes.clone(),
         ));
         w.spawn(gc::StripeGc::new(self.group.clone(), self.stripes.clone()));
+        w.spawn(scrub::Scrub::new(
+            self.group.clone(),
+            self.stripes.clone(),
+            self.store.clone(),
+            self.resources.clone(),
+            self.scrub.clone(),
+            self.config.scrub.max_rate_bytes().unwrap_or(32 << 20),
+        ));
+        w.spawn(repair::Repair::new(
+            self.group.clone(),
+            self.stripes.clone(),
+            self.gossip.clone(),
+            self.resources.clone(),
+            self.repair.clone(),
+        ));
         w.spawn(gc::OrphanPurge::new(
             self.group.clone(),
             self.gossip.clone(),
@@ -343,6 +378,7 @@ async fn start_membership(
         // The store opens next; the `facts` worker says what it can take.
         store_accepting: false,
         store_room_bytes: 0,
+        repair_bytes_per_sec: 0,
     };
     let (membership, _) =
         Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;

@@ -3,7 +3,7 @@
 //! budgets to status and metrics.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -154,6 +154,23 @@ impl Resources {
             memory_total_bytes: s.memory_total_bytes,
             note: s.unavailable,
         }
+    }
+
+    /// Asks the governor for `bytes` of `class` work now; `Err` says how long to wait.
+    /// `urgent` (repair of a stripe at its last spare shard) also draws on the floor that
+    /// busy GPUs never shrink.
+    pub fn take(&self, class: WorkClass, bytes: u64, urgent: bool) -> Result<(), Duration> {
+        let mut gov = lock(&self.governor);
+        if urgent && class == WorkClass::Repair {
+            gov.take_last_parity_repair(bytes, Instant::now())
+        } else {
+            gov.take(class, bytes, Instant::now())
+        }
+    }
+
+    /// What `class` may use now.
+    pub fn budget(&self, class: WorkClass) -> shoal_resource_guard::Budget {
+        lock(&self.governor).budget(class)
     }
 
     pub fn background(&self) -> (f64, Vec<BackgroundBudget>) {

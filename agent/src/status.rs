@@ -1,9 +1,13 @@
-//! `shoal status`: membership as this agent sees it, with a live RPC ping of each peer.
+//! `shoal status`: membership as this agent sees it, with a live RPC ping of each peer,
+//! each member's layout state and down time, and the cluster's redundancy.
 
 use std::time::{Duration, Instant};
 
-use shoal_agent_api::{MemberState, MemberStatus, StatusReport, StoreStatus};
+use shoal_agent_api::{
+    MemberState, MemberStatus, MissingShards, RedundancyStatus, StatusReport, StoreStatus,
+};
 use shoal_mesh::{MemberView, NodeId};
+use shoal_placement::NodeState;
 use shoal_store::ShardStore;
 use tokio::task::JoinSet;
 
@@ -16,6 +20,8 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
     let members = node.gossip.members().await?;
     let rtts = ping_peers(node, &members).await;
     let now = Instant::now();
+    let layout = node.group.store().cluster_layout().ok().flatten();
+    let redundancy = redundancy(node, &members, now);
     let nodes = members
         .into_iter()
         .map(|m| {
@@ -23,7 +29,19 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
                 .iter()
                 .find(|(id, _)| *id == m.id.node)
                 .and_then(|(_, r)| *r);
-            to_status(m, rtt, now)
+            let layout_state = layout
+                .as_ref()
+                .and_then(|l| l.node(m.id.node))
+                .map(|n| n.state);
+            let mut s = to_status(m, rtt, now);
+            down_times(
+                &mut s,
+                layout_state,
+                now.saturating_duration_since(node.started_at),
+                node.config.cluster.down_out_after,
+            );
+            s.layout_state = layout_state.map(|st| layout_state_name(st).to_owned());
+            s
         })
         .collect();
     let (background_factor, background) = node.resources.background();
@@ -42,6 +60,8 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
         },
         meta: node.group.status(),
         workers: node.workers.status(),
+        redundancy,
+        scrub: node.scrub.status(),
         node: node.identity.node.to_string(),
         agent_version: AGENT_VERSION.to_owned(),
         detection_bound_ms: node.config.mesh.membership().detection_bound().as_millis() as u64,
@@ -102,5 +122,74 @@ fn to_status(m: MemberView, rpc_rtt_us: Option<u64>, now: Instant) -> MemberStat
             .map(|t| now.saturating_duration_since(t).as_millis() as u64),
         rpc_rtt_us,
         is_self: m.is_self,
+        layout_state: None,
+        down_for_ms: None,
+        out_in_ms: None,
     }
+}
+
+/// How a layout state is named in status (`layout_state`).
+fn layout_state_name(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Active => "active",
+        NodeState::Draining => "draining",
+        NodeState::Drained => "drained",
+        NodeState::Down => "down",
+        NodeState::Out => "out",
+    }
+}
+
+/// For a member not alive: how long it has been down (since it was last heard, or at
+/// least as long as this agent has run) and, until it is `out`, how long until it is.
+fn down_times(
+    s: &mut MemberStatus,
+    layout_state: Option<NodeState>,
+    running: Duration,
+    down_out_after: Duration,
+) {
+    if s.is_self || s.state == MemberState::Alive {
+        return;
+    }
+    let down_for = s.last_heard_ms.map_or(running, Duration::from_millis);
+    s.down_for_ms = Some(down_for.as_millis() as u64);
+    if layout_state != Some(NodeState::Out) {
+        s.out_in_ms = Some(down_out_after.saturating_sub(down_for).as_millis() as u64);
+    }
+}
+
+/// The redundancy summary of the repair worker's last scan, with the cluster's repair
+/// rate (every live member's, from gossip) and the time left at that rate.
+fn redundancy(node: &Node, members: &[MemberView], now: Instant) -> Option<RedundancyStatus> {
+    let view = node.repair.view();
+    let summary = view.summary?;
+    let others: u64 = members
+        .iter()
+        .filter(|m| !m.is_self && m.state == shoal_mesh::MemberState::Alive)
+        .filter_map(|m| m.facts.as_ref().map(|f| f.repair_bytes_per_sec))
+        .sum();
+    let rate = others + view.bytes_per_sec;
+    let degraded = summary.degraded();
+    Some(RedundancyStatus {
+        stripes_total: summary.stripes,
+        stripes_healthy: summary.healthy,
+        stripes_degraded: degraded,
+        stripes_unreadable: summary.unreadable,
+        by_missing: summary
+            .by_missing
+            .iter()
+            .map(|(missing, (stripes, bytes))| MissingShards {
+                missing: *missing as u32,
+                stripes: *stripes,
+                bytes: *bytes,
+            })
+            .collect(),
+        bytes_to_repair: summary.bytes_to_repair,
+        bytes_waiting: summary.bytes_waiting,
+        stripes_no_target: view.no_target,
+        repair_bytes_per_sec: rate,
+        eta_seconds: (rate > 0).then(|| summary.bytes_to_repair.div_ceil(rate)),
+        scanned_ms_ago: view
+            .scanned_at
+            .map_or(0, |at| now.saturating_duration_since(at).as_millis() as u64),
+    })
 }

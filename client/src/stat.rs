@@ -70,7 +70,13 @@ pub fn render(path: &Path, layout: &FileLayout) -> String {
         let shards: Vec<String> = s
             .shards
             .iter()
-            .map(|sh| format!("{}→{}", sh.index, sh.node))
+            .map(|sh| {
+                if sh.node.is_none() {
+                    format!("{}→missing", sh.index)
+                } else {
+                    format!("{}→{}", sh.index, sh.node)
+                }
+            })
             .collect();
         let _ = writeln!(out, "      shards {}", shards.join("  "));
     }

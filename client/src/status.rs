@@ -11,13 +11,14 @@ pub fn render_table(report: &StatusReport) -> String {
         "ADDR",
         "DOMAIN",
         "STATE",
+        "LAYOUT",
         "GEN",
         "USED/CAPACITY",
         "VERSION",
         "HEARD",
         "RTT",
     ];
-    let rows: Vec<[String; 10]> = report.nodes.iter().map(row).collect();
+    let rows: Vec<[String; 11]> = report.nodes.iter().map(row).collect();
     let mut widths = header.map(str::len);
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
@@ -64,8 +65,87 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
         bytes(st.limit_bytes)
     );
     render_meta(out, report);
+    render_redundancy(out, report);
+    render_scrub(out, report);
     render_gpu_and_budget(out, report);
     render_workers(out, report);
+}
+
+/// A duration in its two largest units ("2m10s", "1h05m", "45s").
+pub fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+fn render_redundancy(out: &mut String, report: &StatusReport) {
+    let Some(r) = &report.redundancy else {
+        let _ = writeln!(out, "redundancy: not scanned yet");
+        return;
+    };
+    let buckets: Vec<String> = r
+        .by_missing
+        .iter()
+        .map(|b| format!("-{}: {} ({})", b.missing, b.stripes, bytes(b.bytes)))
+        .collect();
+    let detail = if buckets.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", buckets.join(", "))
+    };
+    let _ = writeln!(
+        out,
+        "redundancy: {} stripes: {} healthy, {} degraded{detail}, {} unreadable",
+        r.stripes_total, r.stripes_healthy, r.stripes_degraded, r.stripes_unreadable
+    );
+    if r.bytes_to_repair > 0 || r.bytes_waiting > 0 || r.repair_bytes_per_sec > 0 {
+        let eta = r.eta_seconds.map_or("not repairing now".to_string(), |s| {
+            format!("done in ~{}", span(s * 1000))
+        });
+        let mut line = format!(
+            "  repair: {} to rebuild at {}/s, {eta}; {} on down nodes waits for them",
+            bytes(r.bytes_to_repair),
+            bytes(r.repair_bytes_per_sec),
+            bytes(r.bytes_waiting)
+        );
+        if r.stripes_no_target > 0 {
+            line.push_str(&format!(
+                "; {} stripes have no node to rebuild on",
+                r.stripes_no_target
+            ));
+        }
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+fn render_scrub(out: &mut String, report: &StatusReport) {
+    let s = &report.scrub;
+    if !s.enabled {
+        let _ = writeln!(out, "scrub: off ([scrub] enabled = false)");
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let at = match (s.next_pass_unix_ms, s.last_pass_unix_ms) {
+        (Some(next), _) => format!("next pass in {}", span(next.saturating_sub(now))),
+        (None, _) => format!(
+            "pass {} under way: {} of {} shards ({})",
+            s.passes + 1,
+            s.shards_checked,
+            s.shards_total,
+            bytes(s.bytes_checked)
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "scrub: {} passes done, {at}; {} corrupt shards found",
+        s.passes, s.corrupt_found
+    );
 }
 
 fn render_reservation(out: &mut String, report: &StatusReport) {
@@ -181,7 +261,7 @@ fn render_workers(out: &mut String, report: &StatusReport) {
     }
 }
 
-fn row(n: &MemberStatus) -> [String; 10] {
+fn row(n: &MemberStatus) -> [String; 11] {
     let dash = || "-".to_string();
     let id = if n.is_self {
         format!("{}*", n.id)
@@ -206,6 +286,15 @@ fn row(n: &MemberStatus) -> [String; 10] {
         .rpc_rtt_us
         .map(|us| format!("{:.2}ms", us as f64 / 1000.0))
         .unwrap_or_else(dash);
+    let state = match n.down_for_ms {
+        Some(ms) => format!("{} {}", n.state.as_str(), span(ms)),
+        None => n.state.as_str().into(),
+    };
+    let layout = match (&n.layout_state, n.out_in_ms) {
+        (Some(l), Some(ms)) => format!("{l}, out in {}", span(ms)),
+        (Some(l), None) => l.clone(),
+        (None, _) => dash(),
+    };
     [
         id,
         if n.name.is_empty() {
@@ -215,7 +304,8 @@ fn row(n: &MemberStatus) -> [String; 10] {
         },
         n.addr.clone(),
         n.failure_domain.clone().unwrap_or_else(dash),
-        n.state.as_str().into(),
+        state,
+        layout,
         n.generation.to_string(),
         capacity,
         n.agent_version.clone().unwrap_or_else(dash),
@@ -243,6 +333,14 @@ pub fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_show_their_two_largest_units() {
+        assert_eq!(span(42_000), "42s");
+        assert_eq!(span(130_000), "2m10s");
+        assert_eq!(span(3_900_000), "1h05m");
+        assert_eq!(span(90_000_000), "1d01h");
+    }
 
     #[test]
     fn bytes_are_human_readable() {

@@ -49,6 +49,22 @@ pub struct NodeFacts {
     pub store_accepting: bool,
     /// Bytes of new shards the store can take (fill limit and filesystem reserve).
     pub store_room_bytes: u64,
+    /// Bytes a second this node's repair worker has been rebuilding lately (0 when it is
+    /// not repairing).
+    pub repair_bytes_per_sec: u64,
+}
+
+/// Fields appended by the second release.
+#[derive(Deserialize)]
+struct StoreTail {
+    store_accepting: bool,
+    store_room_bytes: u64,
+}
+
+/// Fields appended by the third release.
+#[derive(Deserialize)]
+struct RepairTail {
+    repair_bytes_per_sec: u64,
 }
 
 /// The facts of the first release, before the store fields were appended.
@@ -84,6 +100,7 @@ impl From<NodeFactsFirst> for NodeFacts {
             // What a node of that release could tell: room is what its filesystem has.
             store_accepting: true,
             store_room_bytes: f.capacity_bytes.saturating_sub(f.used_bytes),
+            repair_bytes_per_sec: 0,
         }
     }
 }
@@ -100,14 +117,24 @@ impl NodeFacts {
         out
     }
 
+    /// Decodes the facts of this release or a neighbouring one: fields a release appended
+    /// are read when present (defaults otherwise), fields appended after this release's
+    /// are ignored.
     pub fn decode(bytes: &[u8]) -> Result<Self, MeshError> {
         match bytes.split_first() {
-            Some((&FACTS_VERSION, body)) => match postcard::from_bytes::<NodeFacts>(body) {
-                Ok(f) => Ok(f),
-                Err(e) => postcard::from_bytes::<NodeFactsFirst>(body)
-                    .map(NodeFacts::from)
-                    .map_err(|_| MeshError::BadFacts(e.to_string())),
-            },
+            Some((&FACTS_VERSION, body)) => {
+                let (first, rest) = postcard::take_from_bytes::<NodeFactsFirst>(body)
+                    .map_err(|e| MeshError::BadFacts(e.to_string()))?;
+                let mut f = NodeFacts::from(first);
+                if let Ok((store, rest)) = postcard::take_from_bytes::<StoreTail>(rest) {
+                    f.store_accepting = store.store_accepting;
+                    f.store_room_bytes = store.store_room_bytes;
+                    if let Ok((repair, _)) = postcard::take_from_bytes::<RepairTail>(rest) {
+                        f.repair_bytes_per_sec = repair.repair_bytes_per_sec;
+                    }
+                }
+                Ok(f)
+            }
             Some((v, _)) => Err(MeshError::BadFacts(format!("unknown facts version {v}"))),
             None => Err(MeshError::BadFacts("empty payload".into())),
         }
@@ -195,6 +222,7 @@ mod tests {
             agent_version: "0.1.0".into(),
             store_accepting: false,
             store_room_bytes: 42,
+            repair_bytes_per_sec: 7,
         }
     }
 
@@ -204,8 +232,9 @@ mod tests {
         assert_eq!(NodeFacts::decode(&f.encode()).expect("decode"), f);
     }
 
-    /// Golden bytes of the first release's facts (before the store fields were appended):
-    /// they still decode, and a payload with fields a later release appends decodes too.
+    /// Golden bytes of the first release's facts (before the store fields were appended)
+    /// and the second's (before the repair rate): they still decode, and a payload with
+    /// fields a later release appends decodes too.
     #[test]
     fn facts_of_neighbouring_releases_decode() {
         let first: &[u8] = &[
@@ -218,6 +247,17 @@ mod tests {
             NodeFacts {
                 store_accepting: true,
                 store_room_bytes: 90,
+                repair_bytes_per_sec: 0,
+                ..facts(3)
+            }
+        );
+        // The second release: store fields, no repair rate.
+        let mut second = first.to_vec();
+        second.extend_from_slice(&[0, 42]);
+        assert_eq!(
+            NodeFacts::decode(&second).expect("second release"),
+            NodeFacts {
+                repair_bytes_per_sec: 0,
                 ..facts(3)
             }
         );

@@ -31,6 +31,7 @@ fn facts_for(id: MemberId) -> NodeFacts {
         agent_version: "test".into(),
         store_accepting: true,
         store_room_bytes: 1 << 40,
+        repair_bytes_per_sec: 0,
     }
 }
 

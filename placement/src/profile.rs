@@ -48,6 +48,16 @@ impl EcProfile {
     pub fn total(&self) -> usize {
         usize::from(self.k) + usize::from(self.m)
     }
+
+    /// The fewest shards a stripe of this profile may be written with while fewer than
+    /// `k + m` nodes take shards: `requested` (None: `k + 1`), held between `k + 1` and
+    /// `k + m`. A stripe with just `k` shards would be lost with any one node more.
+    pub fn min_write_shards(&self, requested: Option<u8>) -> usize {
+        let (k, total) = (usize::from(self.k), self.total());
+        requested
+            .map_or(k + 1, usize::from)
+            .clamp((k + 1).min(total), total)
+    }
 }
 
 impl fmt::Display for EcProfile {
@@ -100,6 +110,16 @@ mod tests {
             Err(e) => e.to_string(),
             Ok(p) => panic!("{s:?} parsed as {p}"),
         }
+    }
+
+    #[test]
+    fn degraded_writes_keep_at_least_one_spare_shard() {
+        let p = EcProfile { k: 4, m: 2 };
+        assert_eq!(p.min_write_shards(None), 5);
+        assert_eq!(p.min_write_shards(Some(6)), 6);
+        assert_eq!(p.min_write_shards(Some(3)), 5, "never below k+1");
+        assert_eq!(p.min_write_shards(Some(9)), 6, "never above k+m");
+        assert_eq!(EcProfile { k: 3, m: 0 }.min_write_shards(None), 3);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod frame;
 mod fs;
 mod status;
 mod stripe;
+pub mod units;
 
 pub use client::AgentClient;
 pub use error::ApiError;
@@ -20,18 +21,18 @@ pub use fs::{
 };
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
-    BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, ResourceStatus,
-    StatusReport, StoreStatus, WorkerStatus,
+    BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, MissingShards,
+    RedundancyStatus, ResourceStatus, ScrubStatus, StatusReport, StoreStatus, WorkerStatus,
 };
 pub use stripe::{RecordError, ShardLocation, StripeRead, StripeRecord};
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the admin/client protocol; carried in every frame. Version 4 added fields to
-/// [`StatusReport`] (so a version-3 client's `Status` is refused with a message) and the
-/// `MetaDigest` request; every other message is as in version 3, so mounts started with
-/// the previous release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 4;
+/// Version of the admin/client protocol; carried in every frame. Versions 4 and 5 added
+/// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
+/// version 4 added the `MetaDigest` request. Every other message is as in version 3, so
+/// mounts started with an earlier release keep working across an agent upgrade.
+pub const API_VERSION: u8 = 5;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";

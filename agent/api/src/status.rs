@@ -53,6 +53,15 @@ pub struct MemberStatus {
     pub rpc_rtt_us: Option<u64>,
     /// True for the agent that answered.
     pub is_self: bool,
+    /// The member's state in the committed cluster layout: `active`, `down`, `out`,
+    /// `draining`, `drained` (None before it is in the layout).
+    pub layout_state: Option<String>,
+    /// For a member not alive: how long since it was last heard from (or since this agent
+    /// started, if never).
+    pub down_for_ms: Option<u64>,
+    /// For a member down but not yet `out`: how long until it is (`[cluster]
+    /// down_out_after`, as this agent is configured) and its shards are rebuilt.
+    pub out_in_ms: Option<u64>,
 }
 
 /// What `shoal status` shows.
@@ -77,6 +86,65 @@ pub struct StatusReport {
     pub meta: MetaStatus,
     /// This node's background workers, in start order.
     pub workers: Vec<WorkerStatus>,
+    /// The cluster's redundancy as of the last scan of this node's metadata replica (None
+    /// before the first scan ends).
+    pub redundancy: Option<RedundancyStatus>,
+    /// This node's scrub.
+    pub scrub: ScrubStatus,
+}
+
+/// Live stripes by how many of their shards are missing, and the repair under way.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RedundancyStatus {
+    pub stripes_total: u64,
+    /// Every shard available.
+    pub stripes_healthy: u64,
+    /// Missing one shard or more (on a down or `out` node, or never written), still
+    /// readable.
+    pub stripes_degraded: u64,
+    /// Fewer than k shards available.
+    pub stripes_unreadable: u64,
+    /// Degraded stripes by shards missing, fewest first.
+    pub by_missing: Vec<MissingShards>,
+    /// Bytes of lost shards (on `out` nodes, or never written) to rebuild.
+    pub bytes_to_repair: u64,
+    /// Bytes of shards on nodes down but not yet `out` (rebuilt if they become so).
+    pub bytes_waiting: u64,
+    /// Stripes with lost shards that no node can take now (too few nodes or room).
+    pub stripes_no_target: u64,
+    /// Bytes a second rebuilt across the cluster lately.
+    pub repair_bytes_per_sec: u64,
+    /// `bytes_to_repair` at that rate (None while nothing is being rebuilt).
+    pub eta_seconds: Option<u64>,
+    /// How long ago the scan behind these numbers ended.
+    pub scanned_ms_ago: u64,
+}
+
+/// Stripes missing this many shards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissingShards {
+    pub missing: u32,
+    pub stripes: u64,
+    /// Bytes of data in them.
+    pub bytes: u64,
+}
+
+/// This node's scrub: passes over its shards checking them against their checksums.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    pub enabled: bool,
+    /// Passes finished (kept across restarts).
+    pub passes: u64,
+    /// In the pass under way: shards checked, and how many the store held at its start.
+    pub shards_checked: u64,
+    pub shards_total: u64,
+    pub bytes_checked: u64,
+    /// Corrupt shards found on this node (by scrub or by a read), since this agent started.
+    pub corrupt_found: u64,
+    /// When the last pass finished (Unix milliseconds).
+    pub last_pass_unix_ms: Option<u64>,
+    /// When the next pass starts, while none is under way (Unix milliseconds).
+    pub next_pass_unix_ms: Option<u64>,
 }
 
 /// One background worker of the answering node.

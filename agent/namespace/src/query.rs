@@ -270,6 +270,26 @@ impl NamespaceStore {
         })
     }
 
+    /// The node slot `index` of stripe `id` names, live or in garbage ([`NodeId::NONE`]
+    /// for a missing shard); None when the metadata does not know the stripe.
+    pub fn shard_holder(&self, id: StripeId, index: u8) -> Result<Option<NodeId>, NamespaceError> {
+        let txn = self.read()?;
+        let record: crate::format::StripeRecord =
+            match record::read_stripe(&txn.open_table(STRIPES)?, id.0)? {
+                Some(entry) => entry.record,
+                None => match txn.open_table(GARBAGE)?.get(id.0)? {
+                    Some(v) => decode(v.value(), "garbage")?,
+                    None => return Ok(None),
+                },
+            };
+        Ok(Some(
+            record
+                .shards
+                .get(usize::from(index))
+                .map_or(NodeId::NONE, |s| s.node),
+        ))
+    }
+
     /// The live stripe `id`, if some extent references it.
     pub fn live_stripe(&self, id: StripeId) -> Result<Option<StripeRecord>, NamespaceError> {
         let txn = self.read()?;

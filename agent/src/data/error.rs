@@ -61,6 +61,16 @@ pub enum StripeError {
         full: String,
         reason: PlacementError,
     },
+    /// Fewer live nodes take shards than a stripe must be written with: waiting will not
+    /// help until nodes come back.
+    #[error(
+        "a {ec} stripe needs at least {need} nodes that take shards ([storage] min_write_shards); {alive} are alive"
+    )]
+    TooFewNodes {
+        ec: EcProfile,
+        need: usize,
+        alive: usize,
+    },
     /// Some shards could not be stored; the stored ones were deleted again.
     #[error("stripe write failed: {0}")]
     NotStored(ShardFaults),
@@ -87,6 +97,10 @@ pub enum StripeError {
         len: u64,
         size: u64,
     },
+    /// A rebuilt shard does not match the checksum its record holds (the sources decoded
+    /// to other bytes than were written): nothing is stored.
+    #[error("stripe {stripe}: rebuilt shard {index} does not match its recorded checksum")]
+    RebuildMismatch { stripe: StripeId, index: u8 },
     /// Encoding failed.
     #[error("erasure coding: {0}")]
     Erasure(#[from] ErasureError),
@@ -118,10 +132,12 @@ impl StripeError {
             }
             StripeError::Unreadable { .. } | StripeError::Mesh(_) | StripeError::Task(_) => true,
             StripeError::Geometry(_)
+            | StripeError::TooFewNodes { .. }
             | StripeError::NoSpace { .. }
             | StripeError::BadRecord(_)
             | StripeError::OutOfRange { .. }
             | StripeError::Erasure(_)
+            | StripeError::RebuildMismatch { .. }
             | StripeError::Layout(_)
             | StripeError::Store(_)
             | StripeError::Stopped => false,

@@ -1,19 +1,23 @@
 //! The data coordinator: stripes written and read across the cluster's shard stores —
 //! erasure coding (`erasure`), placement of new shards (`peers`: who can take them), the
 //! shard RPCs between agents (`shard_rpc`), writes (`write`), reads and degraded reads
-//! (`read`), and its errors (`error`).
+//! (`read`), rebuilding lost shards (`rebuild`), and its errors (`error`).
 //!
 //! Read [`Stripes`] first.
 
+mod corrupt;
 pub mod erasure;
 mod error;
 mod peers;
 mod read;
+mod rebuild;
 pub(crate) mod shard_rpc;
 mod stripes;
 mod write;
 
+pub use corrupt::CorruptReports;
 pub use error::{ShardFault, ShardFaults, StripeError};
+pub use rebuild::{Rebuild, Rebuilt};
 pub use stripes::{StripeSettings, Stripes};
 
 /// A store with less room than this takes no new shards (two of the largest shards); a

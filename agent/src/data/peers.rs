@@ -27,6 +27,8 @@ pub(crate) struct Peers {
     pub names: HashMap<NodeId, String>,
     /// Live nodes left out of placement for want of room (facts or a recent answer).
     pub full: Vec<NodeId>,
+    /// Live nodes left out because a shard write just failed on them.
+    pub suspects: Vec<NodeId>,
 }
 
 impl Peers {
@@ -108,9 +110,11 @@ pub(crate) fn peers(
         );
         names.insert(id, f.name);
     }
-    for n in suspects {
-        addrs.remove(n);
-    }
+    let suspects: Vec<NodeId> = suspects
+        .iter()
+        .copied()
+        .filter(|n| addrs.remove(n).is_some())
+        .collect();
     full.retain(|id| addrs.contains_key(id));
     full.sort_unstable();
     full.dedup();
@@ -140,6 +144,7 @@ pub(crate) fn peers(
         addrs,
         names,
         full,
+        suspects,
     })
 }
 
@@ -175,6 +180,7 @@ mod tests {
                 agent_version: String::new(),
                 store_accepting: accepting,
                 store_room_bytes: room,
+                repair_bytes_per_sec: 0,
             }),
         }
     }

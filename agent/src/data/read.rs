@@ -20,9 +20,9 @@ use super::stripes::Stripes;
 const RANGE_TIMEOUT: Duration = Duration::from_secs(2);
 const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The shards a degraded read fetches whole: every shard not already known bad, data
-/// shards first (a read with all data shards needs no decoding). An error when fewer than
-/// k are left: nothing to wait for.
+/// The shards a degraded read fetches whole: every shard not already known bad or
+/// missing (no node), data shards first (a read with all data shards needs no decoding).
+/// An error when fewer than k are left: nothing to wait for.
 pub(super) fn degraded_sources<'r>(
     record: &'r StripeRecord,
     bad: &[u8],
@@ -30,7 +30,7 @@ pub(super) fn degraded_sources<'r>(
     let mut left: Vec<&ShardLocation> = record
         .shards
         .iter()
-        .filter(|l| !bad.contains(&l.index))
+        .filter(|l| !bad.contains(&l.index) && !l.node.is_none())
         .collect();
     left.sort_by_key(|l| (l.index >= record.ec.k, l.index));
     let need = usize::from(record.ec.k);
@@ -66,8 +66,14 @@ impl Stripes {
         let peers = self.peers().await?;
         self.metrics.read.inc();
         let mut set = JoinSet::new();
+        let mut bad = Vec::new();
         for (n, s) in slices.iter().enumerate() {
             let loc = &record.shards[s.shard_index as usize];
+            if loc.node.is_none() {
+                // Written degraded or given up: repair has yet to fill it.
+                bad.push(s.shard_index);
+                continue;
+            }
             let this = self.clone();
             let addr = peers.addrs.get(&loc.node).copied();
             let req = ShardRequest::Get {
@@ -80,7 +86,6 @@ impl Stripes {
             set.spawn(async move { (n, this.call(node, addr, req, RANGE_TIMEOUT).await) });
         }
         let mut parts: Vec<Option<Vec<u8>>> = vec![None; slices.len()];
-        let mut bad = Vec::new();
         for (n, resp) in set.join_all().await {
             match resp {
                 ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
@@ -125,10 +130,39 @@ impl Stripes {
         self: &Arc<Self>,
         record: &StripeRecord,
         peers: &Peers,
-        mut bad: Vec<u8>,
+        bad: Vec<u8>,
         offset: u64,
         len: u64,
     ) -> Result<StripeRead, StripeError> {
+        let (data_shards, bad) = self.data_shards(record, peers, bad).await?;
+        let joined = data_shards.concat();
+        let out_of_range = || StripeError::OutOfRange {
+            stripe: record.id,
+            offset,
+            len,
+            size: record.len,
+        };
+        let end = usize::try_from(offset.saturating_add(len)).map_err(|_| out_of_range())?;
+        let data = joined
+            .get(offset as usize..end)
+            .ok_or_else(out_of_range)?
+            .to_vec();
+        Ok(StripeRead {
+            data,
+            decoded: true,
+            bad_shards: bad,
+        })
+    }
+
+    /// The k data shards of a stripe from any k of its shards not in `bad`, fetched whole
+    /// and checked against the record's checksums, decoded where needed; with every shard
+    /// found unusable on the way (sorted).
+    pub(super) async fn data_shards(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        peers: &Peers,
+        mut bad: Vec<u8>,
+    ) -> Result<(Vec<Vec<u8>>, Vec<u8>), StripeError> {
         let unreadable = |source| StripeError::Unreadable {
             stripe: record.id,
             source,
@@ -177,25 +211,9 @@ impl Stripes {
             tokio::task::spawn_blocking(move || erasure::decode(ec, shard_len, &have))
                 .await?
                 .map_err(unreadable)?;
-        let joined = data_shards.concat();
-        let out_of_range = || StripeError::OutOfRange {
-            stripe: record.id,
-            offset,
-            len,
-            size: record.len,
-        };
-        let end = usize::try_from(offset.saturating_add(len)).map_err(|_| out_of_range())?;
-        let data = joined
-            .get(offset as usize..end)
-            .ok_or_else(out_of_range)?
-            .to_vec();
         bad.sort_unstable();
         bad.dedup();
-        Ok(StripeRead {
-            data,
-            decoded: true,
-            bad_shards: bad,
-        })
+        Ok((data_shards, bad))
     }
 }
 
@@ -245,6 +263,19 @@ mod tests {
             .map(|l| l.index)
             .collect();
         assert_eq!(asked, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_degraded_read_never_asks_a_missing_shard() {
+        let mut r = record(4, 2);
+        r.shards[4].node = NodeId::NONE;
+        let asked: Vec<u8> = degraded_sources(&r, &[1])
+            .expect("enough")
+            .iter()
+            .map(|l| l.index)
+            .collect();
+        assert_eq!(asked, [0, 2, 3, 5]);
+        assert!(degraded_sources(&r, &[1, 2]).is_err(), "3 left of 4+2");
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub(super) struct StripeMetrics {
     pub written: Counter,
     pub read: Counter,
     pub degraded_reads: Counter,
+    /// Stripes written with fewer than k+m shards.
+    pub degraded_writes: Counter,
     /// Corrupt shards this coordinator was answered with, or found by checksum.
     pub corrupt_seen: Counter,
 }
@@ -54,12 +56,18 @@ pub struct Stripes {
     /// is alive right now).
     namespace: Arc<shoal_namespace::NamespaceStore>,
     pub(super) default_ec: EcProfile,
+    /// `[storage] min_write_shards`.
+    pub(super) min_write_shards: Option<u8>,
+    /// Shards of this node that reads found corrupt, for the scrub worker.
+    corrupt: Arc<super::CorruptReports>,
     pub(super) metrics: StripeMetrics,
 }
 
 /// How a coordinator writes: the profile of new stripes and the buffer budget.
 pub struct StripeSettings {
     pub default_ec: EcProfile,
+    /// `[storage] min_write_shards` (None: k+1).
+    pub min_write_shards: Option<u8>,
     /// Bytes of stripe buffers allowed in flight.
     pub buffer_budget_bytes: u64,
 }
@@ -76,6 +84,7 @@ impl Stripes {
     ) -> Self {
         let StripeSettings {
             default_ec,
+            min_write_shards,
             buffer_budget_bytes,
         } = settings;
         let buffer_permits = (buffer_budget_bytes >> 20).clamp(16, u32::MAX as u64 >> 4) as u32;
@@ -97,6 +106,11 @@ impl Stripes {
             metrics.degraded_reads.clone(),
         );
         r.register(
+            "degraded_writes",
+            "Stripes this coordinator wrote with fewer than k+m shards (the rest wait for repair)",
+            metrics.degraded_writes.clone(),
+        );
+        r.register(
             "corrupt_shards_seen",
             "Corrupt shards this coordinator was answered with or found by checksum",
             metrics.corrupt_seen.clone(),
@@ -112,6 +126,8 @@ impl Stripes {
             gossip,
             namespace,
             default_ec,
+            min_write_shards,
+            corrupt: Arc::default(),
             metrics,
         }
     }
@@ -128,6 +144,12 @@ impl Stripes {
         )
     }
 
+    /// The layout as placement sees it now: only the nodes that take new shards
+    /// (alive, with room, not suspect) eligible.
+    pub async fn placement_layout(&self) -> Result<shoal_placement::Layout, StripeError> {
+        Ok(self.peers().await?.layout)
+    }
+
     pub(super) fn suspect(&self, node: NodeId) {
         if node != self.me {
             self.suspects.mark(node);
@@ -138,13 +160,15 @@ impl Stripes {
         self.full.mark(node);
     }
 
-    /// Deletes every shard of a stripe. Ok when no node holds one any more; an error
-    /// names the shards that could not be deleted (their node down, say) so the caller
-    /// tries again later.
+    /// Deletes the shards of a stripe on every node that can be reached now. Ok when none
+    /// of those holds one any more; an error names the shards they could not delete, so
+    /// the caller tries again later. A holder that cannot be reached (down, cut off) keeps
+    /// its shard: once the stripe is forgotten, that node's orphan sweep deletes it.
     pub async fn delete(self: &Arc<Self>, record: &StripeRecord) -> Result<(), StripeError> {
         let peers = self.peers().await?;
         let mut set = JoinSet::new();
-        for shard in &record.shards {
+        let reachable = |n: NodeId| n == self.me || peers.addrs.contains_key(&n);
+        for shard in record.shards.iter().filter(|s| reachable(s.node)) {
             let this = self.clone();
             let addr = peers.addrs.get(&shard.node).copied();
             let (node, index) = (shard.node, shard.index);
@@ -201,6 +225,30 @@ impl Stripes {
         ids
     }
 
+    /// Every shard in this node's store, as (stripe, index), in key order.
+    pub fn local_shards(&self) -> Vec<(StripeId, u8)> {
+        self.store
+            .list()
+            .into_iter()
+            .map(|(k, _)| (StripeId(k.stripe), k.index))
+            .collect()
+    }
+
+    /// Deletes one shard from this node's store; says whether it was there.
+    pub async fn delete_local_shard(
+        &self,
+        stripe: StripeId,
+        index: u8,
+    ) -> Result<bool, StripeError> {
+        Ok(self
+            .store
+            .delete(ShardKey {
+                stripe: stripe.0,
+                index,
+            })
+            .await?)
+    }
+
     /// Deletes every shard of `stripe` in this node's store; returns how many there were.
     pub async fn delete_local(&self, stripe: StripeId) -> Result<usize, StripeError> {
         let keys: Vec<ShardKey> = self
@@ -214,6 +262,16 @@ impl Stripes {
             self.store.delete(*k).await?;
         }
         Ok(keys.len())
+    }
+
+    /// The shards of this node that reads found corrupt.
+    pub fn corrupt_reports(&self) -> &Arc<super::CorruptReports> {
+        &self.corrupt
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> NodeId {
+        self.me
     }
 
     /// The erasure-coding profile of new stripes.
@@ -246,7 +304,8 @@ impl Stripes {
                     Ok(b) => ShardResponse::Data(b.to_vec()),
                     Err(e) => {
                         if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
-                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node");
+                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node; scrub gives it up for repair");
+                            self.corrupt.report(ShardKey { stripe, index });
                         }
                         failure(&e)
                     }

@@ -1,12 +1,20 @@
 //! Writing a stripe: encode once, place, send every shard at once, answer when all are
-//! durable. What to do after a failed attempt is decided by [`after_failed_put`] (pure).
+//! durable — or, while fewer than k+m nodes take shards, when at least
+//! `min_write_shards` are (a degraded stripe: the missing slots name
+//! [`NodeId::NONE`] and wait for repair). What to do after a failed attempt is
+//! [`after_failed_put`] (pure).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use shoal_agent_api::{ShardLocation, StripeRecord};
-use shoal_placement::{EcProfile, NodeId, StripeGeometry, StripeId, place};
+use shoal_placement::{
+    EcProfile, NodeId, PlacementError, StripeGeometry, StripeId, place_degraded,
+};
 use tokio::task::JoinSet;
+use tracing::debug;
 
 use super::erasure;
 use super::error::{ShardFault, ShardFaults, StripeError};
@@ -16,28 +24,46 @@ use super::stripes::{PUT_TIMEOUT, Stripes};
 
 /// Placement attempts of one stripe when nodes answer "full".
 const PLACE_ATTEMPTS: usize = 4;
+/// Once enough shards of a stripe are durable, the others get this long (or three times
+/// what the stored ones took, if longer) before the stripe is committed without them.
+const STRAGGLER_WAIT: Duration = Duration::from_secs(2);
 
 /// What a write does after an attempt where some shards were not stored (pure).
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum AfterFailure {
+    /// Enough shards are durable and the rest are unreachable: commit the stripe
+    /// degraded, these slots missing.
+    Degraded(Vec<u8>),
     /// Every failure was "full": place the stripe again without these nodes.
     PlaceAgainWithout(Vec<NodeId>),
     /// Anything else: give up with these failures (the caller may retry the write).
     GiveUp,
 }
 
-pub(super) fn after_failed_put(failed: &[ShardFault]) -> AfterFailure {
-    if failed.iter().all(|f| f.kind == ShardFailure::Full) {
+/// `stored` shards are durable, `failed` are not, `min` must be.
+pub(super) fn after_failed_put(stored: usize, failed: &[ShardFault], min: usize) -> AfterFailure {
+    if stored >= min && failed.iter().all(|f| f.kind == ShardFailure::Other) {
+        AfterFailure::Degraded(failed.iter().map(|f| f.index).collect())
+    } else if failed.iter().all(|f| f.kind == ShardFailure::Full) {
         AfterFailure::PlaceAgainWithout(failed.iter().map(|f| f.node).collect())
     } else {
         AfterFailure::GiveUp
     }
 }
 
+/// How one attempt's shards went.
+struct Attempt {
+    /// Slot → the node that holds it durably.
+    stored: BTreeMap<u8, NodeId>,
+    failed: Vec<ShardFault>,
+}
+
 impl Stripes {
-    /// Writes one stripe; returns its record once every shard is durable. A node that
-    /// answers "full" is left out and the stripe placed again (on other nodes), so only a
-    /// cluster without room for it fails with [`StripeError::NoSpace`].
+    /// Writes one stripe; returns its record once at least `min_write_shards` shards are
+    /// durable (all k+m while k+m nodes take shards). A node that answers "full" is left
+    /// out and the stripe placed again (on other nodes), so only a cluster without room
+    /// for it fails with [`StripeError::NoSpace`]; with fewer live nodes than
+    /// `min_write_shards` it fails at once with [`StripeError::TooFewNodes`].
     pub async fn write(
         self: &Arc<Self>,
         data: Vec<u8>,
@@ -45,6 +71,7 @@ impl Stripes {
     ) -> Result<StripeRecord, StripeError> {
         let ec = ec.unwrap_or(self.default_ec);
         ec.validate().map_err(StripeError::Geometry)?;
+        let min = ec.min_write_shards(self.min_write_shards);
         // The data, its k+m shards and their RPC copies.
         let in_flight = data.len() as u64 * (2 * ec.total() as u64 + ec.k as u64) / ec.k as u64;
         let _buffers = self.reserve_buffers(in_flight).await?;
@@ -59,66 +86,121 @@ impl Stripes {
         for _ in 0..PLACE_ATTEMPTS {
             let peers = self.peers().await?;
             let id = StripeId(rand::random());
-            let targets = match place(&peers.layout, id, ec) {
-                Ok(t) => t,
-                Err(reason) if !full_seen.is_empty() || !peers.full.is_empty() => {
-                    let mut full = full_seen.clone();
-                    full.extend(&peers.full);
-                    return Err(StripeError::NoSpace {
-                        ec,
-                        full: peers.names_of(&full),
-                        reason,
-                    });
-                }
-                Err(e) => return Err(StripeError::Placement(e)),
-            };
-            let failed = self.put_shards(id, &shards, &targets, &peers).await;
-            if failed.is_empty() {
-                self.metrics.written.inc();
-                return Ok(StripeRecord {
-                    id,
-                    len: geometry.len(),
-                    ec,
-                    shard_len: geometry.shard_len(),
-                    epoch: peers.layout.epoch(),
-                    shards: targets
-                        .iter()
-                        .enumerate()
-                        .map(|(i, node)| ShardLocation {
-                            index: i as u8,
-                            node: *node,
-                            crc32c: crcs[i],
-                        })
-                        .collect(),
-                });
-            }
-            match after_failed_put(&failed) {
-                AfterFailure::PlaceAgainWithout(nodes) => {
-                    for n in nodes {
-                        self.mark_full(n);
-                        full_seen.push(n);
+            let targets = self.targets(&peers, id, ec, min, &full_seen)?;
+            let attempt = self.put_shards(id, &shards, &targets, &peers, min).await;
+            let missing = if attempt.failed.is_empty() {
+                Vec::new()
+            } else {
+                match after_failed_put(attempt.stored.len(), &attempt.failed, min) {
+                    AfterFailure::Degraded(slots) => slots,
+                    AfterFailure::PlaceAgainWithout(nodes) => {
+                        self.delete_stored(id, &attempt.stored, &peers).await;
+                        for n in nodes {
+                            self.mark_full(n);
+                            full_seen.push(n);
+                        }
+                        last = Some(attempt.failed);
+                        continue;
                     }
-                    last = Some(failed);
+                    AfterFailure::GiveUp => {
+                        self.delete_stored(id, &attempt.stored, &peers).await;
+                        return Err(StripeError::NotStored(ShardFaults(attempt.failed)));
+                    }
                 }
-                AfterFailure::GiveUp => return Err(StripeError::NotStored(ShardFaults(failed))),
+            };
+            self.metrics.written.inc();
+            if attempt.stored.len() < ec.total() {
+                self.metrics.degraded_writes.inc();
+                debug!(stripe = %id, shards = attempt.stored.len(), of = ec.total(), ?missing, "stripe written degraded");
             }
+            return Ok(StripeRecord {
+                id,
+                len: geometry.len(),
+                ec,
+                shard_len: geometry.shard_len(),
+                epoch: peers.layout.epoch(),
+                shards: (0..ec.total())
+                    .map(|i| {
+                        let index = i as u8;
+                        match attempt.stored.get(&index) {
+                            Some(node) => ShardLocation {
+                                index,
+                                node: *node,
+                                crc32c: crcs[i],
+                            },
+                            None => ShardLocation {
+                                index,
+                                node: NodeId::NONE,
+                                crc32c: 0,
+                            },
+                        }
+                    })
+                    .collect(),
+            });
         }
         Err(StripeError::NotStored(ShardFaults(
             last.unwrap_or_default(),
         )))
     }
 
-    /// Sends shard `i` to `targets[i]`, all at once. Returns what failed; when anything
-    /// did, the shards that were stored are deleted again (nothing references them).
+    /// Where the shards of a new stripe go: every slot while k+m nodes take shards, else
+    /// the first ones on the nodes there are (at least `min`).
+    fn targets(
+        &self,
+        peers: &Peers,
+        id: StripeId,
+        ec: EcProfile,
+        min: usize,
+        full_seen: &[NodeId],
+    ) -> Result<Vec<Option<NodeId>>, StripeError> {
+        let mut full = full_seen.to_vec();
+        full.extend(&peers.full);
+        full.sort_unstable();
+        full.dedup();
+        let eligible = peers.layout.eligible_nodes().count();
+        // Nodes without room are no reason to write with less redundancy: the cluster is
+        // full for this stripe.
+        if eligible < ec.total() && eligible + full.len() >= ec.total() {
+            return Err(StripeError::NoSpace {
+                ec,
+                full: peers.names_of(&full),
+                reason: PlacementError::NotEnoughNodes {
+                    need: ec.total(),
+                    have: eligible,
+                },
+            });
+        }
+        match place_degraded(&peers.layout, id, ec, min) {
+            Ok(t) => Ok(t),
+            Err(PlacementError::NotEnoughNodes { need, have })
+                if have + peers.suspects.len() < need =>
+            {
+                Err(StripeError::TooFewNodes {
+                    ec,
+                    need,
+                    alive: have,
+                })
+            }
+            Err(e) => Err(StripeError::Placement(e)),
+        }
+    }
+
+    /// Sends shard `i` to `targets[i]`, all at once. Once `min` are durable the others get
+    /// [`STRAGGLER_WAIT`] (or three times what the stored ones took) before they count as
+    /// failed (and their nodes as suspect).
     async fn put_shards(
         self: &Arc<Self>,
         id: StripeId,
         shards: &[Bytes],
-        targets: &[NodeId],
+        targets: &[Option<NodeId>],
         peers: &Peers,
-    ) -> Vec<ShardFault> {
+        min: usize,
+    ) -> Attempt {
+        let started = Instant::now();
         let mut set = JoinSet::new();
-        for (i, (shard, node)) in shards.iter().zip(targets.iter().copied()).enumerate() {
+        let mut pending: BTreeMap<u8, NodeId> = BTreeMap::new();
+        for (i, (shard, node)) in shards.iter().zip(targets).enumerate() {
+            let Some(node) = *node else { continue };
             let this = self.clone();
             let addr = peers.addrs.get(&node).copied();
             let req = ShardRequest::Put {
@@ -126,16 +208,36 @@ impl Stripes {
                 index: i as u8,
                 data: shard.clone(),
             };
+            pending.insert(i as u8, node);
             set.spawn(
                 async move { (i as u8, node, this.call(node, addr, req, PUT_TIMEOUT).await) },
             );
         }
-        let mut failed = Vec::new();
-        let mut stored = Vec::new();
-        for (index, node, resp) in set.join_all().await {
+        let mut attempt = Attempt {
+            stored: BTreeMap::new(),
+            failed: Vec::new(),
+        };
+        let mut deadline: Option<tokio::time::Instant> = None;
+        loop {
+            let joined = match deadline {
+                Some(at) => match tokio::time::timeout_at(at, set.join_next()).await {
+                    Ok(j) => j,
+                    Err(_) => break,
+                },
+                None => set.join_next().await,
+            };
+            let Some(joined) = joined else { break };
+            let Ok((index, node, resp)) = joined else {
+                continue;
+            };
+            pending.remove(&index);
             let (kind, message) = match resp {
                 ShardResponse::Stored => {
-                    stored.push((index, node));
+                    attempt.stored.insert(index, node);
+                    if attempt.stored.len() >= min && deadline.is_none() && !pending.is_empty() {
+                        let wait = STRAGGLER_WAIT.max(started.elapsed() * 3);
+                        deadline = Some(tokio::time::Instant::now() + wait);
+                    }
                     continue;
                 }
                 ShardResponse::Failed { kind, message } => (kind, message),
@@ -144,7 +246,7 @@ impl Stripes {
             if kind == ShardFailure::Other {
                 self.suspect(node);
             }
-            failed.push(ShardFault {
+            attempt.failed.push(ShardFault {
                 index,
                 node,
                 name: peers.name(node),
@@ -152,18 +254,40 @@ impl Stripes {
                 message,
             });
         }
-        if !failed.is_empty() {
-            for (index, node) in stored {
-                let req = ShardRequest::Delete {
-                    stripe: id.0,
-                    index,
-                };
-                let _ = self
-                    .call(node, peers.addrs.get(&node).copied(), req, PUT_TIMEOUT)
-                    .await;
-            }
+        set.abort_all();
+        for (index, node) in pending {
+            self.suspect(node);
+            attempt.failed.push(ShardFault {
+                index,
+                node,
+                name: peers.name(node),
+                kind: ShardFailure::Other,
+                message: format!(
+                    "no answer {} ms after the stripe's other shards were durable",
+                    started.elapsed().as_millis()
+                ),
+            });
         }
-        failed
+        attempt
+    }
+
+    /// Deletes the shards of an attempt that will not be committed (nothing references
+    /// them; what cannot be deleted now the orphan sweep finds later).
+    async fn delete_stored(
+        self: &Arc<Self>,
+        id: StripeId,
+        stored: &BTreeMap<u8, NodeId>,
+        peers: &Peers,
+    ) {
+        for (&index, &node) in stored {
+            let req = ShardRequest::Delete {
+                stripe: id.0,
+                index,
+            };
+            let _ = self
+                .call(node, peers.addrs.get(&node).copied(), req, PUT_TIMEOUT)
+                .await;
+        }
     }
 }
 
@@ -171,9 +295,9 @@ impl Stripes {
 mod tests {
     use super::*;
 
-    fn fault(node: u64, kind: ShardFailure) -> ShardFault {
+    fn fault(index: u8, node: u64, kind: ShardFailure) -> ShardFault {
         ShardFault {
-            index: 0,
+            index,
             node: NodeId(node),
             name: String::new(),
             kind,
@@ -184,17 +308,56 @@ mod tests {
     #[test]
     fn only_full_nodes_make_a_write_place_again() {
         assert_eq!(
-            after_failed_put(&[fault(1, ShardFailure::Full), fault(2, ShardFailure::Full)]),
+            after_failed_put(
+                4,
+                &[
+                    fault(0, 1, ShardFailure::Full),
+                    fault(1, 2, ShardFailure::Full)
+                ],
+                5
+            ),
             AfterFailure::PlaceAgainWithout(vec![NodeId(1), NodeId(2)])
         );
         assert_eq!(
-            after_failed_put(&[fault(1, ShardFailure::Full), fault(2, ShardFailure::Other)]),
+            after_failed_put(
+                4,
+                &[
+                    fault(0, 1, ShardFailure::Full),
+                    fault(1, 2, ShardFailure::Other)
+                ],
+                5
+            ),
             AfterFailure::GiveUp,
             "an unreachable node is the caller's to retry (it is marked suspect)"
         );
         assert_eq!(
-            after_failed_put(&[fault(3, ShardFailure::Corrupt)]),
+            after_failed_put(5, &[fault(0, 3, ShardFailure::Corrupt)], 5),
             AfterFailure::GiveUp
+        );
+    }
+
+    #[test]
+    fn enough_durable_shards_and_unreachable_others_make_a_degraded_stripe() {
+        assert_eq!(
+            after_failed_put(5, &[fault(5, 6, ShardFailure::Other)], 5),
+            AfterFailure::Degraded(vec![5])
+        );
+        assert_eq!(
+            after_failed_put(
+                4,
+                &[
+                    fault(4, 5, ShardFailure::Other),
+                    fault(5, 6, ShardFailure::Other)
+                ],
+                5
+            ),
+            AfterFailure::GiveUp,
+            "below min_write_shards"
+        );
+        assert_eq!(
+            after_failed_put(5, &[fault(5, 6, ShardFailure::Full)], 5),
+            AfterFailure::PlaceAgainWithout(vec![NodeId(6)]),
+            "a full node is no reason for less redundancy"
         );
     }
 }

@@ -29,20 +29,36 @@ fn unexpected(outcome: Outcome) -> AgentError {
     ConsensusError::UnexpectedOutcome(Box::new(outcome)).into()
 }
 
-/// The `orphan-shards` worker: deletes this node's shards of stripes the metadata has not
-/// known for `orphan_shard_grace_s` (never committed: their writer failed or crashed
-/// before the commit). The clock starts when this agent first sees a stripe unknown, so a
-/// restart only delays collection.
+/// The `orphan-shards` worker: deletes this node's shards the metadata does not need
+/// here, once that has held for `orphan_shard_grace_s` (the clock starts when this agent
+/// first sees it, so a restart only delays collection). Two kinds:
 ///
-/// Unknown at the read index is not enough: a commit naming the stripe may still be in
-/// the log, not yet committed, or be retried later. So the stripes are first abandoned
-/// through Raft (refused for any the log has committed by then, and fencing the rest
-/// against later commits), and only the ones the state machine fenced are deleted.
+/// - Shards of stripes the metadata does not know (never committed: their writer failed
+///   or crashed before the commit). Unknown at the read index is not enough: a commit
+///   naming the stripe may still be in the log or be retried later. So the stripes are
+///   first abandoned through Raft (refused for any the log has committed by then, and
+///   fencing the rest against later commits), and only the ones fenced are deleted.
+/// - Leftovers: shards of known stripes whose record names another node for that slot (a
+///   repair that stored a shard here and never committed it; a slot rebuilt elsewhere
+///   while this node was out). They are disowned through Raft (refused for any slot that
+///   names this node by then, fencing the rest against a late relocation here), and only
+///   the disowned ones are deleted.
 pub struct OrphanShards {
     group: Arc<Group>,
     stripes: Arc<Stripes>,
     unknown_since: HashMap<StripeId, Instant>,
+    leftover_since: HashMap<(StripeId, u8), Instant>,
     ticker: Ticker,
+}
+
+/// Most leftovers disowned in one proposal.
+const LEFTOVERS_PER_PASS: usize = 1024;
+
+/// What this node holds that the metadata does not need here.
+#[derive(Default)]
+struct Due {
+    unknown: Vec<StripeId>,
+    leftovers: Vec<(StripeId, u8)>,
 }
 
 impl OrphanShards {
@@ -52,28 +68,114 @@ impl OrphanShards {
             group,
             stripes,
             unknown_since: HashMap::new(),
+            leftover_since: HashMap::new(),
             ticker: Ticker::every(every),
         }
     }
 
-    /// The local stripes unknown for the whole grace (the others' clocks are kept).
-    fn due(&mut self, now: Instant) -> Result<Vec<StripeId>, AgentError> {
-        let grace = Duration::from_secs(self.group.config.orphan_shard_grace_s);
-        let mut still_unknown = HashMap::new();
-        let mut due = Vec::new();
-        for id in self.stripes.local_stripes() {
-            if self.group.store().stripe_known(id)? {
-                continue;
-            }
-            let since = self.unknown_since.get(&id).copied().unwrap_or(now);
-            if now.duration_since(since) < grace {
-                still_unknown.insert(id, since);
-            } else {
-                due.push(id);
+    fn grace(&self) -> Duration {
+        Duration::from_secs(self.group.config.orphan_shard_grace_s)
+    }
+
+    /// The local shards not needed here for the whole grace (the others' clocks are kept).
+    fn due(&mut self, now: Instant) -> Result<Due, AgentError> {
+        let grace = self.grace();
+        let me = self.stripes.me();
+        let mut unknown = HashMap::new();
+        let mut leftover = HashMap::new();
+        let mut due = Due::default();
+        for (stripe, index) in self.stripes.local_shards() {
+            match self.group.store().shard_holder(stripe, index)? {
+                Some(holder) if holder == me => {}
+                Some(_) => {
+                    let since = self
+                        .leftover_since
+                        .get(&(stripe, index))
+                        .copied()
+                        .unwrap_or(now);
+                    if now.duration_since(since) < grace {
+                        leftover.insert((stripe, index), since);
+                    } else if due.leftovers.len() < LEFTOVERS_PER_PASS {
+                        due.leftovers.push((stripe, index));
+                    }
+                }
+                None => {
+                    let since = self.unknown_since.get(&stripe).copied().unwrap_or(now);
+                    if now.duration_since(since) < grace {
+                        unknown.insert(stripe, since);
+                    } else if !due.unknown.contains(&stripe) {
+                        due.unknown.push(stripe);
+                    }
+                }
             }
         }
-        self.unknown_since = still_unknown;
+        self.unknown_since = unknown;
+        self.leftover_since = leftover;
         Ok(due)
+    }
+
+    /// Abandons the unknown stripes and deletes the shards of those fenced.
+    async fn abandon(&mut self, ids: Vec<StripeId>, now: Instant) -> Result<(), AgentError> {
+        let proposal = Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::AbandonStripes { ids: ids.clone() },
+        };
+        let fenced = match self.group.propose_one(proposal).await {
+            Ok(Outcome::Abandoned(ids)) => ids,
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) => {
+                // Not known whether it applied: the next pass asks again (abandoning is
+                // idempotent, and the shards stay until an answer says they may go).
+                let due_again = now.checked_sub(self.grace()).unwrap_or(now);
+                for id in ids {
+                    self.unknown_since.insert(id, due_again);
+                }
+                return Err(e.into());
+            }
+        };
+        for id in fenced {
+            let n = self.stripes.delete_local(id).await?;
+            info!(stripe = %id, shards = n, "deleted shards no file references (never committed)");
+        }
+        Ok(())
+    }
+
+    /// Disowns the leftovers and deletes those the metadata let go.
+    async fn disown(
+        &mut self,
+        shards: Vec<(StripeId, u8)>,
+        now: Instant,
+    ) -> Result<(), AgentError> {
+        let proposal = Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::DisownShards {
+                node: self.stripes.me(),
+                shards: shards.clone(),
+            },
+        };
+        let disowned = match self.group.propose_one(proposal).await {
+            Ok(Outcome::Disowned(d)) => d,
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) => {
+                let due_again = now.checked_sub(self.grace()).unwrap_or(now);
+                for s in shards {
+                    self.leftover_since.insert(s, due_again);
+                }
+                return Err(e.into());
+            }
+        };
+        for &(stripe, index) in &disowned {
+            self.stripes.delete_local_shard(stripe, index).await?;
+        }
+        if !disowned.is_empty() {
+            info!(
+                shards = disowned.len(),
+                "deleted copies of shards the stripe records place on other nodes"
+            );
+        }
+        Ok(())
     }
 }
 
@@ -85,37 +187,18 @@ impl Worker for OrphanShards {
     async fn work(&mut self) -> Result<Step, AgentError> {
         if self.stripes.local_stripes().is_empty() {
             self.unknown_since.clear();
+            self.leftover_since.clear();
             return Ok(Step::Idle);
         }
         // Judge against everything committed so far, not a lagging replica.
         self.group.barrier().await?;
         let now = Instant::now();
         let due = self.due(now)?;
-        if due.is_empty() {
-            return Ok(Step::Idle);
+        if !due.unknown.is_empty() {
+            self.abandon(due.unknown, now).await?;
         }
-        let proposal = Proposal {
-            id: None,
-            now: Timestamp::now(),
-            command: Command::AbandonStripes { ids: due.clone() },
-        };
-        let fenced = match self.group.propose_one(proposal).await {
-            Ok(Outcome::Abandoned(ids)) => ids,
-            Ok(other) => return Err(unexpected(other)),
-            Err(e) => {
-                // Not known whether it applied: the next pass asks again (abandoning is
-                // idempotent, and the shards stay until an answer says they may go).
-                let grace = Duration::from_secs(self.group.config.orphan_shard_grace_s);
-                for id in due {
-                    self.unknown_since
-                        .insert(id, now.checked_sub(grace).unwrap_or(now));
-                }
-                return Err(e.into());
-            }
-        };
-        for id in fenced {
-            let n = self.stripes.delete_local(id).await?;
-            info!(stripe = %id, shards = n, "deleted shards no file references (never committed)");
+        if !due.leftovers.is_empty() {
+            self.disown(due.leftovers, now).await?;
         }
         Ok(Step::Idle)
     }
@@ -125,20 +208,21 @@ impl Worker for OrphanShards {
     }
 
     fn progress(&self) -> Option<String> {
-        (!self.unknown_since.is_empty()).then(|| {
-            format!(
-                "{} unknown stripes within their grace",
-                self.unknown_since.len()
-            )
+        let (unknown, leftovers) = (self.unknown_since.len(), self.leftover_since.len());
+        (unknown + leftovers > 0).then(|| {
+            format!("{unknown} unknown stripes and {leftovers} leftover shards within their grace")
         })
     }
 }
 
 /// The `stripe-gc` worker (acts on the leader): deletes the shards of garbage stripes and
-/// records them freed.
+/// records them freed. It walks the garbage with a cursor, so a stripe that cannot be
+/// freed now (a reachable holder failing its delete) does not hold up the ones after it;
+/// holders that cannot be reached are left to their own orphan sweep.
 pub struct StripeGc {
     group: Arc<Group>,
     stripes: Arc<Stripes>,
+    after: Option<StripeId>,
     ticker: Ticker,
 }
 
@@ -148,6 +232,7 @@ impl StripeGc {
         StripeGc {
             group,
             stripes,
+            after: None,
             ticker: Ticker::every(every),
         }
     }
@@ -162,7 +247,13 @@ impl Worker for StripeGc {
         if !self.group.is_leader() {
             return Ok(Step::Idle);
         }
-        let garbage = self.group.store().garbage(None, STRIPES_PER_PASS)?;
+        let garbage = self.group.store().garbage(self.after, STRIPES_PER_PASS)?;
+        // The next pass goes on after this page, or from the start after the last one.
+        self.after = if garbage.len() == STRIPES_PER_PASS {
+            garbage.last().map(|r| r.id)
+        } else {
+            None
+        };
         if garbage.is_empty() {
             return Ok(Step::Idle);
         }
@@ -173,8 +264,13 @@ impl Worker for StripeGc {
                 Err(e) => debug!(stripe = %record.id, error = %e, "stripe not freed yet"),
             }
         }
+        let more = if self.after.is_some() {
+            Step::Busy
+        } else {
+            Step::Idle
+        };
         if freed.is_empty() {
-            return Ok(Step::Idle);
+            return Ok(more);
         }
         let n = freed.len();
         let proposal = Proposal {
@@ -184,7 +280,7 @@ impl Worker for StripeGc {
         };
         self.group.propose_one(proposal).await?;
         info!(stripes = n, "freed unreferenced stripes");
-        Ok(Step::Idle)
+        Ok(more)
     }
 
     async fn wait_for_work(&mut self) {
@@ -349,6 +445,7 @@ mod tests {
                 agent_version: String::new(),
                 store_accepting: true,
                 store_room_bytes: 1,
+                repair_bytes_per_sec: 0,
             }),
         }
     }

@@ -14,6 +14,8 @@ pub mod facts;
 pub mod gc;
 pub mod gpu;
 pub mod metrics;
+pub mod repair;
+pub mod scrub;
 pub mod steward;
 
 use std::future::Future;

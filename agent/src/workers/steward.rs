@@ -1,8 +1,8 @@
 //! Keeps the metadata group and the cluster layout in step with membership: forms the
 //! group when a new cluster starts, adds every agent as a learner, chooses voters across
 //! failure domains, replaces a voter that stays down, and commits layout changes (new
-//! nodes, nodes down and back) as new layout epochs. Acts only on the leader, except the
-//! one-time bootstrap.
+//! nodes, nodes down, `out` after `[cluster] down_out_after`, back) as new layout epochs.
+//! Acts only on the leader, except the one-time bootstrap.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -56,18 +56,51 @@ pub struct Steward {
     started: Instant,
     /// Voters not seen alive, since when.
     down_since: HashMap<u64, Instant>,
+    /// Layout nodes not seen alive, since when (gossip's last packet from them when it
+    /// has one, else when this leader first missed them).
+    layout_down_since: HashMap<u64, Instant>,
+    down_out_after: Duration,
     ticker: Ticker,
 }
 
 impl Steward {
-    pub fn new(meta: Arc<Group>, gossip: GossipHandle) -> Steward {
+    pub fn new(meta: Arc<Group>, gossip: GossipHandle, down_out_after: Duration) -> Steward {
         Steward {
             meta,
             gossip,
             started: Instant::now(),
             down_since: HashMap::new(),
+            layout_down_since: HashMap::new(),
+            down_out_after,
             ticker: Ticker::every(TICK),
         }
+    }
+
+    /// The nodes of the layout down for `down_out_after` or longer (they become `out`).
+    fn long_down(&mut self, views: &[MemberView], alive: &BTreeSet<u64>, now: Instant) -> Vec<u64> {
+        let Ok(Some(layout)) = self.meta.store().cluster_layout() else {
+            return Vec::new();
+        };
+        self.layout_down_since.retain(|id, _| !alive.contains(id));
+        let mut out = Vec::new();
+        for n in layout.nodes() {
+            let id = n.id.0;
+            if alive.contains(&id) || !matches!(n.state, NodeState::Active | NodeState::Down) {
+                continue;
+            }
+            let heard = views
+                .iter()
+                .find(|m| m.id.node == n.id)
+                .and_then(|m| m.last_heard);
+            let since = self.layout_down_since.entry(id).or_insert(now);
+            if let Some(h) = heard {
+                *since = (*since).min(h);
+            }
+            if now.saturating_duration_since(*since) >= self.down_out_after {
+                out.push(id);
+            }
+        }
+        out
     }
 }
 
@@ -88,13 +121,16 @@ impl Worker for Steward {
         }
         if !meta.is_leader() {
             self.down_since.clear();
+            self.layout_down_since.clear();
             return Ok(Step::Idle);
         }
         let now = Instant::now();
         let alive_ids: BTreeSet<u64> = alive.iter().map(|m| m.id).collect();
         self.down_since.retain(|id, _| !alive_ids.contains(id));
+        let long_down = self.long_down(&views, &alive_ids, now);
+        let meta = &self.meta;
         reconcile_members(meta, &alive, &mut self.down_since, now).await?;
-        reconcile_layout(meta, &alive).await?;
+        reconcile_layout(meta, &alive, &long_down).await?;
         record_generations(meta, &views).await?;
         Ok(Step::Idle)
     }
@@ -221,15 +257,24 @@ async fn reconcile_members(
 }
 
 /// The layout the cluster should have now: every node ever seen stays (its shards are
-/// still referenced), alive ones `Active`, the rest `Down`. Drained/out states set by an
-/// operator are kept.
-fn desired_layout(current: Option<&Layout>, alive: &[Member]) -> Vec<LayoutNode> {
+/// still referenced), alive ones `Active`, the rest `Down`, and those in `long_down` (down
+/// for `[cluster] down_out_after`) `Out`: their shards are rebuilt elsewhere. A node back
+/// from `Down` or `Out` is `Active` again (what it still holds of slots moved away is
+/// disowned and deleted). Draining and drained states are kept.
+fn desired_layout(
+    current: Option<&Layout>,
+    alive: &[Member],
+    long_down: &[u64],
+) -> Vec<LayoutNode> {
     let mut nodes: BTreeMap<u64, LayoutNode> = BTreeMap::new();
     if let Some(l) = current {
         for n in l.nodes() {
             let mut n = n.clone();
             if n.state == NodeState::Active {
                 n.state = NodeState::Down;
+            }
+            if n.state == NodeState::Down && long_down.contains(&n.id.0) {
+                n.state = NodeState::Out;
             }
             nodes.insert(n.id.0, n);
         }
@@ -240,16 +285,28 @@ fn desired_layout(current: Option<&Layout>, alive: &[Member]) -> Vec<LayoutNode>
         });
         entry.failure_domain = m.failure_domain.as_str().into();
         entry.weight = m.weight;
-        if entry.state == NodeState::Down {
+        if matches!(entry.state, NodeState::Down | NodeState::Out) {
             entry.state = NodeState::Active;
         }
     }
     nodes.into_values().collect()
 }
 
-async fn reconcile_layout(meta: &Group, alive: &[Member]) -> Result<(), AgentError> {
+async fn reconcile_layout(
+    meta: &Group,
+    alive: &[Member],
+    long_down: &[u64],
+) -> Result<(), AgentError> {
     let current = meta.store().cluster_layout()?;
-    let nodes = desired_layout(current.as_ref(), alive);
+    let nodes = desired_layout(current.as_ref(), alive, long_down);
+    if let Some(l) = &current {
+        for n in &nodes {
+            let before = l.node(n.id).map(|b| b.state);
+            if before != Some(n.state) && n.state == NodeState::Out {
+                warn!(node = %n.id, "node down past [cluster] down_out_after: out; its shards are rebuilt on the others");
+            }
+        }
+    }
     if current
         .as_ref()
         .is_some_and(|l| l.nodes() == nodes.as_slice())
@@ -296,14 +353,18 @@ mod tests {
 
     #[test]
     fn the_layout_keeps_every_node_ever_seen_and_marks_the_missing_down() {
-        let first = desired_layout(None, &[member(1, "a", 10), member(2, "b", 10)]);
+        let first = desired_layout(None, &[member(1, "a", 10), member(2, "b", 10)], &[]);
         assert_eq!(
             states(&first),
             [(1, NodeState::Active), (2, NodeState::Active)]
         );
         let current = Layout::new(1, first).expect("layout");
         // Node 2 is gone, node 3 is new: 2 stays (its shards are still referenced), down.
-        let next = desired_layout(Some(&current), &[member(1, "a", 10), member(3, "c", 10)]);
+        let next = desired_layout(
+            Some(&current),
+            &[member(1, "a", 10), member(3, "c", 10)],
+            &[],
+        );
         assert_eq!(
             states(&next),
             [
@@ -314,18 +375,47 @@ mod tests {
         );
         // Back: active again, with its new weight and domain.
         let current = Layout::new(2, next).expect("layout");
-        let back = desired_layout(Some(&current), &[member(2, "b2", 20)]);
+        let back = desired_layout(Some(&current), &[member(2, "b2", 20)], &[]);
         let two = back.iter().find(|n| n.id.0 == 2).expect("node 2");
         assert_eq!((two.state, two.weight), (NodeState::Active, 20));
         assert_eq!(two.failure_domain.0, "b2");
     }
 
     #[test]
+    fn a_node_down_long_enough_is_out_and_active_again_when_back() {
+        let both = [member(1, "a", 10), member(2, "b", 10)];
+        let current = Layout::new(1, desired_layout(None, &both, &[])).expect("layout");
+        let down = desired_layout(Some(&current), &both[..1], &[]);
+        assert_eq!(
+            states(&down),
+            [(1, NodeState::Active), (2, NodeState::Down)]
+        );
+        let current = Layout::new(2, down).expect("layout");
+        let out = desired_layout(Some(&current), &both[..1], &[2]);
+        assert_eq!(states(&out), [(1, NodeState::Active), (2, NodeState::Out)]);
+        let current = Layout::new(3, out).expect("layout");
+        let still = desired_layout(Some(&current), &both[..1], &[2]);
+        assert_eq!(still, current.nodes(), "no new epoch while it stays out");
+        let back = desired_layout(Some(&current), &both, &[]);
+        assert_eq!(
+            states(&back),
+            [(1, NodeState::Active), (2, NodeState::Active)]
+        );
+    }
+
+    #[test]
     fn an_operators_state_is_kept_whatever_gossip_says() {
-        let mut nodes = desired_layout(None, &[member(1, "a", 10), member(2, "b", 10)]);
-        nodes[1].state = NodeState::Out;
+        let mut nodes = desired_layout(None, &[member(1, "a", 10), member(2, "b", 10)], &[]);
+        nodes[1].state = NodeState::Drained;
         let current = Layout::new(1, nodes).expect("layout");
-        let next = desired_layout(Some(&current), &[member(1, "a", 10), member(2, "b", 10)]);
-        assert_eq!(states(&next), [(1, NodeState::Active), (2, NodeState::Out)]);
+        let next = desired_layout(
+            Some(&current),
+            &[member(1, "a", 10), member(2, "b", 10)],
+            &[2],
+        );
+        assert_eq!(
+            states(&next),
+            [(1, NodeState::Active), (2, NodeState::Drained)]
+        );
     }
 }

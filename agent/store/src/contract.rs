@@ -26,7 +26,41 @@ pub async fn run_all<S: ShardStore>(s: &S) {
     ranges_and_bad_ranges(s).await;
     same_bytes_twice_is_accepted_other_bytes_refused(s).await;
     delete_removes(s).await;
+    a_walk_in_pages_sees_every_shard_once_in_order(s).await;
     full_store_refuses_and_keeps_what_it_has(s).await;
+}
+
+pub async fn a_walk_in_pages_sees_every_shard_once_in_order<S: ShardStore>(s: &S) {
+    let mut want = Vec::new();
+    for stripe in [5u128, 2, 9] {
+        for index in [1u8, 0] {
+            s.put(key(stripe, index), bytes(100, index))
+                .await
+                .expect("put");
+            want.push(key(stripe, index));
+        }
+    }
+    want.sort();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.list_after(after, 4);
+        assert!(page.len() <= 4);
+        let Some(last) = page.last() else { break };
+        after = Some(last.0);
+        seen.extend(page.iter().map(|(k, len)| {
+            assert_eq!(*len, 100);
+            *k
+        }));
+    }
+    assert_eq!(seen, want);
+    assert_eq!(
+        s.list_after(Some(key(5, 1)), 10),
+        vec![(key(9, 0), 100), (key(9, 1), 100)]
+    );
+    for k in want {
+        s.delete(k).await.expect("delete");
+    }
 }
 
 pub async fn put_then_get_returns_the_bytes<S: ShardStore>(s: &S) {

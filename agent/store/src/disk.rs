@@ -556,6 +556,17 @@ impl ShardStore for DiskStore {
             .collect()
     }
 
+    fn list_after(&self, after: Option<ShardKey>, limit: usize) -> Vec<(ShardKey, u64)> {
+        use std::ops::Bound;
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.lock()
+            .index
+            .range((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(k, (len, _))| (*k, *len))
+            .collect()
+    }
+
     fn usage(&self) -> StoreUsage {
         let st = self.lock();
         StoreUsage {

@@ -75,6 +75,10 @@ pub trait ShardStore: Send + Sync + 'static {
     /// Every stored shard with its data length, in key order.
     fn list(&self) -> Vec<(ShardKey, u64)>;
 
+    /// Up to `limit` stored shards after `after` (from the first when None), in key
+    /// order: a walk over a large store, page by page.
+    fn list_after(&self, after: Option<ShardKey>, limit: usize) -> Vec<(ShardKey, u64)>;
+
     fn usage(&self) -> StoreUsage;
 }
 

@@ -73,6 +73,16 @@ impl ShardStore for MemStore {
             .collect()
     }
 
+    fn list_after(&self, after: Option<ShardKey>, limit: usize) -> Vec<(ShardKey, u64)> {
+        use std::ops::Bound;
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.lock()
+            .range((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(k, d)| (*k, d.len() as u64))
+            .collect()
+    }
+
     fn usage(&self) -> StoreUsage {
         let map = self.lock();
         StoreUsage {

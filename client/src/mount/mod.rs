@@ -30,6 +30,7 @@ use shoal_agent_api::{
 };
 
 use crate::bench::parse_size;
+use shoal_agent_api::units::parse_duration;
 
 pub use fstab::{helper_main, is_mount_helper};
 
@@ -103,28 +104,6 @@ impl MountArgs {
             bail!("--read-ahead must be at most {} MiB", MAX_REQUEST >> 20);
         }
         Ok(())
-    }
-}
-
-/// Parses "600s", "10m", "1h", "500ms" or a plain number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration"))?;
-    let secs = |mult: u64| {
-        n.checked_mul(mult)
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("{text:?} is too long"))
-    };
-    match unit.trim() {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => secs(1),
-        "m" | "min" => secs(60),
-        "h" => secs(3600),
-        _ => Err(format!("{text:?}: unknown unit (use ms, s, m, h)")),
     }
 }
 
@@ -269,17 +248,6 @@ fn init_logging() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_take_units_and_default_to_seconds() {
-        assert_eq!(parse_duration("600s"), Ok(Duration::from_secs(600)));
-        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5 days").is_err());
-    }
 
     #[test]
     fn mount_args_have_the_documented_defaults() {

@@ -1,0 +1,457 @@
+//! The repair planner (pure): how each stripe stands, what the cluster's redundancy is,
+//! and which shards to rebuild in which order, from which sources, onto which targets.
+//!
+//! A slot is *available* when the node it names is in the layout, not `out`, and alive;
+//! *waiting* when that node is down but not yet `out` (it may come back with its shards:
+//! nothing is rebuilt for it); *lost* when it names no node ([`NodeId::NONE`]: written
+//! degraded, or given up as corrupt) or a node that is `out` or gone from the layout. Lost
+//! slots are rebuilt, the stripes with the fewest available shards first.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use shoal_agent_api::StripeRecord;
+use shoal_placement::{Layout, NodeId, NodeState, StripeId, place_repair};
+
+use crate::data::Rebuild;
+
+/// How one slot of a stripe stands (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Available,
+    Waiting,
+    Lost,
+}
+
+/// The state of `node`'s slot under the committed layout and gossip's live set.
+pub fn slot(node: NodeId, layout: &Layout, alive: &BTreeSet<NodeId>) -> Slot {
+    if node.is_none() {
+        return Slot::Lost;
+    }
+    match layout.node(node) {
+        None => Slot::Lost,
+        Some(n) if n.state == NodeState::Out => Slot::Lost,
+        Some(_) if !alive.contains(&node) => Slot::Waiting,
+        Some(_) => Slot::Available,
+    }
+}
+
+/// How one stripe stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    pub available: Vec<u8>,
+    pub waiting: Vec<u8>,
+    pub lost: Vec<u8>,
+}
+
+impl Health {
+    pub fn of(record: &StripeRecord, layout: &Layout, alive: &BTreeSet<NodeId>) -> Health {
+        let mut h = Health {
+            available: Vec::new(),
+            waiting: Vec::new(),
+            lost: Vec::new(),
+        };
+        for s in &record.shards {
+            match slot(s.node, layout, alive) {
+                Slot::Available => h.available.push(s.index),
+                Slot::Waiting => h.waiting.push(s.index),
+                Slot::Lost => h.lost.push(s.index),
+            }
+        }
+        h
+    }
+
+    /// Shards not available now.
+    pub fn missing(&self) -> usize {
+        self.waiting.len() + self.lost.len()
+    }
+}
+
+/// The cluster's redundancy: stripes and bytes by how many shards they miss.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub stripes: u64,
+    pub healthy: u64,
+    /// Missing shards → (stripes, bytes of data in them), for stripes still readable.
+    pub by_missing: BTreeMap<usize, (u64, u64)>,
+    /// Stripes with fewer than k shards available.
+    pub unreadable: u64,
+    /// Bytes of lost shards to rebuild now.
+    pub bytes_to_repair: u64,
+    /// Bytes of shards on nodes that are down but not `out` (rebuilt if they become so).
+    pub bytes_waiting: u64,
+}
+
+impl Summary {
+    pub fn add(&mut self, record: &StripeRecord, h: &Health) {
+        self.stripes += 1;
+        let missing = h.missing();
+        if h.available.len() < usize::from(record.ec.k) {
+            self.unreadable += 1;
+        } else if missing == 0 {
+            self.healthy += 1;
+        } else {
+            let e = self.by_missing.entry(missing).or_default();
+            e.0 += 1;
+            e.1 += record.len;
+        }
+        self.bytes_to_repair += h.lost.len() as u64 * record.shard_len;
+        self.bytes_waiting += h.waiting.len() as u64 * record.shard_len;
+    }
+
+    /// Stripes missing one shard or more but readable.
+    pub fn degraded(&self) -> u64 {
+        self.by_missing.values().map(|(n, _)| n).sum()
+    }
+}
+
+/// One stripe's repair: which shards to rebuild where, which slots not to read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    pub record: StripeRecord,
+    pub rebuilds: Vec<Rebuild>,
+    /// Slots not to read from: lost, waiting, or being rebuilt.
+    pub skip: Vec<u8>,
+    /// The k available slots to read, data shards first (more are tried if one fails).
+    pub sources: Vec<u8>,
+    /// At most one spare shard left: repair goes on even when the budget is spent.
+    pub urgent: bool,
+    /// Bytes moved: k shards read, the rebuilt ones written.
+    pub bytes: u64,
+}
+
+/// What the planner made of a list of stripes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// In the order to run them: fewest available shards first.
+    pub tasks: Vec<Task>,
+    /// Stripes with lost slots that no node can take now (every other node holds a shard
+    /// of the stripe, is down, full or fenced), with those slots.
+    pub no_target: Vec<(StripeId, Vec<u8>)>,
+    /// Stripes with lost slots but fewer than k available shards.
+    pub unreadable: Vec<StripeId>,
+}
+
+/// Where each node stands for new shards: room left (bytes) per eligible node.
+pub type Room = HashMap<NodeId, u64>;
+
+/// Plans the repair of `stripes` (each with its health): targets from `placement` (the
+/// layout with only the nodes that take shards now eligible), never one in `room`
+/// without space for the shard (each assignment uses some), never a node fenced for the
+/// stripe in `fenced` (it disowned a copy of that slot).
+pub fn plan(
+    stripes: &[(StripeRecord, Health)],
+    placement: &Layout,
+    room: &Room,
+    fenced: &HashMap<StripeId, Vec<NodeId>>,
+) -> Plan {
+    let mut order: Vec<&(StripeRecord, Health)> =
+        stripes.iter().filter(|(_, h)| !h.lost.is_empty()).collect();
+    order.sort_by_key(|(r, h)| (h.available.len(), r.id));
+    let mut room = room.clone();
+    let mut out = Plan::default();
+    for (record, h) in order {
+        let k = usize::from(record.ec.k);
+        if h.available.len() < k {
+            out.unreadable.push(record.id);
+            continue;
+        }
+        let holders: Vec<NodeId> = record
+            .shards
+            .iter()
+            .filter(|s| !h.lost.contains(&s.index))
+            .map(|s| s.node)
+            .collect();
+        let mut avoid: Vec<NodeId> = fenced.get(&record.id).cloned().unwrap_or_default();
+        avoid.extend(
+            room.iter()
+                .filter(|(_, r)| **r < record.shard_len)
+                .map(|(n, _)| *n),
+        );
+        let targets = place_repair(placement, record.id, &h.lost, &holders, &avoid);
+        let mut rebuilds = Vec::new();
+        let mut stuck = Vec::new();
+        for (&index, target) in h.lost.iter().zip(targets) {
+            match target {
+                Some(to) if room.get(&to).is_none_or(|r| *r >= record.shard_len) => {
+                    if let Some(r) = room.get_mut(&to) {
+                        *r -= record.shard_len;
+                    }
+                    rebuilds.push(Rebuild {
+                        index,
+                        from: record.shards[usize::from(index)].node,
+                        to,
+                    });
+                }
+                _ => stuck.push(index),
+            }
+        }
+        if !stuck.is_empty() {
+            out.no_target.push((record.id, stuck));
+        }
+        if rebuilds.is_empty() {
+            continue;
+        }
+        let mut sources = h.available.clone();
+        sources.sort_by_key(|i| (*i >= record.ec.k, *i));
+        sources.truncate(k);
+        let mut skip: Vec<u8> = h.lost.iter().chain(&h.waiting).copied().collect();
+        skip.sort_unstable();
+        let bytes = record.shard_len * (k + rebuilds.len()) as u64;
+        out.tasks.push(Task {
+            record: record.clone(),
+            rebuilds,
+            skip,
+            sources,
+            urgent: h.available.len() <= k + 1,
+            bytes,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_agent_api::ShardLocation;
+    use shoal_placement::{EcProfile, LayoutNode};
+
+    use super::*;
+
+    fn layout(states: &[(u64, NodeState)]) -> Layout {
+        let nodes = states
+            .iter()
+            .map(|&(id, state)| LayoutNode {
+                state,
+                ..LayoutNode::active(NodeId(id), format!("fd{id}").as_str(), 1)
+            })
+            .collect();
+        Layout::new(1, nodes).expect("layout")
+    }
+
+    fn active(ids: std::ops::RangeInclusive<u64>) -> Layout {
+        layout(&ids.map(|i| (i, NodeState::Active)).collect::<Vec<_>>())
+    }
+
+    /// A 2+1 stripe `id` of 100 bytes with shards on `nodes` (0 = missing).
+    fn stripe(id: u128, nodes: [u64; 3]) -> StripeRecord {
+        StripeRecord {
+            id: StripeId(id),
+            len: 100,
+            ec: EcProfile { k: 2, m: 1 },
+            shard_len: 50,
+            epoch: 1,
+            shards: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| ShardLocation {
+                    index: i as u8,
+                    node: NodeId(n),
+                    crc32c: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// A 4+2 stripe `id` of 100 bytes with shards on `nodes` (0 = missing).
+    fn wide(id: u128, nodes: [u64; 6]) -> StripeRecord {
+        StripeRecord {
+            ec: EcProfile { k: 4, m: 2 },
+            shard_len: 25,
+            shards: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| ShardLocation {
+                    index: i as u8,
+                    node: NodeId(n),
+                    crc32c: 0,
+                })
+                .collect(),
+            ..stripe(id, [0; 3])
+        }
+    }
+
+    fn alive(ids: &[u64]) -> BTreeSet<NodeId> {
+        ids.iter().map(|&i| NodeId(i)).collect()
+    }
+
+    fn assessed(records: &[StripeRecord], l: &Layout, up: &[u64]) -> Vec<(StripeRecord, Health)> {
+        records
+            .iter()
+            .map(|r| (r.clone(), Health::of(r, l, &alive(up))))
+            .collect()
+    }
+
+    #[test]
+    fn a_down_node_waits_an_out_node_or_no_node_is_lost() {
+        let l = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Down),
+            (3, NodeState::Out),
+        ]);
+        let up = alive(&[1]);
+        assert_eq!(slot(NodeId(1), &l, &up), Slot::Available);
+        assert_eq!(slot(NodeId(2), &l, &up), Slot::Waiting);
+        assert_eq!(slot(NodeId(3), &l, &up), Slot::Lost);
+        assert_eq!(slot(NodeId::NONE, &l, &up), Slot::Lost);
+        assert_eq!(slot(NodeId(9), &l, &up), Slot::Lost, "gone from the layout");
+        // Active in the layout but not alive: down for now, not lost.
+        assert_eq!(slot(NodeId(1), &l, &alive(&[])), Slot::Waiting);
+    }
+
+    #[test]
+    fn the_summary_counts_stripes_by_missing_shards_and_bytes_to_repair() {
+        let l = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Active),
+            (3, NodeState::Active),
+            (4, NodeState::Down),
+            (5, NodeState::Out),
+        ]);
+        let records = [
+            stripe(1, [1, 2, 3]),
+            stripe(2, [1, 2, 4]),
+            stripe(3, [1, 2, 0]),
+            stripe(4, [1, 4, 5]),
+        ];
+        let mut s = Summary::default();
+        for (r, h) in assessed(&records, &l, &[1, 2, 3]) {
+            s.add(&r, &h);
+        }
+        assert_eq!((s.stripes, s.healthy, s.unreadable), (4, 1, 1));
+        assert_eq!(s.by_missing, BTreeMap::from([(1, (2, 200))]));
+        assert_eq!(s.degraded(), 2);
+        assert_eq!(
+            s.bytes_to_repair,
+            2 * 50,
+            "stripe 3's missing one, stripe 4's out one"
+        );
+        assert_eq!(s.bytes_waiting, 2 * 50);
+    }
+
+    #[test]
+    fn the_most_endangered_stripes_go_first_from_k_sources_to_new_domains() {
+        // 4+2 on 8 nodes; node 8 is out. Stripe 5 lost two shards (one to node 8, one
+        // never written), stripe 9 one.
+        let mut l: Vec<(u64, NodeState)> = (1..=7).map(|i| (i, NodeState::Active)).collect();
+        l.push((8, NodeState::Out));
+        let l = layout(&l);
+        let records = [wide(9, [8, 1, 2, 3, 4, 5]), wide(5, [1, 2, 3, 8, 4, 0])];
+        let placement = active(1..=7);
+        let p = plan(
+            &assessed(&records, &l, &[1, 2, 3, 4, 5, 6, 7]),
+            &placement,
+            &Room::new(),
+            &HashMap::new(),
+        );
+        let order: Vec<StripeId> = p.tasks.iter().map(|t| t.record.id).collect();
+        assert_eq!(order, [StripeId(5), StripeId(9)]);
+        let first = &p.tasks[0];
+        assert_eq!(first.sources, [0, 1, 2, 4], "k available slots, data first");
+        assert_eq!(first.skip, [3, 5]);
+        assert!(first.urgent, "4 left of 4+2");
+        let targets: BTreeSet<NodeId> = first.rebuilds.iter().map(|r| r.to).collect();
+        assert_eq!(
+            targets,
+            alive(&[6, 7]),
+            "the two nodes holding nothing of it"
+        );
+        assert_eq!(
+            first
+                .rebuilds
+                .iter()
+                .map(|r| (r.index, r.from))
+                .collect::<Vec<_>>(),
+            [(3, NodeId(8)), (5, NodeId::NONE)]
+        );
+        assert_eq!(first.bytes, 25 * 6);
+        assert!(p.tasks[1].urgent, "5 left of 4+2: its last spare");
+        assert!(p.no_target.is_empty() && p.unreadable.is_empty());
+    }
+
+    #[test]
+    fn no_target_domain_left_is_reported_not_forced() {
+        // 2+1 on three nodes, node 3 out: no node holds nothing of the stripe.
+        let l = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Active),
+            (3, NodeState::Out),
+        ]);
+        let p = plan(
+            &assessed(&[stripe(1, [1, 2, 3])], &l, &[1, 2]),
+            &active(1..=2),
+            &Room::new(),
+            &HashMap::new(),
+        );
+        assert!(p.tasks.is_empty());
+        assert_eq!(p.no_target, [(StripeId(1), vec![2])]);
+    }
+
+    #[test]
+    fn two_stripes_compete_for_the_last_free_node() {
+        // Node 4 is the only one that holds neither stripe, and has room for one shard.
+        let l = active(1..=4);
+        let records = [stripe(1, [1, 2, 0]), stripe(2, [0, 1, 3])];
+        let room = Room::from([
+            (NodeId(1), 0),
+            (NodeId(2), 0),
+            (NodeId(3), 0),
+            (NodeId(4), 60),
+        ]);
+        let p = plan(
+            &assessed(&records, &l, &[1, 2, 3, 4]),
+            &l,
+            &room,
+            &HashMap::new(),
+        );
+        assert_eq!(p.tasks.len(), 1, "{p:?}");
+        assert_eq!(
+            p.tasks[0].record.id,
+            StripeId(1),
+            "same health: lower id first"
+        );
+        assert_eq!(p.tasks[0].rebuilds[0].to, NodeId(4));
+        assert_eq!(p.no_target, [(StripeId(2), vec![0])]);
+    }
+
+    #[test]
+    fn a_fenced_node_is_never_a_target_for_that_stripe() {
+        let l = active(1..=4);
+        let records = [stripe(1, [1, 2, 0])];
+        let fenced = HashMap::from([(StripeId(1), vec![NodeId(3)])]);
+        let p = plan(
+            &assessed(&records, &l, &[1, 2, 3, 4]),
+            &l,
+            &Room::new(),
+            &fenced,
+        );
+        assert_eq!(p.tasks[0].rebuilds[0].to, NodeId(4));
+    }
+
+    #[test]
+    fn an_unreadable_stripe_is_not_planned() {
+        let l = active(1..=4);
+        let p = plan(
+            &assessed(&[stripe(1, [1, 0, 0])], &l, &[1, 2, 3, 4]),
+            &l,
+            &Room::new(),
+            &HashMap::new(),
+        );
+        assert!(p.tasks.is_empty());
+        assert_eq!(p.unreadable, [StripeId(1)]);
+    }
+
+    #[test]
+    fn a_waiting_slot_is_neither_rebuilt_nor_read() {
+        // Node 5 is down (not out): its shard 4 waits; shard 5 was never written.
+        let l = active(1..=7);
+        let p = plan(
+            &assessed(&[wide(1, [1, 2, 3, 4, 5, 0])], &l, &[1, 2, 3, 4, 6, 7]),
+            &l,
+            &Room::new(),
+            &HashMap::new(),
+        );
+        let t = &p.tasks[0];
+        assert_eq!(t.skip, [4, 5]);
+        assert_eq!(t.rebuilds.iter().map(|r| r.index).collect::<Vec<_>>(), [5]);
+        assert!(t.urgent, "four available of 4+2");
+    }
+}

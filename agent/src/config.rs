@@ -26,6 +26,8 @@ pub struct AgentConfig {
     #[serde(default)]
     pub scrub: ScrubConfig,
     #[serde(default)]
+    pub background: BackgroundConfig,
+    #[serde(default)]
     pub meta: crate::consensus::MetaConfig,
     /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
     #[serde(default)]
@@ -218,6 +220,56 @@ impl ScrubConfig {
     }
 }
 
+/// `[background]`: the governor's budget for background work (repair, scrub, rebalance,
+/// tiering, GC), shared out by class and shrunk while the GPUs are busy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackgroundConfig {
+    /// Bytes a second all background work may move while the GPUs idle.
+    #[serde(default = "default_background_rate")]
+    pub rate: String,
+    /// Bytes a second repair of a stripe at its last spare always gets, however busy the
+    /// GPUs are.
+    #[serde(default = "default_repair_floor")]
+    pub repair_floor: String,
+}
+
+fn default_background_rate() -> String {
+    "1GiB".into()
+}
+fn default_repair_floor() -> String {
+    "64MiB".into()
+}
+
+impl Default for BackgroundConfig {
+    fn default() -> Self {
+        BackgroundConfig {
+            rate: default_background_rate(),
+            repair_floor: default_repair_floor(),
+        }
+    }
+}
+
+impl BackgroundConfig {
+    /// (`rate`, `repair_floor`) in bytes per second.
+    pub fn rates(&self) -> Result<(u64, u64), AgentError> {
+        let rate = |key: &'static str, text: &str| {
+            shoal_resource_guard::parse_bytes(text.trim())
+                .filter(|b| *b > 0)
+                .ok_or_else(|| {
+                    invalid(
+                        key,
+                        format!("{text:?} is not a size above 0 (bytes a second: \"64MiB\")"),
+                    )
+                })
+        };
+        Ok((
+            rate("background.rate", &self.rate)?,
+            rate("background.repair_floor", &self.repair_floor)?,
+        ))
+    }
+}
+
 /// Durations written as text ("10m", "14d", "30s"; see `shoal_agent_api::units`).
 mod duration_text {
     use std::time::Duration;
@@ -403,6 +455,7 @@ impl AgentConfig {
             return Err(invalid("scrub.interval", "must be at least 1s"));
         }
         self.scrub.max_rate_bytes()?;
+        self.background.rates()?;
         self.meta
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;

@@ -83,10 +83,11 @@ impl Node {
         let mut registry = Registry::default();
         // First: everything after this runs inside the reservation.
         let resources =
-            Resources::start(config.resources.as_ref(), &mut registry).map_err(|e| match e {
-                AgentError::Guard(g) => AgentError::from_guard(g),
-                other => other,
-            })?;
+            Resources::start(config.resources.as_ref(), &config.background, &mut registry)
+                .map_err(|e| match e {
+                    AgentError::Guard(g) => AgentError::from_guard(g),
+                    other => other,
+                })?;
         // A start that fails from here on must not leave the cgroup behind.
         match Self::start_confined(config, identity, registry, resources.clone()).await {
             Ok(node) => Ok(node),

@@ -47,6 +47,9 @@ pub struct Resources {
     gauges: Gauges,
 }
 
+/// The environment variable of [`Resources::gpu_probe`]'s fake GPU.
+pub const FAKE_GPU_ENV: &str = "SHOAL_FAKE_GPU_UTILIZATION";
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -56,8 +59,10 @@ impl Resources {
     /// reservation) and starts the GPU poller.
     pub fn start(
         config: Option<&ResourcesConfig>,
+        background: &crate::config::BackgroundConfig,
         registry: &mut Registry,
     ) -> Result<Arc<Self>, AgentError> {
+        let (rate, repair_floor) = background.rates()?;
         let guard = match config {
             Some(c) => {
                 let machine = MachineInventory::probe()?;
@@ -82,7 +87,11 @@ impl Resources {
         let resources = Arc::new(Resources {
             guard,
             governor: Arc::new(Mutex::new(Governor::new(
-                GovernorConfig::default(),
+                GovernorConfig {
+                    idle_bytes_per_sec: rate,
+                    last_parity_floor_bytes_per_sec: repair_floor,
+                    ..GovernorConfig::default()
+                },
                 Instant::now(),
             ))),
             gpu: Arc::new(Mutex::new(GpuSample::default())),
@@ -92,8 +101,29 @@ impl Resources {
     }
 
     /// The node's GPUs, for the `gpu` worker to poll.
+    /// `SHOAL_FAKE_GPU_UTILIZATION` (a percent) replaces NVML with one busy fake GPU, for
+    /// benchmarks of background work under a training load on machines without GPUs.
     pub fn gpu_probe() -> Box<dyn GpuProbe> {
-        Box::new(NvmlProbe::init())
+        match std::env::var(FAKE_GPU_ENV).ok().map(|v| v.parse::<f64>()) {
+            Some(Ok(percent)) if (0.0..=100.0).contains(&percent) => {
+                warn!(
+                    percent,
+                    "{FAKE_GPU_ENV} is set: a FAKE GPU at this utilisation sizes background work"
+                );
+                let fake = shoal_resource_guard::FakeGpu::default();
+                fake.set(GpuSample {
+                    count: 1,
+                    utilization_percent: Some(percent),
+                    ..GpuSample::default()
+                });
+                Box::new(fake)
+            }
+            Some(_) => {
+                warn!("{FAKE_GPU_ENV} is not a percent (0 to 100): ignored, NVML is used");
+                Box::new(NvmlProbe::init())
+            }
+            None => Box::new(NvmlProbe::init()),
+        }
     }
 
     /// Takes a GPU reading: the governor's budget follows it.

@@ -76,6 +76,38 @@ pub struct UpOptions {
     /// `--meta orphan_shard_grace_s=5`.
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta_setting)]
     pub meta: Vec<String>,
+    /// Erasure-coding profile of new stripes (default: 4+2 from 6 nodes, 2+1 from 3).
+    #[arg(long)]
+    pub ec: Option<String>,
+    /// Extra settings of the `[storage]`, `[cluster]`, `[scrub]` or `[background]` sections for every
+    /// node, as `SECTION.KEY=VALUE` with a TOML value (repeatable), e.g.
+    /// `--set cluster.down_out_after='"20s"'`.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE", value_parser = parse_section_setting)]
+    pub set: Vec<(String, String)>,
+}
+
+/// The sections `--set` may add to.
+const SET_SECTIONS: [&str; 4] = ["storage", "cluster", "scrub", "background"];
+
+/// Checks a `--set` setting's shape: (section, "key = value").
+fn parse_section_setting(s: &str) -> Result<(String, String), String> {
+    let (path, _) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not SECTION.KEY=VALUE"))?;
+    let (section, key) = path
+        .split_once('.')
+        .ok_or_else(|| format!("{s:?}: the key must name its section (SECTION.KEY)"))?;
+    if !SET_SECTIONS.contains(&section.trim()) {
+        return Err(format!(
+            "{s:?}: --set takes the sections {}",
+            SET_SECTIONS.join(", ")
+        ));
+    }
+    let line = parse_meta_setting(&s[section.len() + 1..])?;
+    if key.trim().is_empty() {
+        return Err(format!("{s:?} is not SECTION.KEY=VALUE"));
+    }
+    Ok((section.trim().to_owned(), line))
 }
 
 /// Checks a `--meta` setting's shape; the agent checks the key and value.
@@ -111,6 +143,8 @@ impl UpOptions {
             direct_io: false,
             mount: false,
             meta: Vec::new(),
+            ec: None,
+            set: Vec::new(),
         }
     }
 }
@@ -273,7 +307,13 @@ level = "info"
 capacity = "{capacity}"
 direct_io = {direct_io}
 ec = "{ec}"
-
+{storage}
+[cluster]
+{cluster}
+[scrub]
+{scrub}
+[background]
+{background}
 [meta]
 bootstrap_expect = {nodes}
 {meta}
@@ -293,10 +333,23 @@ bootstrap_expect = {nodes}
         resources = render_reserve(opts, ip),
         capacity = opts.store_capacity.as_deref().unwrap_or("90%"),
         direct_io = opts.direct_io,
-        ec = dev_ec(opts.nodes),
+        ec = opts.ec.as_deref().unwrap_or(dev_ec(opts.nodes)),
         nodes = opts.nodes,
         meta = opts.meta.join("\n"),
+        storage = section_lines(opts, "storage"),
+        cluster = section_lines(opts, "cluster"),
+        scrub = section_lines(opts, "scrub"),
+        background = section_lines(opts, "background"),
     )
+}
+
+/// The `--set` lines of one section, each ending its line.
+fn section_lines(opts: &UpOptions, section: &str) -> String {
+    opts.set
+        .iter()
+        .filter(|(s, _)| s == section)
+        .map(|(_, line)| format!("{line}\n"))
+        .collect()
 }
 
 /// The erasure-coding profile a dev cluster of `nodes` can place: every shard of a
@@ -518,4 +571,32 @@ fn is_zombie(pid: Pid) -> bool {
                 .is_some_and(|rest| rest.trim_start().starts_with('Z'))
         })
         .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_takes_a_section_a_key_and_a_toml_value() {
+        assert_eq!(
+            parse_section_setting("cluster.down_out_after=\"20s\""),
+            Ok(("cluster".into(), "down_out_after = \"20s\"".into()))
+        );
+        assert!(parse_section_setting("down_out_after=1").is_err());
+        assert!(parse_section_setting("node.name=\"x\"").is_err());
+        assert!(parse_section_setting("scrub.=1").is_err());
+        assert!(parse_section_setting("scrub.enabled").is_err());
+        let mut opts = UpOptions::new(3, PathBuf::from("/tmp/c"));
+        opts.set = vec![
+            ("scrub".into(), "interval = \"5s\"".into()),
+            ("storage".into(), "min_write_shards = 3".into()),
+        ];
+        opts.ec = Some("2+1".into());
+        let text = render_config(&opts, Path::new("/tmp/c"), 1, Ipv4Addr::LOCALHOST, &[]);
+        let doc: toml::Table = text.parse().expect("valid TOML");
+        assert_eq!(doc["scrub"]["interval"].as_str(), Some("5s"));
+        assert_eq!(doc["storage"]["min_write_shards"].as_integer(), Some(3));
+        assert_eq!(doc["storage"]["ec"].as_str(), Some("2+1"));
+    }
 }

@@ -101,7 +101,7 @@ enum CertCmd {
 #[derive(Subcommand)]
 enum DevClusterCmd {
     /// Start N agents in the background and wait until they all see each other.
-    Up(dev_cluster::UpOptions),
+    Up(Box<dev_cluster::UpOptions>),
     /// Unmount the mounts and stop the agents of the dev cluster in DIR (data is kept).
     Down {
         #[arg(long)]

@@ -328,11 +328,18 @@ impl DevCluster {
     /// it again with that config (as `dev-cluster up` would, but a later `up` rewrites the
     /// config without restarting it). Waits until every node sees it alive again.
     pub fn restart_with_config(&self, i: u8, edit: impl FnOnce(String) -> String) {
-        use std::os::unix::process::CommandExt;
         self.stop_agent(i);
         let nd = self.node_dir(i);
         let config = std::fs::read_to_string(nd.join("agent.toml")).expect("agent.toml");
         std::fs::write(nd.join("agent.toml"), edit(config)).expect("write agent.toml");
+        self.respawn_agent(i);
+    }
+
+    /// Starts node `i`'s agent again (it must have exited) with its config, leaving the
+    /// other nodes as they are; waits until every running node sees it alive.
+    pub fn respawn_agent(&self, i: u8) {
+        use std::os::unix::process::CommandExt;
+        let nd = self.node_dir(i);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -358,6 +365,7 @@ impl DevCluster {
             "the restarted node alive everywhere",
             || {
                 (1..=self.nodes)
+                    .filter(|&o| o == i || !self.exited(o))
                     .all(|o| {
                         self.status(o).is_some_and(|s| {
                             s["nodes"].as_array().is_some_and(|n| {
@@ -558,4 +566,72 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
 /// close reports whether the cluster committed the data).
 pub fn close(f: std::fs::File) -> nix::Result<()> {
     nix::unistd::close(f)
+}
+
+/// create + write + fsync + close of `path` on a mount; the first error.
+pub fn write_fsync(path: &Path, data: &[u8]) -> Result<(), String> {
+    let mut f = std::fs::File::create(path).map_err(|e| format!("create: {e}"))?;
+    f.write_all(data).map_err(|e| format!("write: {e}"))?;
+    f.sync_all().map_err(|e| format!("fsync: {e}"))?;
+    close(f).map_err(|e| format!("close: {e}"))
+}
+
+/// Healing: what the cluster's redundancy is and who may be stopped.
+impl DevCluster {
+    /// The `redundancy` object of node `i`'s status, once its first scan ended.
+    pub fn redundancy(&self, i: u8) -> Option<Value> {
+        let r = self.status(i)?["redundancy"].clone();
+        (!r.is_null()).then_some(r)
+    }
+
+    /// Waits until node `observer` reports every stripe healthy (at least `min_stripes`
+    /// of them) in a scan that ended after this call began; returns the redundancy object.
+    pub fn wait_until_healthy(&self, observer: u8, min_stripes: u64, limit: Duration) -> Value {
+        let started = Instant::now();
+        let mut last = Value::Null;
+        loop {
+            if let Some(r) = self.redundancy(observer) {
+                let fresh = r["scanned_ms_ago"]
+                    .as_u64()
+                    .is_some_and(|ago| Duration::from_millis(ago) < started.elapsed());
+                let total = r["stripes_total"].as_u64().unwrap_or(0);
+                if fresh && total >= min_stripes && r["stripes_healthy"].as_u64() == Some(total) {
+                    return r;
+                }
+                last = r;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "stripes never all healthy within {limit:?}; last: {last}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The nodes (1-based) that are not metadata voters, as node `observer` sees it.
+    /// Waits until `observer` knows a leader and its voters.
+    pub fn non_voters(&self, observer: u8) -> Vec<u8> {
+        let voters: Vec<String> = wait_for(Duration::from_secs(30), "the voters known", || {
+            let status = self.status(observer)?;
+            status["meta"]["leader"].as_str()?;
+            let voters: Vec<String> = status["meta"]["voters"]
+                .as_array()?
+                .iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect();
+            (!voters.is_empty()).then_some(voters)
+        })
+        .0;
+        (1..=self.nodes)
+            .filter(|&i| !voters.contains(&self.node_id(i)))
+            .collect()
+    }
+
+    /// The sum over every running node of metric `name` (a counter's `_total`).
+    pub fn metric_everywhere(&self, name: &str) -> f64 {
+        (1..=self.nodes)
+            .filter(|&i| !self.exited(i))
+            .map(|i| metric_sum(&self.metrics(i), name, ""))
+            .sum()
+    }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use shoal_tests::{
     DevCluster, assert_bytes_eq, close, is_mounted, process_alive, stream_bytes, wait_for,
+    write_fsync,
 };
 
 /// One file a writer tried: its name, the seed and size of its bytes, and how it went.
@@ -23,14 +24,6 @@ struct Attempt {
     size: usize,
     result: Result<(), String>,
     took: Duration,
-}
-
-/// create + write + fsync + close; the first error.
-fn write_fsync(path: &Path, data: &[u8]) -> Result<(), String> {
-    let mut f = File::create(path).map_err(|e| format!("create: {e}"))?;
-    f.write_all(data).map_err(|e| format!("write: {e}"))?;
-    f.sync_all().map_err(|e| format!("fsync: {e}"))?;
-    close(f).map_err(|e| format!("close: {e}"))
 }
 
 /// Writes files `f0`, `f1`, ... into `dir` (sizes alternating inline and striped) until

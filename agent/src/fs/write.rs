@@ -181,7 +181,12 @@ impl FsService {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(2));
                 }
-                other => return other.map_err(FsError::from),
+                Err(e) => {
+                    // The mount hears only an errno: the reason is said here.
+                    warn!(error = %e, "stripe write failed; the writer gets an error");
+                    return Err(FsError::from(e));
+                }
+                Ok(extents) => return Ok(extents),
             }
         }
     }

@@ -567,6 +567,33 @@ cluster_key = "/etc/shoal/tls/cluster.key"
     }
 
     #[test]
+    fn the_background_budget_is_bytes_a_second() {
+        let text = format!("{MINIMAL}\n[background]\nrate = \"200MiB\"\nrepair_floor = \"8MiB\"\n");
+        let mut c = AgentConfig::parse(&text).expect("parse");
+        assert_eq!(c.background.rates().ok(), Some((200 << 20, 8 << 20)));
+        assert_eq!(
+            AgentConfig::parse(MINIMAL)
+                .expect("parse")
+                .background
+                .rates()
+                .ok(),
+            Some((1 << 30, 64 << 20)),
+            "defaults"
+        );
+        c.background.repair_floor = "fast".into();
+        assert_eq!(
+            key_of(c.validate_values()).as_deref(),
+            Some("background.repair_floor")
+        );
+        c.background.repair_floor = "8MiB".into();
+        c.background.rate = "0".into();
+        assert_eq!(
+            key_of(c.validate_values()).as_deref(),
+            Some("background.rate")
+        );
+    }
+
+    #[test]
     fn unknown_key_is_an_error_naming_it() {
         let text = MINIMAL.replace("[mesh]", "[mesh]\ngossip_prot = 1");
         let err = AgentConfig::parse(&text)

@@ -257,3 +257,55 @@ fn a_repair_killed_mid_way_finishes_after_restart_without_orphans() {
     });
     check_files(&c, observer, &files);
 }
+
+#[test]
+fn garbage_on_a_down_node_does_not_block_reclamation() {
+    let c = DevCluster::up_with(
+        4,
+        55,
+        &[
+            "--mount",
+            "--failure-domains",
+            "4",
+            "--ec",
+            "2+1",
+            "--meta",
+            "orphan_shard_grace_s=5",
+        ],
+    );
+    let down = *c.non_voters(1).first().expect("a non-voter");
+    let writer = (1..=4).find(|&i| i != down).expect("a writer");
+    let mut files = Vec::new();
+    write_files(&c, writer, 0..8, &mut files);
+    c.wait_until_healthy(writer, files.len() as u64, Duration::from_secs(60));
+    let held_there = shard_files(&c, down).len();
+    assert!(held_there > 0, "node {down} holds shards of the files");
+    c.kill_agent(down);
+    // Truncated, not removed: an unlinked file waits for every node that may hold it open
+    // (the down one too, until it is out); the stripes a truncate frees are garbage now.
+    for f in &files {
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .open(c.mnt(writer).join(&f.name))
+            .expect("open");
+        file.set_len(0).expect("truncate");
+    }
+    let up: Vec<u8> = (1..=4).filter(|&i| i != down).collect();
+    wait_for(
+        Duration::from_secs(60),
+        "the reachable holders' garbage freed",
+        || {
+            up.iter()
+                .all(|&i| shard_files(&c, i).is_empty())
+                .then_some(())
+        },
+    );
+    assert_eq!(shard_files(&c, down).len(), held_there, "down: untouched");
+    // New writes and deletes go on; the node's own copies go once it is back.
+    write_fsync(&c.mnt(writer).join("later"), &stream_bytes(9, 0, 2 << 20)).expect("write");
+    fs::remove_file(c.mnt(writer).join("later")).expect("rm");
+    c.respawn_agent(down);
+    wait_for(Duration::from_secs(90), "every shard freed", || {
+        (1..=4).all(|i| shard_files(&c, i).is_empty()).then_some(())
+    });
+}

@@ -191,5 +191,7 @@ fn redundancy(node: &Node, members: &[MemberView], now: Instant) -> Option<Redun
         scanned_ms_ago: view
             .scanned_at
             .map_or(0, |at| now.saturating_duration_since(at).as_millis() as u64),
+        repaired_stripes: view.repaired_stripes,
+        repaired_bytes: view.repaired_bytes,
     })
 }

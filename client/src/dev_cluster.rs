@@ -84,6 +84,9 @@ pub struct UpOptions {
     /// `--set cluster.down_out_after='"20s"'`.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE", value_parser = parse_section_setting)]
     pub set: Vec<(String, String)>,
+    /// Environment the agents start with (benchmarks: a fake GPU).
+    #[arg(skip)]
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// The sections `--set` may add to.
@@ -145,6 +148,7 @@ impl UpOptions {
             meta: Vec::new(),
             ec: None,
             set: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -246,7 +250,7 @@ fn start_nodes(
             println!("node{i}: already running");
             continue;
         }
-        if let Err(e) = spawn_agent(agent_bin, &nd) {
+        if let Err(e) = spawn_agent(agent_bin, &nd, &opts.agent_env) {
             stop_all(dir, opts.nodes);
             return Err(e.context(format!("starting node{i}")));
         }
@@ -405,7 +409,7 @@ fn find_agent_bin(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         .context("shoal-agent not found: pass --agent-bin or put it next to shoal or on PATH")
 }
 
-fn spawn_agent(bin: &Path, nd: &Path) -> anyhow::Result<i32> {
+fn spawn_agent(bin: &Path, nd: &Path, env: &[(String, String)]) -> anyhow::Result<i32> {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -414,6 +418,7 @@ fn spawn_agent(bin: &Path, nd: &Path) -> anyhow::Result<i32> {
     let child = Command::new(bin)
         .arg("--config")
         .arg(nd.join("agent.toml"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -6,6 +6,7 @@ mod coexist;
 mod dev_cluster;
 mod dev_mount;
 mod mount;
+mod repair_bench;
 mod stat;
 mod status;
 
@@ -70,6 +71,10 @@ enum BenchCmd {
     Coexist(coexist::CoexistOptions),
     /// Write erasure-coded stripes, read them back and verify every byte.
     Stripes(bench::BenchOptions),
+    /// Foreground throughput alone and while a lost node's shards are rebuilt, the repair
+    /// rate and the time back to full redundancy; with the governor idle and with a busy
+    /// fake GPU.
+    Repair(repair_bench::RepairBenchOptions),
 }
 
 #[derive(Subcommand)]
@@ -132,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Mount(args) => mount::run(args, None),
         Cmd::Stat { path, socket, json } => stat::run(&path, &socket, json),
         Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
+        Cmd::Bench(BenchCmd::Repair(o)) => repair_bench::run(o),
         Cmd::Bench(BenchCmd::Stripes(o)) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

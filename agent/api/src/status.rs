@@ -118,6 +118,9 @@ pub struct RedundancyStatus {
     pub eta_seconds: Option<u64>,
     /// How long ago the scan behind these numbers ended.
     pub scanned_ms_ago: u64,
+    /// Stripes and bytes this node has repaired since it started.
+    pub repaired_stripes: u64,
+    pub repaired_bytes: u64,
 }
 
 /// Stripes missing this many shards.

@@ -48,6 +48,8 @@ const QUEUE_MAX: usize = 1024;
 const PARALLEL_MAX: u32 = 4;
 /// The repair rate is measured over this window.
 const RATE_WINDOW: Duration = Duration::from_secs(20);
+/// One unit of repair work starts new stripes for at most this long.
+const UNIT: Duration = Duration::from_secs(2);
 
 /// What the repair worker knows now, for status and metrics.
 #[derive(Clone, Debug, Default)]
@@ -304,29 +306,35 @@ impl Repair {
         Ok(plan::plan(candidates, &placement, &room, &fenced))
     }
 
-    /// Repairs the next stripes of the queue, as many at once as the budget allows.
+    /// Repairs the next stripes of the queue, as many at once as the budget allows: a
+    /// new one starts as soon as one ends, for at most [`UNIT`] (then the ones under way
+    /// finish), so a stop or a new scan never waits long.
     async fn repair_some(&mut self) -> Result<(), AgentError> {
-        let budget = self.resources.budget(WorkClass::Repair);
-        let parallel = budget.concurrency.clamp(1, PARALLEL_MAX) as usize;
+        let started = Instant::now();
         let mut set = JoinSet::new();
-        while set.len() < parallel {
-            let Some(task) = self.queue.pop_front() else {
-                break;
+        loop {
+            let budget = self.resources.budget(WorkClass::Repair);
+            let parallel = budget.concurrency.clamp(1, PARALLEL_MAX) as usize;
+            while set.len() < parallel && started.elapsed() < UNIT {
+                let Some(task) = self.queue.pop_front() else {
+                    break;
+                };
+                self.wait_for_budget(&task).await;
+                let (group, stripes) = (self.group.clone(), self.stripes.clone());
+                set.spawn(async move { repair_one(&group, &stripes, task).await });
+            }
+            let Some(done) = set.join_next().await else {
+                return Ok(());
             };
-            self.wait_for_budget(&task).await;
-            let (group, stripes) = (self.group.clone(), self.stripes.clone());
-            set.spawn(async move { repair_one(&group, &stripes, task).await });
-        }
-        for done in set.join_all().await {
             match done {
-                Ok(Some(bytes)) => self.repaired(bytes),
-                Ok(None) => {
+                Ok(Ok(Some(bytes))) => self.repaired(bytes),
+                Ok(Ok(None)) => {
                     self.shared.metrics.conflicts.inc();
                 }
-                Err(e) => debug!(error = %e, "stripe not repaired this time"),
+                Ok(Err(e)) => debug!(error = %e, "stripe not repaired this time"),
+                Err(e) => debug!(error = %e, "a repair task failed"),
             }
         }
-        Ok(())
     }
 
     /// Waits until the governor lets this task's bytes move.

@@ -380,6 +380,7 @@ async fn start_membership(
         store_accepting: false,
         store_room_bytes: 0,
         repair_bytes_per_sec: 0,
+        store_opening: true,
     };
     let (membership, _) =
         Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;

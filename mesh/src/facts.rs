@@ -52,6 +52,9 @@ pub struct NodeFacts {
     /// Bytes a second this node's repair worker has been rebuilding lately (0 when it is
     /// not repairing).
     pub repair_bytes_per_sec: u64,
+    /// The store is still opening (start-up recovery): no new shards yet, but not full
+    /// either; writers wait for it rather than call the cluster full or write degraded.
+    pub store_opening: bool,
 }
 
 /// Fields appended by the second release.
@@ -65,6 +68,7 @@ struct StoreTail {
 #[derive(Deserialize)]
 struct RepairTail {
     repair_bytes_per_sec: u64,
+    store_opening: bool,
 }
 
 /// The facts of the first release, before the store fields were appended.
@@ -101,6 +105,7 @@ impl From<NodeFactsFirst> for NodeFacts {
             store_accepting: true,
             store_room_bytes: f.capacity_bytes.saturating_sub(f.used_bytes),
             repair_bytes_per_sec: 0,
+            store_opening: false,
         }
     }
 }
@@ -131,6 +136,7 @@ impl NodeFacts {
                     f.store_room_bytes = store.store_room_bytes;
                     if let Ok((repair, _)) = postcard::take_from_bytes::<RepairTail>(rest) {
                         f.repair_bytes_per_sec = repair.repair_bytes_per_sec;
+                        f.store_opening = repair.store_opening;
                     }
                 }
                 Ok(f)
@@ -223,6 +229,7 @@ mod tests {
             store_accepting: false,
             store_room_bytes: 42,
             repair_bytes_per_sec: 7,
+            store_opening: true,
         }
     }
 
@@ -248,6 +255,7 @@ mod tests {
                 store_accepting: true,
                 store_room_bytes: 90,
                 repair_bytes_per_sec: 0,
+                store_opening: false,
                 ..facts(3)
             }
         );
@@ -258,6 +266,7 @@ mod tests {
             NodeFacts::decode(&second).expect("second release"),
             NodeFacts {
                 repair_bytes_per_sec: 0,
+                store_opening: false,
                 ..facts(3)
             }
         );

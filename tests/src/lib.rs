@@ -360,26 +360,39 @@ impl DevCluster {
             let _ = child.wait();
         });
         let name = format!("node{i}");
-        wait_for(
-            Duration::from_secs(30),
-            "the restarted node alive everywhere",
-            || {
-                (1..=self.nodes)
-                    .filter(|&o| o == i || !self.exited(o))
-                    .all(|o| {
-                        self.status(o).is_some_and(|s| {
-                            s["nodes"].as_array().is_some_and(|n| {
-                                n.iter().any(|m| {
-                                    m["name"] == name.as_str()
-                                        && m["state"] == "alive"
-                                        && m["rpc_addr"].is_string()
-                                })
-                            })
-                        })
+        let seen_alive_by = |o: u8| {
+            self.status(o).is_some_and(|s| {
+                s["nodes"].as_array().is_some_and(|n| {
+                    n.iter().any(|m| {
+                        m["name"] == name.as_str()
+                            && m["state"] == "alive"
+                            && m["rpc_addr"].is_string()
                     })
-                    .then_some(())
-            },
-        );
+                })
+            })
+        };
+        let started = Instant::now();
+        loop {
+            let missing: Vec<u8> = (1..=self.nodes)
+                .filter(|&o| o == i || !self.exited(o))
+                .filter(|&o| !seen_alive_by(o))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "node{i} restarted but not seen alive by nodes {missing:?} after 60 s; its log ends:\n{}",
+                self.log(i)
+                    .lines()
+                    .filter(|l| !l.starts_with(' '))
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// One more `shoal mount` of node `i` on `mountpoint` (created), with extra `args`

@@ -189,7 +189,8 @@ fn scrub_and_reads_find_flipped_bytes_and_repair_rewrites_them() {
 
 #[test]
 fn a_repair_killed_mid_way_finishes_after_restart_without_orphans() {
-    // Repair paced to about a stripe every few seconds, so the kill lands mid-way.
+    // Repair paced to about a stripe every few seconds, so the kill lands mid-way; the
+    // killed agent is back well within down_out_after (else its shards are rebuilt too).
     let c = DevCluster::up_with(
         5,
         54,
@@ -200,7 +201,7 @@ fn a_repair_killed_mid_way_finishes_after_restart_without_orphans() {
             "--ec",
             "2+1",
             "--set",
-            "cluster.down_out_after=\"4s\"",
+            "cluster.down_out_after=\"15s\"",
             "--set",
             "background.rate=\"1MiB\"",
             "--set",

@@ -29,6 +29,8 @@ pub(crate) struct Peers {
     pub full: Vec<NodeId>,
     /// Live nodes left out because a shard write just failed on them.
     pub suspects: Vec<NodeId>,
+    /// Live nodes whose store is still opening (they take shards in a moment).
+    pub opening: Vec<NodeId>,
 }
 
 impl Peers {
@@ -83,13 +85,16 @@ pub(crate) fn peers(
     let mut addrs = HashMap::new();
     let mut names = HashMap::new();
     let mut refusing = Vec::new();
+    let mut opening = Vec::new();
     for m in members
         .into_iter()
         .filter(|m| m.state == MemberState::Alive)
     {
         let Some(f) = m.facts else { continue };
         let id = m.id.node;
-        if !f.store_accepting {
+        if f.store_opening {
+            opening.push(id);
+        } else if !f.store_accepting {
             if f.store_room_bytes < MIN_ROOM {
                 full.push(id);
             } else {
@@ -118,8 +123,12 @@ pub(crate) fn peers(
     full.retain(|id| addrs.contains_key(id));
     full.sort_unstable();
     full.dedup();
-    let takes_shards =
-        |id: &NodeId| addrs.contains_key(id) && !refusing.contains(id) && !full.contains(id);
+    let takes_shards = |id: &NodeId| {
+        addrs.contains_key(id)
+            && !refusing.contains(id)
+            && !full.contains(id)
+            && !opening.contains(id)
+    };
     gossip_nodes.retain(|n| takes_shards(&n.id));
     let layout = match committed {
         Some(l) => {
@@ -145,6 +154,7 @@ pub(crate) fn peers(
         names,
         full,
         suspects,
+        opening,
     })
 }
 
@@ -181,6 +191,7 @@ mod tests {
                 store_accepting: accepting,
                 store_room_bytes: room,
                 repair_bytes_per_sec: 0,
+                store_opening: false,
             }),
         }
     }
@@ -232,6 +243,19 @@ mod tests {
             !p.addrs.contains_key(&NodeId(4)),
             "a suspect is not reached"
         );
+    }
+
+    #[test]
+    fn a_node_whose_store_is_opening_takes_no_shards_and_is_not_full() {
+        let mut opening = member(2, false, 0);
+        if let Some(f) = opening.facts.as_mut() {
+            f.store_opening = true;
+        }
+        let members = vec![member(1, true, 1 << 30), opening];
+        let p = peers(Some(&layout(&[1, 2])), members, &[], vec![]).expect("peers");
+        assert_eq!(states(&p)[1], (2, NodeState::Down));
+        assert!(p.full.is_empty(), "not full: it has not said yet");
+        assert_eq!(p.opening, [NodeId(2)]);
     }
 
     #[test]

@@ -172,8 +172,9 @@ impl Stripes {
         }
         match place_degraded(&peers.layout, id, ec, min) {
             Ok(t) => Ok(t),
+            // Suspects and stores still opening may take shards in a moment: worth a retry.
             Err(PlacementError::NotEnoughNodes { need, have })
-                if have + peers.suspects.len() < need =>
+                if have + peers.suspects.len() + peers.opening.len() < need =>
             {
                 Err(StripeError::TooFewNodes {
                     ec,

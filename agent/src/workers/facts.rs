@@ -102,6 +102,7 @@ impl Worker for Facts {
                 f.used_bytes = used;
                 f.store_accepting = store.0;
                 f.store_room_bytes = store.1;
+                f.store_opening = false;
             })
             .await?;
         self.told = Some((store, Instant::now()));

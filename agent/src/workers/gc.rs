@@ -446,6 +446,7 @@ mod tests {
                 store_accepting: true,
                 store_room_bytes: 1,
                 repair_bytes_per_sec: 0,
+                store_opening: false,
             }),
         }
     }

@@ -94,12 +94,13 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
 }
 
 /// The oldest protocol version that encodes `request` and its answer as this agent does:
-/// the status report's fields grew in versions 4 and 5, `MetaDigest` came with version 4,
-/// everything else is as version 3 had it.
+/// the status report's fields grew in versions 4 and 5, `MetaDigest` came with version 4
+/// and `OkToStop` with 5, everything else is as version 3 had it.
 fn oldest_version_for(request: &Request) -> u8 {
     match request {
         Request::Status => API_VERSION,
         Request::MetaDigest => 4,
+        Request::OkToStop { .. } => 5,
         _ => 3,
     }
 }
@@ -131,6 +132,10 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
                     "cannot move process {pid} into the reservation: {e}"
                 )),
             },
+        },
+        Request::OkToStop { node: which } => match crate::ok_to_stop::assess(node, &which).await {
+            Ok(r) => Response::OkToStop(Box::new(r)),
+            Err(e) => Response::Error(e.to_string()),
         },
         Request::MetaDigest => match node.group.digest().await {
             Ok((applied, digest)) => Response::MetaDigest { applied, digest },

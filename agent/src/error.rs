@@ -57,6 +57,9 @@ pub enum AgentError {
     /// Membership or transport failed.
     #[error(transparent)]
     Mesh(#[from] shoal_mesh::MeshError),
+    /// An operator's request names something this cluster does not have.
+    #[error("{0}")]
+    NoSuch(String),
 }
 
 impl AgentError {

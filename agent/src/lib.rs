@@ -17,6 +17,7 @@ pub mod fs;
 mod identity_store;
 mod metrics_http;
 mod node;
+mod ok_to_stop;
 mod resources;
 mod status;
 mod system_rpc;

@@ -5,6 +5,7 @@ mod cert;
 mod coexist;
 mod dev_cluster;
 mod dev_mount;
+mod maintenance;
 mod mount;
 mod repair_bench;
 mod stat;
@@ -56,6 +57,20 @@ enum Cmd {
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
         /// Print the layout as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Whether stopping NODE now is safe: exits 0 when every stripe it holds keeps at
+    /// least k+1 available shards and the metadata group keeps a quorum, 1 otherwise
+    /// (saying how many stripes, and which failure domains, would be at risk).
+    #[command(name = "ok-to-stop")]
+    OkToStop {
+        /// The node: its name or its 16-hex-digit id.
+        node: String,
+        /// The agent's admin socket.
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print the assessment as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -124,6 +139,7 @@ fn main() -> ExitCode {
     }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<maintenance::NotOk>() => ExitCode::from(1),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -135,6 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Status { socket, json } => status_cmd(socket, json),
         Cmd::Mount(args) => mount::run(args, None),
+        Cmd::OkToStop { node, socket, json } => maintenance::ok_to_stop(&socket, &node, json),
         Cmd::Stat { path, socket, json } => stat::run(&path, &socket, json),
         Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
         Cmd::Bench(BenchCmd::Repair(o)) => repair_bench::run(o),

@@ -8,6 +8,7 @@ mod client;
 mod error;
 pub mod frame;
 mod fs;
+mod maintenance;
 mod status;
 mod stripe;
 pub mod units;
@@ -19,6 +20,7 @@ pub use fs::{
     MAX_DIR_PAGE, MAX_READ, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime,
     Timestamp,
 };
+pub use maintenance::OkToStop;
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, MissingShards,
@@ -68,6 +70,9 @@ pub enum Request {
     /// The local metadata replica's applied index and a digest of its state, read
     /// together: replicas at the same index must have the same digest.
     MetaDigest,
+    /// Whether stopping node `node` (a name or a 16-hex-digit id) now keeps every stripe
+    /// at k+1 available shards and the metadata group at a quorum.
+    OkToStop { node: String },
 }
 
 /// The agent's answer to one [`Request`].
@@ -87,4 +92,6 @@ pub enum Response {
     },
     /// The request was understood but failed; the text is for the operator.
     Error(String),
+    /// OkToStop: the assessment.
+    OkToStop(Box<OkToStop>),
 }

@@ -568,14 +568,21 @@ pub fn stop_process(nd: &Path, pid_file: &str) -> bool {
 }
 
 /// A child of ours that exited but was not reaped still answers signal 0.
+/// Whether `pid` has exited but not been reaped, with its last thread gone (a zombie
+/// leader whose other threads are still exiting holds the process's sockets: a new agent
+/// could not bind its ports yet).
 fn is_zombie(pid: Pid) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             s.rsplit(')')
                 .next()
                 .is_some_and(|rest| rest.trim_start().starts_with('Z'))
         })
-        .unwrap_or(true)
+        .unwrap_or(true);
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    zombie && threads <= 1
 }
 
 #[cfg(test)]

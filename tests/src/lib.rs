@@ -202,14 +202,22 @@ impl DevCluster {
     }
 
     /// Whether node `i`'s agent process has exited (reaped or zombie).
+    /// A zombie counts only once its last thread is gone: until then the process still
+    /// holds its files and sockets (a restart would find its ports in use).
     pub fn exited(&self, i: u8) -> bool {
         let pid = self.pid(i);
         match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
             Err(_) => true,
-            Ok(s) => s
-                .rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z')),
+            Ok(s) => {
+                let zombie = s
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'));
+                let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .map(|d| d.count())
+                    .unwrap_or(0);
+                zombie && threads <= 1
+            }
         }
     }
 

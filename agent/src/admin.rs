@@ -24,7 +24,7 @@ pub(crate) fn bind(config: &AdminConfig) -> Result<UnixListener, AgentError> {
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(err("another agent is serving this socket".into()));
+            return Err(AgentError::AdminSocketInUse { path: path.clone() });
         }
         std::fs::remove_file(path).map_err(|e| err(format!("cannot remove stale socket: {e}")))?;
     }

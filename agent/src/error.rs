@@ -27,6 +27,9 @@ pub enum AgentError {
     /// The admin socket could not be set up.
     #[error("admin socket {path}: {reason}")]
     AdminSocket { path: PathBuf, reason: String },
+    /// Another process answers on the admin socket.
+    #[error("admin socket {path}: another agent is serving this socket")]
+    AdminSocketInUse { path: PathBuf },
     /// A listening socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -73,7 +76,18 @@ impl AgentError {
         }
     }
 
-    /// Maps a mesh config error to the agent's own, keeping the key name.
+    /// Whether a socket this agent binds is held by another process (for a moment after a
+    /// crash, by this agent's previous instance while its last threads exit).
+    pub fn is_addr_in_use(&self) -> bool {
+        let in_use = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
+        match self {
+            AgentError::Mesh(shoal_mesh::MeshError::Bind { source, .. })
+            | AgentError::Listen { source, .. } => in_use(source),
+            AgentError::AdminSocketInUse { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Maps a resource-guard config error to the agent's own, keeping the key name.
     pub(crate) fn from_guard(e: shoal_resource_guard::GuardError) -> Self {
         match e {
@@ -93,5 +107,28 @@ impl AgentError {
             },
             other => AgentError::Mesh(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_address_held_elsewhere_is_worth_binding_again() {
+        let io = |kind| std::io::Error::from(kind);
+        let listen = |kind| AgentError::Listen {
+            addr: "127.0.0.1:9464".into(),
+            source: io(kind),
+        };
+        assert!(listen(std::io::ErrorKind::AddrInUse).is_addr_in_use());
+        assert!(!listen(std::io::ErrorKind::PermissionDenied).is_addr_in_use());
+        let quic = AgentError::Mesh(shoal_mesh::MeshError::Bind {
+            addr: "127.0.0.1:7947".parse().expect("addr"),
+            source: io(std::io::ErrorKind::AddrInUse),
+        });
+        assert!(quic.is_addr_in_use());
+        assert!(AgentError::AdminSocketInUse { path: "/s".into() }.is_addr_in_use());
+        assert!(!AgentError::NoSuch("x".into()).is_addr_in_use());
     }
 }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -108,8 +108,7 @@ impl Node {
         let up = Gauge::<i64>::default();
         up.set(1);
         registry.register("shoal_agent_up", "1 while the agent runs", up);
-        let transport = bind_transport(&config, &identity, mesh_metrics.clone())?;
-        let listeners = bind_listeners(&config, &transport).await?;
+        let (transport, listeners) = bind_patiently(&config, &identity, &mesh_metrics).await?;
         // Before this node takes part in membership or Raft: is its metadata state as
         // new as the cluster's record of it, and which generation must it start above?
         let rejoin = check_against_cluster(&config, &transport, &mut identity).await?;
@@ -304,6 +303,35 @@ impl Node {
         }
         self.resources.shutdown();
         info!("agent stopped");
+    }
+}
+
+/// How long start-up waits for an address in use to be free.
+const BIND_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Binds the endpoint and the listeners, trying again for up to [`BIND_PATIENCE`] while
+/// an address is in use: after a crash the agent's previous instance holds its sockets
+/// until its last thread has exited, and a supervisor may restart it sooner.
+async fn bind_patiently(
+    config: &AgentConfig,
+    identity: &NodeIdentity,
+    metrics: &MeshMetrics,
+) -> Result<(Arc<Transport>, Listeners), AgentError> {
+    let deadline = Instant::now() + BIND_PATIENCE;
+    loop {
+        let bound = match bind_transport(config, identity, metrics.clone()) {
+            Ok(transport) => bind_listeners(config, &transport)
+                .await
+                .map(|listeners| (transport, listeners)),
+            Err(e) => Err(e),
+        };
+        match bound {
+            Err(e) if e.is_addr_in_use() && Instant::now() < deadline => {
+                warn!(error = %e, "an address is still in use (the previous agent exiting?); trying again");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
     }
 }
 

@@ -26,8 +26,45 @@ use shoal_agent_api::{AgentClient, DEFAULT_SOCKET, Request, Response, SOCKET_ENV
     about = "shoal: pooled, erasure-coded NVMe storage for GPU clusters"
 )]
 struct Cli {
+    /// The agent's admin socket, for the commands that talk to the agent (before or
+    /// after the command; before it, it wins over the command's own).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// JSON output, for the commands that have it (before or after the command).
+    #[arg(long)]
+    json: bool,
     #[command(subcommand)]
     command: Cmd,
+}
+
+impl Cli {
+    /// Applies `--socket` and `--json` given before the command to the command (an error
+    /// for a command without them).
+    fn command(self) -> anyhow::Result<Cmd> {
+        let (top_socket, top_json) = (self.socket, self.json);
+        let mut cmd = self.command;
+        let (socket, json) = match &mut cmd {
+            Cmd::Status { socket, json } => (Some(socket), Some(json)),
+            Cmd::Stat { socket, json, .. } => (Some(socket), Some(json)),
+            Cmd::OkToStop { socket, json, .. } => (Some(socket), Some(json)),
+            Cmd::Mount(args) => (Some(&mut args.socket), None),
+            Cmd::Bench(BenchCmd::Stripes(o)) => (Some(&mut o.socket), Some(&mut o.json)),
+            Cmd::Bench(BenchCmd::Coexist(o)) => (None, Some(&mut o.json)),
+            Cmd::Bench(BenchCmd::Repair(o)) => (None, Some(&mut o.json)),
+            Cmd::Cert(_) | Cmd::DevCluster(_) => (None, None),
+        };
+        match (top_socket, socket) {
+            (Some(top), Some(socket)) => *socket = top,
+            (Some(_), None) => anyhow::bail!("--socket does not apply to this command"),
+            (None, _) => {}
+        }
+        match json {
+            Some(json) => *json |= top_json,
+            None if top_json => anyhow::bail!("--json does not apply to this command"),
+            None => {}
+        }
+        Ok(cmd)
+    }
 }
 
 #[derive(Subcommand)]
@@ -148,7 +185,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    match cli.command()? {
         Cmd::Status { socket, json } => status_cmd(socket, json),
         Cmd::Mount(args) => mount::run(args, None),
         Cmd::OkToStop { node, socket, json } => maintenance::ok_to_stop(&socket, &node, json),
@@ -203,4 +240,39 @@ fn status_cmd(socket: PathBuf, json: bool) -> anyhow::Result<()> {
         print!("{}", status::render_table(&report));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Cmd> {
+        Cli::try_parse_from(args)?.command()
+    }
+
+    #[test]
+    fn socket_and_json_go_before_or_after_the_command() {
+        let before = parse(&["shoal", "--socket", "/s", "--json", "status"]).expect("before");
+        assert!(matches!(before, Cmd::Status { socket, json: true } if socket == Path::new("/s")));
+        let after = parse(&["shoal", "status", "--socket", "/s", "--json"]).expect("after");
+        assert!(matches!(after, Cmd::Status { socket, json: true } if socket == Path::new("/s")));
+        let ok = parse(&["shoal", "--json", "ok-to-stop", "gpu07"]).expect("ok-to-stop");
+        assert!(matches!(ok, Cmd::OkToStop { json: true, .. }));
+        let mount = parse(&["shoal", "--socket", "/s", "mount", "/mnt/x"]).expect("mount");
+        assert!(matches!(mount, Cmd::Mount(a) if a.socket == Path::new("/s")));
+    }
+
+    #[test]
+    fn socket_or_json_before_a_command_without_them_is_an_error() {
+        let err = parse(&["shoal", "--json", "dev-cluster", "down", "--dir", "x"])
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("--json does not apply to this command")
+        );
+        assert!(parse(&["shoal", "--socket", "/s", "cert", "init", "--dir", "x"]).is_err());
+    }
 }

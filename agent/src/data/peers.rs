@@ -31,6 +31,9 @@ pub(crate) struct Peers {
     pub suspects: Vec<NodeId>,
     /// Live nodes whose store is still opening (they take shards in a moment).
     pub opening: Vec<NodeId>,
+    /// Active nodes of the committed layout gossip has not heard of at all yet (this
+    /// agent just started): not known to be down.
+    pub unknown: Vec<NodeId>,
 }
 
 impl Peers {
@@ -86,6 +89,16 @@ pub(crate) fn peers(
     let mut names = HashMap::new();
     let mut refusing = Vec::new();
     let mut opening = Vec::new();
+    let heard_of: Vec<NodeId> = members.iter().map(|m| m.id.node).collect();
+    let unknown: Vec<NodeId> = committed
+        .map(|l| {
+            l.nodes()
+                .iter()
+                .filter(|n| n.state == NodeState::Active && !heard_of.contains(&n.id))
+                .map(|n| n.id)
+                .collect()
+        })
+        .unwrap_or_default();
     for m in members
         .into_iter()
         .filter(|m| m.state == MemberState::Alive)
@@ -155,6 +168,7 @@ pub(crate) fn peers(
         full,
         suspects,
         opening,
+        unknown,
     })
 }
 
@@ -256,6 +270,19 @@ mod tests {
         assert_eq!(states(&p)[1], (2, NodeState::Down));
         assert!(p.full.is_empty(), "not full: it has not said yet");
         assert_eq!(p.opening, [NodeId(2)]);
+    }
+
+    #[test]
+    fn layout_nodes_gossip_has_not_heard_of_yet_are_unknown_not_down() {
+        let mut down = member(2, true, 1 << 30);
+        down.state = MemberState::Down;
+        let members = vec![member(1, true, 1 << 30), down];
+        let p = peers(Some(&layout(&[1, 2, 3])), members, &[], vec![]).expect("peers");
+        assert_eq!(
+            p.unknown,
+            [NodeId(3)],
+            "2 is known to be down, 3 not heard of"
+        );
     }
 
     #[test]

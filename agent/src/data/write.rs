@@ -172,9 +172,11 @@ impl Stripes {
         }
         match place_degraded(&peers.layout, id, ec, min) {
             Ok(t) => Ok(t),
-            // Suspects and stores still opening may take shards in a moment: worth a retry.
+            // Suspects, stores still opening and nodes this agent has not heard of yet
+            // (it just started) may take shards in a moment: worth a retry.
             Err(PlacementError::NotEnoughNodes { need, have })
-                if have + peers.suspects.len() + peers.opening.len() < need =>
+                if have + peers.suspects.len() + peers.opening.len() + peers.unknown.len()
+                    < need =>
             {
                 Err(StripeError::TooFewNodes {
                     ec,

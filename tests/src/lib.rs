@@ -111,6 +111,7 @@ impl DevCluster {
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         c.start();
+        c.wait_stores_open();
         c
     }
 
@@ -123,6 +124,25 @@ impl DevCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Waits until every node sees every live member's store open (a write sooner may be
+    /// placed around a store still opening: degraded).
+    pub fn wait_stores_open(&self) {
+        wait_for(Duration::from_secs(30), "every store open", || {
+            (1..=self.nodes)
+                .filter(|&i| !self.exited(i))
+                .all(|i| {
+                    self.status(i).is_some_and(|s| {
+                        s["nodes"].as_array().is_some_and(|n| {
+                            n.iter()
+                                .filter(|m| m["state"] == "alive")
+                                .all(|m| m["store_accepting"] == true)
+                        })
+                    })
+                })
+                .then_some(())
+        });
     }
 
     /// Like [`DevCluster::start`], but says whether it worked instead of panicking (for

@@ -133,8 +133,13 @@ fn agent_restart_under_a_live_mount_fails_no_write() {
     let failed = failures(&attempts);
     assert!(
         failed.is_empty(),
-        "writes failed across the agent restart: {failed:?}\nmount.log:\n{}",
-        c.mount_log(2)
+        "writes failed across the agent restart: {failed:?}\nmount.log:\n{}\nagent warnings:\n{}",
+        c.mount_log(2),
+        c.log(2)
+            .lines()
+            .filter(|l| l.contains("stripe write failed"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 
     // An idle mount across its agent's restart.

@@ -89,12 +89,30 @@ pub(crate) fn peers(
     let mut names = HashMap::new();
     let mut refusing = Vec::new();
     let mut opening = Vec::new();
-    let heard_of: Vec<NodeId> = members.iter().map(|m| m.id.node).collect();
+    // A layout node may take shards in a moment while gossip's newest word on it is
+    // nothing, "suspect", or "alive" without its facts yet (this agent just started, or
+    // it just came back), or "alive" while the layout still says down (the steward has
+    // not caught up).
+    let coming = |n: &LayoutNode| {
+        let newest = members
+            .iter()
+            .filter(|m| m.id.node == n.id)
+            .max_by_key(|m| m.id.generation);
+        match (n.state, newest) {
+            (NodeState::Active, None) => true,
+            (NodeState::Active | NodeState::Down, Some(m)) => match m.state {
+                MemberState::Suspect => n.state == NodeState::Active,
+                MemberState::Alive => m.facts.is_none() || n.state == NodeState::Down,
+                _ => false,
+            },
+            _ => false,
+        }
+    };
     let unknown: Vec<NodeId> = committed
         .map(|l| {
             l.nodes()
                 .iter()
-                .filter(|n| n.state == NodeState::Active && !heard_of.contains(&n.id))
+                .filter(|n| coming(n))
                 .map(|n| n.id)
                 .collect()
         })
@@ -276,12 +294,25 @@ mod tests {
     fn layout_nodes_gossip_has_not_heard_of_yet_are_unknown_not_down() {
         let mut down = member(2, true, 1 << 30);
         down.state = MemberState::Down;
-        let members = vec![member(1, true, 1 << 30), down];
-        let p = peers(Some(&layout(&[1, 2, 3])), members, &[], vec![]).expect("peers");
+        let mut no_facts = member(4, true, 1 << 30);
+        no_facts.facts = None;
+        let mut suspect = member(5, true, 1 << 30);
+        suspect.state = MemberState::Suspect;
+        let members = vec![
+            member(1, true, 1 << 30),
+            down,
+            no_facts,
+            suspect,
+            member(6, true, 1 << 30),
+        ];
+        let mut l = layout(&[1, 2, 3, 4, 5, 6]).nodes().to_vec();
+        l[5].state = NodeState::Down;
+        let l = Layout::new(4, l).expect("layout");
+        let p = peers(Some(&l), members, &[], vec![]).expect("peers");
         assert_eq!(
             p.unknown,
-            [NodeId(3)],
-            "2 is known to be down, 3 not heard of"
+            [NodeId(3), NodeId(4), NodeId(5), NodeId(6)],
+            "2 is known to be down; 3 not heard of, 4 without facts, 5 suspect, 6 back before the layout says so"
         );
     }
 

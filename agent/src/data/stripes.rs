@@ -61,6 +61,9 @@ pub struct Stripes {
     /// Shards of this node that reads found corrupt, for the scrub worker.
     corrupt: Arc<super::CorruptReports>,
     pub(super) metrics: StripeMetrics,
+    /// When this coordinator started: for a while after, its view of who is alive is
+    /// still forming.
+    pub(super) started: std::time::Instant,
 }
 
 /// How a coordinator writes: the profile of new stripes and the buffer budget.
@@ -116,6 +119,7 @@ impl Stripes {
             metrics.corrupt_seen.clone(),
         );
         Stripes {
+            started: std::time::Instant::now(),
             me,
             buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
             buffer_permits,

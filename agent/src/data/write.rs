@@ -27,6 +27,9 @@ const PLACE_ATTEMPTS: usize = 4;
 /// Once enough shards of a stripe are durable, the others get this long (or three times
 /// what the stored ones took, if longer) before the stripe is committed without them.
 const STRAGGLER_WAIT: Duration = Duration::from_secs(2);
+/// For this long after the agent starts, too few nodes is worth a retry, not an error:
+/// gossip has not settled who is alive yet.
+const VIEW_FORMING: Duration = Duration::from_secs(15);
 
 /// What a write does after an attempt where some shards were not stored (pure).
 #[derive(Debug, PartialEq, Eq)]
@@ -174,9 +177,12 @@ impl Stripes {
             Ok(t) => Ok(t),
             // Suspects, stores still opening and nodes this agent has not heard of yet
             // (it just started) may take shards in a moment: worth a retry.
+            // So may any node in the first seconds after this agent started, while its
+            // view of the cluster is still forming.
             Err(PlacementError::NotEnoughNodes { need, have })
                 if have + peers.suspects.len() + peers.opening.len() + peers.unknown.len()
-                    < need =>
+                    < need
+                    && self.started.elapsed() >= VIEW_FORMING =>
             {
                 Err(StripeError::TooFewNodes {
                     ec,

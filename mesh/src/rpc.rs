@@ -573,10 +573,11 @@ impl Transport {
         }
     }
 
+    /// Takes the pooled connection to `peer` out of the pool, so the next call dials
+    /// afresh. It is not closed: other calls may still be under way on it (closing would
+    /// cut them off with "connection lost"); it closes once the last of them drops it.
     async fn forget_peer(&self, peer: SocketAddr) {
-        if let Some(conn) = self.connections.lock().await.remove(&peer) {
-            conn.close(0u32.into(), b"unresponsive");
-        }
+        self.connections.lock().await.remove(&peer);
     }
 
     async fn forget(&self, peer: SocketAddr, conn: &quinn::Connection) {

@@ -258,3 +258,46 @@ async fn bulk_lane_refuses_a_peer_in_another_mode() {
         .await;
     assert!(res.is_err(), "a crc client talked to a secure-mode server");
 }
+
+#[tokio::test]
+async fn a_call_that_times_out_leaves_the_others_to_that_peer_alone() {
+    #[derive(Serialize, Deserialize)]
+    struct Slow(u64);
+    impl Rpc for Slow {
+        const ENDPOINT: &'static str = "test/slow";
+        type Response = u64;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let a = serve(
+        &node_files(dir.path(), "a", &ca, &ca),
+        1,
+        MeshMetrics::unregistered(),
+    );
+    let b = serve(
+        &node_files(dir.path(), "b", &ca, &ca),
+        2,
+        MeshMetrics::unregistered(),
+    );
+    b.register(|_: NodeId, Slow(ms)| async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(ms)
+    });
+    let peer = b.local_addr().expect("addr");
+    // One connection to b, then a long call on it and a short-lived one beside it.
+    a.call(peer, &Echo("hi".into()), Duration::from_secs(5))
+        .await
+        .expect("call");
+    let long = {
+        let a = a.clone();
+        tokio::spawn(async move { a.call(peer, &Slow(600), Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let err = a
+        .call(peer, &Slow(2_000), Duration::from_millis(100))
+        .await
+        .expect_err("times out");
+    assert!(matches!(err, MeshError::RpcTimeout { .. }), "{err}");
+    let got = long.await.expect("task");
+    assert_eq!(got.expect("the long call is not cut off"), 600);
+}

@@ -129,20 +129,42 @@ impl DevCluster {
     /// Waits until every node sees every live member's store open (a write sooner may be
     /// placed around a store still opening: degraded).
     pub fn wait_stores_open(&self) {
-        wait_for(Duration::from_secs(30), "every store open", || {
-            (1..=self.nodes)
+        let limit = Duration::from_secs(30);
+        let start = Instant::now();
+        loop {
+            let waiting: Vec<String> = (1..=self.nodes)
                 .filter(|&i| !self.exited(i))
-                .all(|i| {
-                    self.status(i).is_some_and(|s| {
-                        s["nodes"].as_array().is_some_and(|n| {
-                            n.iter()
-                                .filter(|m| m["state"] == "alive")
-                                .all(|m| m["store_accepting"] == true)
-                        })
-                    })
-                })
-                .then_some(())
-        });
+                .filter_map(|i| self.stores_not_open(i).map(|w| format!("node {i}: {w}")))
+                .collect();
+            if waiting.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "timed out after {limit:?} waiting for every store open:\n{}\n{}",
+                waiting.join("\n"),
+                (1..=self.nodes)
+                    .map(|i| format!("node {i} warnings:\n{}", self.log_warnings(i, 8)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What node `i` sees of stores not open yet (None once every alive member's is).
+    fn stores_not_open(&self, i: u8) -> Option<String> {
+        let Some(s) = self.status(i) else {
+            return Some("status does not answer".into());
+        };
+        let waiting: Vec<String> = s["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["state"] == "alive" && m["store_accepting"] != true)
+            .map(|m| format!("{} {}", m["name"], m))
+            .collect();
+        (!waiting.is_empty()).then(|| waiting.join("; "))
     }
 
     /// Like [`DevCluster::start`], but says whether it worked instead of panicking (for
@@ -291,6 +313,16 @@ impl DevCluster {
 
     pub fn log(&self, i: u8) -> String {
         std::fs::read_to_string(self.node_dir(i).join("agent.log")).unwrap_or_default()
+    }
+
+    /// The last `n` WARN or ERROR lines of node `i`'s log.
+    pub fn log_warnings(&self, i: u8, n: usize) -> String {
+        let log = self.log(i);
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 }
 

@@ -8,6 +8,8 @@ use shoal_agent_api::{API_VERSION, Request, Response};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
+use shoal_namespace::nodes::NodeChange;
+
 use crate::{AdminConfig, AgentError, Node, status};
 
 /// Binds the socket, replacing a stale one left by a crashed agent but never one that a
@@ -101,6 +103,11 @@ fn oldest_version_for(request: &Request) -> u8 {
         Request::Status => API_VERSION,
         Request::MetaDigest => 4,
         Request::OkToStop { .. } => 5,
+        Request::Drain { .. }
+        | Request::Undrain { .. }
+        | Request::RemoveNode { .. }
+        | Request::Maintenance { .. }
+        | Request::DrainStatus { .. } => 6,
         _ => 3,
     }
 }
@@ -137,9 +144,45 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
             Ok(r) => Response::OkToStop(Box::new(r)),
             Err(e) => Response::Error(e.to_string()),
         },
+        Request::Drain {
+            node: which,
+            dry_run,
+        } => match crate::drain::drain(node, &which, dry_run).await {
+            Ok(p) => Response::Drain(Box::new(p)),
+            Err(e) => Response::Error(e.to_string()),
+        },
+        Request::Undrain { node: which } => {
+            done(crate::drain::change(node, &which, NodeChange::Undrain).await)
+        }
+        Request::RemoveNode { node: which } => {
+            done(crate::drain::change(node, &which, NodeChange::Remove).await)
+        }
+        Request::Maintenance {
+            node: which,
+            for_ms,
+        } => {
+            let change = match for_ms {
+                Some(for_ms) => NodeChange::EnterMaintenance { for_ms },
+                None => NodeChange::ExitMaintenance,
+            };
+            done(crate::drain::change(node, &which, change).await)
+        }
+        Request::DrainStatus { node: which } => {
+            match crate::drain::status(node, which.as_deref()).await {
+                Ok(d) => Response::Drains(d),
+                Err(e) => Response::Error(e.to_string()),
+            }
+        }
         Request::MetaDigest => match node.group.digest().await {
             Ok((applied, digest)) => Response::MetaDigest { applied, digest },
             Err(e) => Response::Error(e.to_string()),
         },
+    }
+}
+
+fn done(r: Result<String, crate::AgentError>) -> Response {
+    match r {
+        Ok(text) => Response::Done(text),
+        Err(e) => Response::Error(e.to_string()),
     }
 }

@@ -63,6 +63,10 @@ pub enum AgentError {
     /// An operator's request names something this cluster does not have.
     #[error("{0}")]
     NoSuch(String),
+    /// An operator's change the node's state does not allow, or that could not finish;
+    /// the text says why, with the numbers.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl AgentError {

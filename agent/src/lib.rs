@@ -11,6 +11,7 @@ mod admin;
 mod config;
 pub mod consensus;
 pub mod data;
+mod drain;
 mod durable;
 mod error;
 pub mod fs;

@@ -110,24 +110,12 @@ pub fn verdict(
 /// node's replica and gossip view.
 pub async fn assess(node: &Node, which: &str) -> Result<OkToStop, AgentError> {
     let members = node.gossip.members().await?;
-    let name_of = |m: &shoal_mesh::MemberView| m.facts.as_ref().map(|f| f.name.clone());
-    let found = members
-        .iter()
-        .find(|m| format!("{:016x}", m.id.node.0) == which || name_of(m).as_deref() == Some(which));
-    let Some(target) = found else {
-        let mut known: Vec<String> = members.iter().filter_map(name_of).collect();
-        known.sort();
-        return Err(AgentError::NoSuch(format!(
-            "no node {which:?} in this cluster (nodes: {})",
-            known.join(", ")
-        )));
-    };
-    let id = target.id.node;
-    let name = name_of(target).unwrap_or_default();
     let store = node.group.store();
     let layout = store
         .cluster_layout()?
         .ok_or_else(|| AgentError::NoSuch("the cluster has no layout yet".into()))?;
+    let target = crate::drain::find_node(&members, Some(&layout), which)?;
+    let (id, name) = (target.id, target.name);
     let alive: BTreeSet<NodeId> = members
         .iter()
         .filter(|m| m.state == shoal_mesh::MemberState::Alive)

@@ -7,6 +7,7 @@ use shoal_agent_api::{
     MemberState, MemberStatus, MissingShards, RedundancyStatus, StatusReport, StoreStatus,
 };
 use shoal_mesh::{MemberView, NodeId};
+use shoal_namespace::nodes::state_name;
 use shoal_placement::NodeState;
 use shoal_store::ShardStore;
 use tokio::task::JoinSet;
@@ -21,6 +22,8 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
     let rtts = ping_peers(node, &members).await;
     let now = Instant::now();
     let layout = node.group.store().cluster_layout().ok().flatten();
+    let admins = node.group.store().node_admins().unwrap_or_default();
+    let clock_ms = node.group.cluster_now_ms().unwrap_or_default();
     let redundancy = redundancy(node, &members, now);
     let nodes = members
         .into_iter()
@@ -33,14 +36,20 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
                 .as_ref()
                 .and_then(|l| l.node(m.id.node))
                 .map(|n| n.state);
+            let window_left = (layout_state == Some(NodeState::Maintenance))
+                .then(|| admins.get(&m.id.node.0))
+                .flatten()
+                .and_then(|a| a.maintenance_until_ms)
+                .map(|until| until as i64 - clock_ms as i64);
             let mut s = to_status(m, rtt, now);
+            s.maintenance_ends_in_ms = window_left;
             down_times(
                 &mut s,
                 layout_state,
                 now.saturating_duration_since(node.started_at),
                 node.config.cluster.down_out_after,
             );
-            s.layout_state = layout_state.map(|st| layout_state_name(st).to_owned());
+            s.layout_state = layout_state.map(|st| state_name(st).to_owned());
             s
         })
         .collect();
@@ -125,22 +134,13 @@ fn to_status(m: MemberView, rpc_rtt_us: Option<u64>, now: Instant) -> MemberStat
         layout_state: None,
         down_for_ms: None,
         out_in_ms: None,
-    }
-}
-
-/// How a layout state is named in status (`layout_state`).
-fn layout_state_name(state: NodeState) -> &'static str {
-    match state {
-        NodeState::Active => "active",
-        NodeState::Draining => "draining",
-        NodeState::Drained => "drained",
-        NodeState::Down => "down",
-        NodeState::Out => "out",
+        maintenance_ends_in_ms: None,
     }
 }
 
 /// For a member not alive: how long it has been down (since it was last heard, or at
-/// least as long as this agent has run) and, until it is `out`, how long until it is.
+/// least as long as this agent has run) and, until it is `out`, how long until it is (a
+/// node in maintenance not before its window ends; a drained one never).
 fn down_times(
     s: &mut MemberStatus,
     layout_state: Option<NodeState>,
@@ -152,9 +152,15 @@ fn down_times(
     }
     let down_for = s.last_heard_ms.map_or(running, Duration::from_millis);
     s.down_for_ms = Some(down_for.as_millis() as u64);
-    if layout_state != Some(NodeState::Out) {
-        s.out_in_ms = Some(down_out_after.saturating_sub(down_for).as_millis() as u64);
-    }
+    let left = down_out_after.saturating_sub(down_for).as_millis() as u64;
+    s.out_in_ms = match layout_state {
+        Some(NodeState::Out | NodeState::Drained) => None,
+        Some(NodeState::Maintenance) => {
+            let window = s.maintenance_ends_in_ms.unwrap_or(0).max(0) as u64;
+            Some(left.max(window))
+        }
+        _ => Some(left),
+    };
 }
 
 /// The redundancy summary of the repair worker's last scan, with the cluster's repair

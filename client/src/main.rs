@@ -47,6 +47,11 @@ impl Cli {
             Cmd::Status { socket, json } => (Some(socket), Some(json)),
             Cmd::Stat { socket, json, .. } => (Some(socket), Some(json)),
             Cmd::OkToStop { socket, json, .. } => (Some(socket), Some(json)),
+            Cmd::Drain(a) => (Some(&mut a.socket), Some(&mut a.json)),
+            Cmd::Undrain { socket, .. } | Cmd::Remove { socket, .. } => (Some(socket), None),
+            Cmd::Maintenance(
+                MaintenanceCmd::Enter { socket, .. } | MaintenanceCmd::Exit { socket, .. },
+            ) => (Some(socket), None),
             Cmd::Mount(args) => (Some(&mut args.socket), None),
             Cmd::Bench(BenchCmd::Stripes(o)) => (Some(&mut o.socket), Some(&mut o.json)),
             Cmd::Bench(BenchCmd::Coexist(o)) => (None, Some(&mut o.json)),
@@ -111,9 +116,51 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Drain NODE: it takes no new shards, its shards are copied to other nodes and its
+    /// metadata vote moves, then it is `drained`. `shoal drain status [NODE]` shows how
+    /// drains stand.
+    Drain(maintenance::DrainArgs),
+    /// Return a draining or drained NODE to `active` (what already moved stays).
+    Undrain {
+        /// The node: its name or its 16-hex-digit id.
+        node: String,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Forget a drained (or out) NODE whose agent is stopped.
+    Remove {
+        /// The node: its name or its 16-hex-digit id.
+        node: String,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Maintenance windows: a node in one that goes down is not rebuilt until it ends.
+    #[command(subcommand)]
+    Maintenance(MaintenanceCmd),
     /// Run a local multi-node cluster on 127.0.0.x (for trying shoal and for tests).
     #[command(subcommand, name = "dev-cluster")]
     DevCluster(DevClusterCmd),
+}
+
+#[derive(Subcommand)]
+enum MaintenanceCmd {
+    /// Put NODE in maintenance for a while (a reboot, a driver update).
+    Enter {
+        /// The node: its name or its 16-hex-digit id.
+        node: String,
+        /// How long the window lasts (`30m`, `2h`).
+        #[arg(long = "for", default_value = "1h")]
+        duration: String,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// End NODE's maintenance window now.
+    Exit {
+        /// The node: its name or its 16-hex-digit id.
+        node: String,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -174,12 +221,14 @@ fn main() -> ExitCode {
     {
         return mount::helper_main();
     }
+    // Exit codes: 0 done (or "ok"), 1 the answer is no (`ok-to-stop`, a drain that cannot
+    // finish: already printed), 2 an error (scripts tell "not now" from "could not ask").
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<maintenance::NotOk>() => ExitCode::from(1),
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }
@@ -190,6 +239,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Mount(args) => mount::run(args, None),
         Cmd::OkToStop { node, socket, json } => maintenance::ok_to_stop(&socket, &node, json),
         Cmd::Stat { path, socket, json } => stat::run(&path, &socket, json),
+        Cmd::Drain(a) => maintenance::drain(&a),
+        Cmd::Undrain { node, socket } => maintenance::change(&socket, Request::Undrain { node }),
+        Cmd::Remove { node, socket } => maintenance::change(&socket, Request::RemoveNode { node }),
+        Cmd::Maintenance(MaintenanceCmd::Enter {
+            node,
+            duration,
+            socket,
+        }) => {
+            let d = shoal_agent_api::units::parse_duration(&duration)
+                .map_err(|e| anyhow::anyhow!("--for {duration:?}: {e}"))?;
+            anyhow::ensure!(!d.is_zero(), "--for must be longer than zero");
+            let for_ms = Some(d.as_millis() as u64);
+            maintenance::change(&socket, Request::Maintenance { node, for_ms })
+        }
+        Cmd::Maintenance(MaintenanceCmd::Exit { node, socket }) => {
+            maintenance::change(&socket, Request::Maintenance { node, for_ms: None })
+        }
         Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
         Cmd::Bench(BenchCmd::Repair(o)) => repair_bench::run(o),
         Cmd::Bench(BenchCmd::Stripes(o)) => {

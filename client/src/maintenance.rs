@@ -1,30 +1,245 @@
-//! Maintenance commands: `shoal ok-to-stop`.
+//! Maintenance commands: `shoal ok-to-stop`, `drain`, `undrain`, `remove`,
+//! `maintenance enter/exit`.
 
-use std::path::Path;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use shoal_agent_api::{AgentClient, OkToStop, Request, Response};
+use shoal_agent_api::{
+    AgentClient, DEFAULT_SOCKET, DrainPlan, DrainProgress, OkToStop, Request, Response, SOCKET_ENV,
+};
 
-/// The answer was "no": already printed; the process exits 1 without an error line.
-#[derive(Debug, thiserror::Error)]
-#[error("not ok to stop")]
-pub struct NotOk;
+use crate::status::{bytes, span};
 
-/// `shoal ok-to-stop NODE`: prints the assessment; `Err(NotOk)` when stopping is not safe.
-pub fn ok_to_stop(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
+/// One request to the local agent, on a runtime of its own.
+fn call(socket: &Path, request: Request) -> anyhow::Result<Response> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let response = rt.block_on(async {
         let mut client = AgentClient::connect(socket).await?;
-        client
-            .call(&Request::OkToStop {
-                node: node.to_owned(),
-            })
-            .await
+        client.call(&request).await
     })?;
+    match response {
+        Response::Error(e) => anyhow::bail!("agent: {e}"),
+        other => Ok(other),
+    }
+}
+
+/// `shoal drain` arguments.
+#[derive(clap::Args)]
+pub struct DrainArgs {
+    /// NODE (its name or 16-hex-digit id), or `status [NODE]`.
+    #[arg(required = true, num_args = 1..=2, value_name = "NODE | status [NODE]")]
+    pub args: Vec<String>,
+    /// Only show what would move where, and whether the drain can finish.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Wait until the node is drained, showing progress.
+    #[arg(long)]
+    pub wait: bool,
+    #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `shoal drain NODE [--dry-run] [--wait]` or `shoal drain status [NODE]`.
+pub fn drain(a: &DrainArgs) -> anyhow::Result<()> {
+    let (first, second) = (a.args[0].as_str(), a.args.get(1).cloned());
+    if first == "status" {
+        anyhow::ensure!(
+            !a.dry_run && !a.wait,
+            "drain status takes neither --dry-run nor --wait"
+        );
+        let drains = drain_status(&a.socket, second)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&drains)?);
+        } else if drains.is_empty() {
+            println!("no node is draining or drained");
+        } else {
+            for d in &drains {
+                println!("{}", progress_line(d));
+            }
+        }
+        return Ok(());
+    }
+    anyhow::ensure!(
+        second.is_none(),
+        "drain takes one NODE (or `status [NODE]`)"
+    );
+    if a.wait && !a.dry_run {
+        let now = drain_status(&a.socket, Some(first.to_owned()))?;
+        if let Some(d) = now
+            .iter()
+            .find(|d| d.state == "draining" || d.state == "drained")
+        {
+            println!("{} is already {}", first, d.state);
+            return wait_drained(&a.socket, &d.node, a.json);
+        }
+    }
+    let response = call(
+        &a.socket,
+        Request::Drain {
+            node: first.to_owned(),
+            dry_run: a.dry_run,
+        },
+    )?;
+    let Response::Drain(plan) = response else {
+        anyhow::bail!("unexpected answer from the agent: {response:?}");
+    };
+    if a.json && !a.wait {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", render_plan(&plan));
+    }
+    if !plan.can_finish && !plan.dry_run {
+        return Err(NotOk.into());
+    }
+    if a.wait && plan.started {
+        return wait_drained(&a.socket, &plan.node, a.json);
+    }
+    Ok(())
+}
+
+fn drain_status(socket: &Path, node: Option<String>) -> anyhow::Result<Vec<DrainProgress>> {
+    match call(socket, Request::DrainStatus { node })? {
+        Response::Drains(d) => Ok(d),
+        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+/// Polls the drain of `node` until it is drained: a bar redrawn in place on a terminal,
+/// a plain line every 5 s otherwise.
+fn wait_drained(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
+    let tty = std::io::stdout().is_terminal() && !json;
+    let mut last_line = Instant::now() - Duration::from_secs(60);
+    loop {
+        let drains = drain_status(socket, Some(node.to_owned()))?;
+        let Some(d) = drains.into_iter().next() else {
+            anyhow::bail!("node {node} is no longer in the layout");
+        };
+        match d.state.as_str() {
+            "drained" => {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&d)?);
+                } else {
+                    if tty {
+                        println!();
+                    }
+                    println!("{}", progress_line(&d));
+                }
+                return Ok(());
+            }
+            "draining" => {}
+            other => anyhow::bail!("the drain of {node} ended: the node is {other} now"),
+        }
+        if tty {
+            print!("\r\x1b[2K{}", progress_line(&d));
+            use std::io::Write;
+            std::io::stdout().flush()?;
+        } else if !json && last_line.elapsed() >= Duration::from_secs(5) {
+            println!("{}", progress_line(&d));
+            last_line = Instant::now();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// `name: [#####.....] 12/40 stripes, 1.2 GiB/4.0 GiB moved, 80 MiB/s, ETA 35s`.
+fn progress_line(d: &DrainProgress) -> String {
+    const WIDTH: usize = 24;
+    let moved_b = d.bytes_total.saturating_sub(d.bytes_left);
+    let moved_s = d.stripes_total.saturating_sub(d.stripes_left);
+    let done = if d.bytes_total == 0 {
+        WIDTH
+    } else {
+        (moved_b as f64 / d.bytes_total as f64 * WIDTH as f64) as usize
+    };
+    let who = if d.name.is_empty() { &d.node } else { &d.name };
+    let eta = match (d.state.as_str(), d.eta_seconds) {
+        ("drained", _) => "drained".to_owned(),
+        (_, Some(s)) => format!("ETA {}", span(s * 1000)),
+        (_, None) => "ETA -".to_owned(),
+    };
+    format!(
+        "{who}: [{}{}] {moved_s}/{} stripes, {}/{} moved, {}/s, {eta}",
+        "#".repeat(done.min(WIDTH)),
+        ".".repeat(WIDTH - done.min(WIDTH)),
+        d.stripes_total,
+        bytes(moved_b),
+        bytes(d.bytes_total),
+        bytes(d.bytes_per_sec),
+    )
+}
+
+fn render_plan(p: &DrainPlan) -> String {
+    let who = if p.name.is_empty() {
+        p.node.clone()
+    } else {
+        format!("{} ({})", p.name, p.node)
+    };
+    let mut out = if p.started {
+        format!("draining {who}: ")
+    } else if p.dry_run {
+        format!("drain of {who} (dry run): ")
+    } else {
+        format!("NOT draining {who}: ")
+    };
+    out.push_str(&format!(
+        "{} stripe(s), {} of shards to move\n",
+        p.stripes,
+        bytes(p.bytes)
+    ));
+    for t in &p.targets {
+        let name = if t.name.is_empty() { &t.node } else { &t.name };
+        out.push_str(&format!(
+            "  -> {name}: {} shard(s), {}\n",
+            t.shards,
+            bytes(t.bytes)
+        ));
+    }
+    if p.can_finish {
+        if p.dry_run {
+            out.push_str("it can finish\n");
+        }
+    } else {
+        out.push_str("it cannot finish:\n");
+        for r in &p.reasons {
+            out.push_str(&format!("  - {r}\n"));
+        }
+    }
+    out
+}
+
+/// `shoal undrain`, `remove`, `maintenance enter/exit`: prints what the agent did.
+pub fn change(socket: &Path, request: Request) -> anyhow::Result<()> {
+    match call(socket, request)? {
+        Response::Done(text) => {
+            println!("{text}");
+            Ok(())
+        }
+        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+/// The answer was "no" (not ok to stop, a drain that cannot finish): already printed; the
+/// process exits 1 without an error line.
+#[derive(Debug, thiserror::Error)]
+#[error("refused")]
+pub struct NotOk;
+
+/// `shoal ok-to-stop NODE`: prints the assessment; `Err(NotOk)` when stopping is not safe.
+pub fn ok_to_stop(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
+    let response = call(
+        socket,
+        Request::OkToStop {
+            node: node.to_owned(),
+        },
+    )?;
     let r = match response {
         Response::OkToStop(r) => r,
-        Response::Error(e) => anyhow::bail!("agent: {e}"),
         other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
     };
     if json {
@@ -70,5 +285,28 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("  - 3 stripe(s)"), "{text}");
+    }
+
+    #[test]
+    fn a_drain_shows_moved_of_total_with_rate_and_eta() {
+        let d = DrainProgress {
+            node: "00000000000000a1".into(),
+            name: "gpu07".into(),
+            state: "draining".into(),
+            stripes_total: 40,
+            bytes_total: 40 << 20,
+            stripes_left: 30,
+            bytes_left: 30 << 20,
+            bytes_per_sec: 1 << 20,
+            eta_seconds: Some(30),
+            running_ms: 10_000,
+        };
+        let line = progress_line(&d);
+        assert!(
+            line.starts_with("gpu07: [######.................."),
+            "{line}"
+        );
+        assert!(line.contains("10/40 stripes"), "{line}");
+        assert!(line.contains("ETA 30s"), "{line}");
     }
 }

@@ -290,9 +290,14 @@ fn row(n: &MemberStatus) -> [String; 11] {
         Some(ms) => format!("{} {}", n.state.as_str(), span(ms)),
         None => n.state.as_str().into(),
     };
+    let window = match n.maintenance_ends_in_ms {
+        Some(ms) if ms >= 0 => format!(", {} left", span(ms as u64)),
+        Some(ms) => format!(", OVER by {}", span(ms.unsigned_abs())),
+        None => String::new(),
+    };
     let layout = match (&n.layout_state, n.out_in_ms) {
-        (Some(l), Some(ms)) => format!("{l}, out in {}", span(ms)),
-        (Some(l), None) => l.clone(),
+        (Some(l), Some(ms)) => format!("{l}{window}, out in {}", span(ms)),
+        (Some(l), None) => format!("{l}{window}"),
         (None, _) => dash(),
     };
     [

@@ -37,6 +37,9 @@ pub enum NodeState {
     Down,
     /// Removed from the cluster for good.
     Out,
+    /// In a maintenance window set by an operator: it may go down (a reboot) without
+    /// becoming `Out` until the window ends; takes no new shards meanwhile.
+    Maintenance,
 }
 
 impl NodeState {

@@ -708,3 +708,61 @@ impl DevCluster {
             .sum()
     }
 }
+
+/// A file written through a mount: its name, content seed and size.
+pub struct Written {
+    pub name: String,
+    pub seed: u64,
+    pub size: usize,
+}
+
+/// Writes files `f<seed>` of 1 to 3 MiB (striped) through node `node`'s mount, fsync'd.
+pub fn write_files(c: &DevCluster, node: u8, seeds: std::ops::Range<u64>, out: &mut Vec<Written>) {
+    for seed in seeds {
+        let size = (1 << 20) + (seed as usize * 611_953) % (2 << 20);
+        let name = format!("f{seed}");
+        write_fsync(&c.mnt(node).join(&name), &stream_bytes(seed, 0, size))
+            .unwrap_or_else(|e| panic!("{name} ({size} bytes): {e}"));
+        out.push(Written { name, seed, size });
+    }
+}
+
+/// Reads every file back through node `node`'s mount and compares every byte.
+pub fn check_files(c: &DevCluster, node: u8, files: &[Written]) {
+    for f in files {
+        let got = std::fs::read(c.mnt(node).join(&f.name))
+            .unwrap_or_else(|e| panic!("read {} through node {node}: {e}", f.name));
+        assert_bytes_eq(&got, &stream_bytes(f.seed, 0, f.size), &f.name);
+    }
+}
+
+/// Node `i`'s shard files (`<stripe>.<index>`), without writes in progress.
+pub fn shard_files(c: &DevCluster, i: u8) -> Vec<PathBuf> {
+    let dir = c.node_dir(i).join("data/store/shards");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e != "tmp"));
+    files.sort();
+    files
+}
+
+impl DevCluster {
+    /// Waits until node `observer` sees every node in the committed layout.
+    pub fn wait_layout(&self, observer: u8) {
+        wait_for(Duration::from_secs(30), "every node in the layout", || {
+            let status = self.status(observer)?;
+            let nodes = status["nodes"].as_array()?;
+            (nodes.len() == usize::from(self.nodes)
+                && nodes.iter().all(|m| m["layout_state"] == "active"))
+            .then_some(())
+        });
+    }
+
+    /// Node `id`'s `layout_state` as node `observer` sees it.
+    pub fn layout_state(&self, observer: u8, id: &str) -> Option<String> {
+        self.member(observer, id)?["layout_state"]
+            .as_str()
+            .map(String::from)
+    }
+}

@@ -9,43 +9,9 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use shoal_tests::{DevCluster, assert_bytes_eq, stream_bytes, wait_for, write_fsync};
-
-/// A file written through a mount: its name, content seed and size.
-struct Written {
-    name: String,
-    seed: u64,
-    size: usize,
-}
-
-fn write_files(c: &DevCluster, node: u8, seeds: std::ops::Range<u64>, out: &mut Vec<Written>) {
-    for seed in seeds {
-        let size = (1 << 20) + (seed as usize * 611_953) % (2 << 20);
-        let name = format!("f{seed}");
-        write_fsync(&c.mnt(node).join(&name), &stream_bytes(seed, 0, size))
-            .unwrap_or_else(|e| panic!("{name} ({size} bytes): {e}"));
-        out.push(Written { name, seed, size });
-    }
-}
-
-fn check_files(c: &DevCluster, node: u8, files: &[Written]) {
-    for f in files {
-        let got = fs::read(c.mnt(node).join(&f.name))
-            .unwrap_or_else(|e| panic!("read {} through node {node}: {e}", f.name));
-        assert_bytes_eq(&got, &stream_bytes(f.seed, 0, f.size), &f.name);
-    }
-}
-
-/// Node `i`'s shard files (`<stripe>.<index>`), without writes in progress.
-fn shard_files(c: &DevCluster, i: u8) -> Vec<PathBuf> {
-    let dir = c.node_dir(i).join("data/store/shards");
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    files.retain(|p| p.extension().is_some_and(|e| e != "tmp"));
-    files.sort();
-    files
-}
+use shoal_tests::{
+    DevCluster, check_files, shard_files, stream_bytes, wait_for, write_files, write_fsync,
+};
 
 /// (stripe, index) of a shard file's name.
 fn shard_of(path: &std::path::Path) -> (String, u8) {
@@ -87,12 +53,6 @@ fn shard_on(
     })
 }
 
-fn layout_state(c: &DevCluster, observer: u8, id: &str) -> Option<String> {
-    c.member(observer, id)?["layout_state"]
-        .as_str()
-        .map(String::from)
-}
-
 fn corrupt_found(c: &DevCluster, i: u8) -> u64 {
     c.status(i)
         .and_then(|s| s["scrub"]["corrupt_found"].as_u64())
@@ -128,7 +88,7 @@ fn three_nodes_lost_one_after_another_are_rebuilt_and_no_byte_is_lost() {
         let seeds = 100 * (round as u64 + 1);
         write_files(&c, writer, seeds..seeds + 3, &mut files);
         wait_for(Duration::from_secs(60), "the killed node out", || {
-            (layout_state(&c, writer, id).as_deref() == Some("out")).then_some(())
+            (c.layout_state(writer, id).as_deref() == Some("out")).then_some(())
         });
         let r = c.wait_until_healthy(writer, files.len() as u64, Duration::from_secs(180));
         eprintln!("loss {}: healthy again: {r}", round + 1);
@@ -253,7 +213,7 @@ fn a_repair_killed_mid_way_finishes_after_restart_without_orphans() {
         .find(|&i| i != lost && i != leader)
         .expect("an observer");
     wait_for(Duration::from_secs(30), "the lost node still out", || {
-        (layout_state(&c, observer, &id).as_deref() == Some("out")).then_some(())
+        (c.layout_state(observer, &id).as_deref() == Some("out")).then_some(())
     });
     let r = c.wait_until_healthy(observer, stripes, Duration::from_secs(180));
     let stripes = r["stripes_total"].as_u64().expect("stripes_total");

@@ -20,7 +20,7 @@ pub use fs::{
     MAX_DIR_PAGE, MAX_READ, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime,
     Timestamp,
 };
-pub use maintenance::OkToStop;
+pub use maintenance::{DrainPlan, DrainProgress, DrainTarget, OkToStop};
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, MissingShards,
@@ -30,11 +30,12 @@ pub use stripe::{RecordError, ShardLocation, StripeRead, StripeRecord};
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the admin/client protocol; carried in every frame. Versions 4 and 5 added
+/// Version of the admin/client protocol; carried in every frame. Versions 4, 5 and 6 added
 /// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
-/// version 4 added the `MetaDigest` request. Every other message is as in version 3, so
-/// mounts started with an earlier release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 5;
+/// version 4 added the `MetaDigest` request, 5 `OkToStop`, 6 the drain and maintenance
+/// requests. Every other message is as in version 3, so mounts started with an earlier
+/// release keep working across an agent upgrade.
+pub const API_VERSION: u8 = 6;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -73,6 +74,17 @@ pub enum Request {
     /// Whether stopping node `node` (a name or a 16-hex-digit id) now keeps every stripe
     /// at k+1 available shards and the metadata group at a quorum.
     OkToStop { node: String },
+    /// Drains node `node`: assesses what moves where and, unless `dry_run` or it cannot
+    /// finish, marks it `draining`.
+    Drain { node: String, dry_run: bool },
+    /// Returns a draining or drained node to `active`.
+    Undrain { node: String },
+    /// Forgets a drained or out node.
+    RemoveNode { node: String },
+    /// Puts a node in maintenance for `for_ms` (`Some`), or ends its window (`None`).
+    Maintenance { node: String, for_ms: Option<u64> },
+    /// How the drains stand (every drain, or node `node`'s).
+    DrainStatus { node: Option<String> },
 }
 
 /// The agent's answer to one [`Request`].
@@ -94,4 +106,10 @@ pub enum Response {
     Error(String),
     /// OkToStop: the assessment.
     OkToStop(Box<OkToStop>),
+    /// Drain: what moves, and whether it started.
+    Drain(Box<DrainPlan>),
+    /// DrainStatus: every drain asked about.
+    Drains(Vec<DrainProgress>),
+    /// Undrain, RemoveNode, Maintenance: done, in words.
+    Done(String),
 }

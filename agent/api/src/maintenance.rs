@@ -27,3 +27,55 @@ pub struct OkToStop {
     /// Why not, in words (empty when `ok`).
     pub reasons: Vec<String>,
 }
+
+/// What draining one node moves (`shoal drain NODE [--dry-run]`): the answer to a dry run,
+/// and to a drain that started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainPlan {
+    /// The node: its id (16 hex digits) and name.
+    pub node: String,
+    pub name: String,
+    /// Only assessed: nothing changed.
+    pub dry_run: bool,
+    /// The drain started (the node is `draining` now).
+    pub started: bool,
+    /// Live stripes with a shard on the node, and the bytes of those shards: what moves.
+    pub stripes: u64,
+    pub bytes: u64,
+    /// Where the shards would go now, by target node.
+    pub targets: Vec<DrainTarget>,
+    /// Whether every shard has a target now (failure domains and room allowing).
+    pub can_finish: bool,
+    /// Why not, with the numbers (empty when it can).
+    pub reasons: Vec<String>,
+}
+
+/// One target of a drain: how many shards and bytes it would receive.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainTarget {
+    pub node: String,
+    pub name: String,
+    pub shards: u64,
+    pub bytes: u64,
+}
+
+/// How one drain stands (`shoal drain status`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainProgress {
+    pub node: String,
+    pub name: String,
+    /// `draining` or `drained`.
+    pub state: String,
+    /// What the node held when the drain started.
+    pub stripes_total: u64,
+    pub bytes_total: u64,
+    /// What is still on it, as of this agent's last scan.
+    pub stripes_left: u64,
+    pub bytes_left: u64,
+    /// How fast `bytes_left` fell over the last scans, and the time left at that rate
+    /// (None while nothing moves).
+    pub bytes_per_sec: u64,
+    pub eta_seconds: Option<u64>,
+    /// Milliseconds since the drain started (cluster clock).
+    pub running_ms: u64,
+}

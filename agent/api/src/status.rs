@@ -54,7 +54,7 @@ pub struct MemberStatus {
     /// True for the agent that answered.
     pub is_self: bool,
     /// The member's state in the committed cluster layout: `active`, `down`, `out`,
-    /// `draining`, `drained` (None before it is in the layout).
+    /// `draining`, `drained`, `maintenance` (None before it is in the layout).
     pub layout_state: Option<String>,
     /// For a member not alive: how long since it was last heard from (or since this agent
     /// started, if never).
@@ -62,6 +62,9 @@ pub struct MemberStatus {
     /// For a member down but not yet `out`: how long until it is (`[cluster]
     /// down_out_after`, as this agent is configured) and its shards are rebuilt.
     pub out_in_ms: Option<u64>,
+    /// For a member in maintenance: milliseconds until its window ends (negative once it
+    /// ran over: the node is still down after the window).
+    pub maintenance_ends_in_ms: Option<i64>,
 }
 
 /// What `shoal status` shows.

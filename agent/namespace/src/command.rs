@@ -16,6 +16,8 @@ use crate::format::{
 };
 use shoal_placement::{Layout, NodeId, StripeId};
 
+use crate::nodes::NodeChange;
+
 /// One log entry: proposals batched by the leader, applied in order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
@@ -179,6 +181,12 @@ pub enum Command {
         node: NodeId,
         shards: Vec<(StripeId, u8)>,
     },
+    /// An operator change to a node of the layout (drain, maintenance, removal; see
+    /// [`NodeChange`]): a new layout epoch, or [`Outcome::Refused`] with the reason.
+    ChangeNode {
+        node: NodeId,
+        change: NodeChange,
+    },
 }
 
 /// One shard of a stripe moving from one node to another: the shard's index, the node
@@ -254,6 +262,8 @@ pub enum Outcome {
     StripeAbandoned(StripeId),
     /// DisownShards: the shards the asking node may now delete.
     Disowned(Vec<(StripeId, u8)>),
+    /// ChangeNode refused, with the reason for the operator; nothing changed.
+    Refused(String),
 }
 
 #[cfg(test)]

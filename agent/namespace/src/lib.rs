@@ -13,6 +13,7 @@ mod data;
 mod error;
 pub mod format;
 mod namespace;
+pub mod nodes;
 mod query;
 mod record;
 mod shards;

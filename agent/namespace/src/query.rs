@@ -220,6 +220,13 @@ impl NamespaceStore {
         }
     }
 
+    /// What operators asked of each node (drains, maintenance windows), by node id.
+    pub fn node_admins(&self) -> Result<crate::nodes::NodeAdmins, NamespaceError> {
+        let txn = self.read()?;
+        let state = txn.open_table(STATE)?;
+        Ok(record::read_state(&state, crate::record::KEY_NODE_ADMIN)?.unwrap_or_default())
+    }
+
     /// The cluster layout, once one was set.
     pub fn cluster_layout(&self) -> Result<Option<Layout>, NamespaceError> {
         let txn = self.read()?;

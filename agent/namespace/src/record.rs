@@ -76,6 +76,8 @@ pub(crate) const KEY_ABANDON_SWEEP: &str = "abandon_sweep";
 /// `state` key: the stripe whose disowned shards the expiry sweep looks at next (u128
 /// record).
 pub(crate) const KEY_DISOWN_SWEEP: &str = "disown_sweep";
+/// `state` key: what operators asked of each node ([`crate::nodes::NodeAdmins`] record).
+pub(crate) const KEY_NODE_ADMIN: &str = "node_admin";
 
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;

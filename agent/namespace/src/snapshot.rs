@@ -1,13 +1,15 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`], then (version 4) of [`Tail`] — sessions on the cluster
-//! clock, the clock itself, abandoned stripes, node generations, disowned shards — and the
-//! crc32c of all the bytes before it (u32 little-endian) at the end. Older versions still
-//! install: version 3 carried [`TailV3`] (no disowned shards), version 2 [`ClientsV2`]
+//! encoding of [`SnapshotV1`], then (version 5) of [`Tail`] — sessions on the cluster
+//! clock, the clock itself, abandoned stripes, node generations ([`TailV3`]), disowned
+//! shards ([`DisownedV4`]), operators' node records ([`NodesV5`]) — and the crc32c of all
+//! the bytes before it (u32 little-endian) at the end. Each version appended one part to
+//! the tail, so an older one installs with the later parts empty: version 4 ended after
+//! the disowned shards, version 3 after [`TailV3`]; version 2 carried [`ClientsV2`]
 //! (sessions on proposers' wall clocks; installed as last seen at cluster time 0),
-//! version 1 neither that nor a checksum. Records inside are decoded (and so
-//! checked) on install.
+//! version 1 neither that nor a checksum. Records inside are decoded (and so checked) on
+//! install.
 
 use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
 use redb::{
@@ -16,16 +18,18 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use shoal_placement::Layout;
 
+use crate::nodes::NodeAdmins;
 use crate::record::{
     self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS, ExtentRecord,
     FIRST_INO, GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED,
-    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
-    LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
+    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_NODE_ADMIN,
+    KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode,
+    decode_exact, encode,
 };
 use crate::{NamespaceError, NamespaceStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 4;
+const SNAPSHOT_VERSION: u8 = 5;
 
 /// Everything the state machine held in version 1 (later versions append a tail).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -84,14 +88,21 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
         })?,
     };
     let tail = Tail {
-        sessions: rows(&txn.open_table(SESSIONS)?, "session", |k, v| (k, v))?,
-        sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
-        clock: record::read_state(&state, KEY_CLOCK)?.unwrap_or_default(),
-        abandoned: rows(&txn.open_table(ABANDONED)?, "abandoned", |k, v| (k, v))?,
-        abandon_sweep: record::read_state(&state, KEY_ABANDON_SWEEP)?.unwrap_or(0),
-        generations: rows(&txn.open_table(GENERATIONS)?, "generation", |k, v| (k, v))?,
-        disowned: rows(&txn.open_table(DISOWNED)?, "disowned", |k, v| (k, v))?,
-        disown_sweep: record::read_state(&state, KEY_DISOWN_SWEEP)?.unwrap_or(0),
+        base: TailV3 {
+            sessions: rows(&txn.open_table(SESSIONS)?, "session", |k, v| (k, v))?,
+            sweep: record::read_state_u64(&state, KEY_CLIENT_SWEEP, 0)?,
+            clock: record::read_state(&state, KEY_CLOCK)?.unwrap_or_default(),
+            abandoned: rows(&txn.open_table(ABANDONED)?, "abandoned", |k, v| (k, v))?,
+            abandon_sweep: record::read_state(&state, KEY_ABANDON_SWEEP)?.unwrap_or(0),
+            generations: rows(&txn.open_table(GENERATIONS)?, "generation", |k, v| (k, v))?,
+        },
+        disowned: DisownedV4 {
+            disowned: rows(&txn.open_table(DISOWNED)?, "disowned", |k, v| (k, v))?,
+            disown_sweep: record::read_state(&state, KEY_DISOWN_SWEEP)?.unwrap_or(0),
+        },
+        nodes: NodesV5 {
+            admins: record::read_state(&state, KEY_NODE_ADMIN)?.unwrap_or_default(),
+        },
     };
     Ok((snap, tail))
 }
@@ -162,7 +173,9 @@ struct ClientsV2 {
     sweep: u64,
 }
 
-/// Version 3's tail: [`Tail`] without the disowned shards.
+/// The tail's first part (all of it in version 3): sessions on the cluster clock
+/// (milliseconds), the idle-session sweep's position, the cluster clock, abandoned stripes
+/// with their sweep position, node generations.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct TailV3 {
     sessions: Vec<(u64, u64)>,
@@ -173,43 +186,71 @@ struct TailV3 {
     generations: Vec<(u64, u64)>,
 }
 
-/// The tail: sessions on the cluster clock (milliseconds), the idle-session sweep's
-/// position, the cluster clock, abandoned stripes with their sweep position, node
-/// generations, and disowned shards with their sweep position.
+/// Appended by version 4: disowned shards with their sweep position.
 #[derive(Debug, Default, Serialize, Deserialize)]
-struct Tail {
-    sessions: Vec<(u64, u64)>,
-    sweep: u64,
-    clock: ClockRecord,
-    abandoned: Vec<(u128, u64)>,
-    abandon_sweep: u128,
-    generations: Vec<(u64, u64)>,
+struct DisownedV4 {
     disowned: Vec<((u128, u8, u64), u64)>,
     disown_sweep: u128,
 }
 
-impl From<TailV3> for Tail {
-    fn from(v3: TailV3) -> Tail {
-        Tail {
-            sessions: v3.sessions,
-            sweep: v3.sweep,
-            clock: v3.clock,
-            abandoned: v3.abandoned,
-            abandon_sweep: v3.abandon_sweep,
-            generations: v3.generations,
-            ..Tail::default()
-        }
-    }
+/// Appended by version 5: what operators asked of each node.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct NodesV5 {
+    admins: NodeAdmins,
+}
+
+/// The tail as this version writes it: its parts one after another (postcard encodes a
+/// struct as its fields in order, so each version's bytes begin with the previous one's).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Tail {
+    base: TailV3,
+    disowned: DisownedV4,
+    nodes: NodesV5,
 }
 
 impl From<ClientsV2> for Tail {
     fn from(v2: ClientsV2) -> Tail {
         Tail {
-            sessions: v2.clients.into_iter().map(|(c, _)| (c, 0)).collect(),
-            sweep: v2.sweep,
+            base: TailV3 {
+                sessions: v2.clients.into_iter().map(|(c, _)| (c, 0)).collect(),
+                sweep: v2.sweep,
+                ..TailV3::default()
+            },
             ..Tail::default()
         }
     }
+}
+
+/// One part of a tail, and the bytes after it.
+fn take_part<'b, T: serde::de::DeserializeOwned>(
+    bytes: &'b [u8],
+    what: &str,
+) -> Result<(T, &'b [u8]), NamespaceError> {
+    postcard::take_from_bytes(bytes).map_err(|e| NamespaceError::Corrupt(format!("{what}: {e}")))
+}
+
+/// A version 3 or later tail: the parts that version has, the later ones empty.
+fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
+    let (base, rest) = take_part(bytes, "snapshot tail")?;
+    let (disowned, rest) = match version {
+        3 => (DisownedV4::default(), rest),
+        _ => take_part(rest, "snapshot disowned shards")?,
+    };
+    let (nodes, rest) = match version {
+        3 | 4 => (NodesV5::default(), rest),
+        _ => take_part(rest, "snapshot node records")?,
+    };
+    if !rest.is_empty() {
+        return Err(NamespaceError::Corrupt(format!(
+            "snapshot tail: {} bytes left over",
+            rest.len()
+        )));
+    }
+    Ok(Tail {
+        base,
+        disowned,
+        nodes,
+    })
 }
 
 /// The version byte and the body after it (checked against its checksum from version 2).
@@ -247,8 +288,7 @@ fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Tail), NamespaceError> {
         .map_err(|e| NamespaceError::Corrupt(format!("snapshot: {e}")))?;
     let tail = match version {
         2 => decode_exact::<ClientsV2>(rest, "snapshot clients")?.into(),
-        3 => decode_exact::<TailV3>(rest, "snapshot tail")?.into(),
-        _ => decode_exact(rest, "snapshot tail")?,
+        v => parse_tail(v, rest)?,
     };
     Ok((snap, tail))
 }
@@ -308,36 +348,40 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     for (id, outcome) in &snap.dedup {
         t.insert((id.client, id.seq), encode(outcome)?.as_slice())?;
     }
+    let (base, disowned) = (&tail.base, &tail.disowned);
     let mut t = txn.open_table(SESSIONS)?;
-    for (client, last) in &tail.sessions {
+    for (client, last) in &base.sessions {
         t.insert(*client, encode(last)?.as_slice())?;
     }
     let mut t = txn.open_table(ABANDONED)?;
-    for (id, at) in &tail.abandoned {
+    for (id, at) in &base.abandoned {
         t.insert(*id, encode(at)?.as_slice())?;
     }
     let mut t = txn.open_table(GENERATIONS)?;
-    for (node, generation) in &tail.generations {
+    for (node, generation) in &base.generations {
         t.insert(*node, encode(generation)?.as_slice())?;
     }
     let mut t = txn.open_table(DISOWNED)?;
-    for (key, at) in &tail.disowned {
+    for (key, at) in &disowned.disowned {
         t.insert(*key, encode(at)?.as_slice())?;
     }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
     t.insert(KEY_STRIPE_BYTES, encode(&stripe_bytes)?.as_slice())?;
-    if tail.sweep != 0 {
-        t.insert(KEY_CLIENT_SWEEP, encode(&tail.sweep)?.as_slice())?;
+    if base.sweep != 0 {
+        t.insert(KEY_CLIENT_SWEEP, encode(&base.sweep)?.as_slice())?;
     }
-    if tail.clock != ClockRecord::default() {
-        t.insert(KEY_CLOCK, encode(&tail.clock)?.as_slice())?;
+    if base.clock != ClockRecord::default() {
+        t.insert(KEY_CLOCK, encode(&base.clock)?.as_slice())?;
     }
-    if tail.abandon_sweep != 0 {
-        t.insert(KEY_ABANDON_SWEEP, encode(&tail.abandon_sweep)?.as_slice())?;
+    if base.abandon_sweep != 0 {
+        t.insert(KEY_ABANDON_SWEEP, encode(&base.abandon_sweep)?.as_slice())?;
     }
-    if tail.disown_sweep != 0 {
-        t.insert(KEY_DISOWN_SWEEP, encode(&tail.disown_sweep)?.as_slice())?;
+    if disowned.disown_sweep != 0 {
+        t.insert(KEY_DISOWN_SWEEP, encode(&disowned.disown_sweep)?.as_slice())?;
+    }
+    if !tail.nodes.admins.is_empty() {
+        t.insert(KEY_NODE_ADMIN, encode(&tail.nodes.admins)?.as_slice())?;
     }
     if let Some(layout) = &snap.layout {
         t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
@@ -426,8 +470,8 @@ mod tests {
     }
 
     /// Today's export cut down to the bytes an older version wrote: the body without the
-    /// tail, then (v2) the sessions on wall clocks or (v3) the tail before disowned
-    /// shards, and a checksum.
+    /// tail, then (v2) the sessions on wall clocks, (v3) the tail before disowned shards
+    /// or (v4) before node records, and a checksum.
     fn older(kit: &Kit, version: u8) -> Vec<u8> {
         let now = kit.store.snapshot().expect("snapshot");
         let body = &now[5..now.len() - 4];
@@ -442,17 +486,12 @@ mod tests {
                 };
                 out = postcard::to_extend(&clients, out).expect("encode");
             }
-            3 => {
+            3 | 4 => {
                 let tail: super::Tail = postcard::from_bytes(rest).expect("tail");
-                let v3 = super::TailV3 {
-                    sessions: tail.sessions,
-                    sweep: tail.sweep,
-                    clock: tail.clock,
-                    abandoned: tail.abandoned,
-                    abandon_sweep: tail.abandon_sweep,
-                    generations: tail.generations,
-                };
-                out = postcard::to_extend(&v3, out).expect("encode");
+                out = postcard::to_extend(&tail.base, out).expect("encode");
+                if version == 4 {
+                    out = postcard::to_extend(&tail.disowned, out).expect("encode");
+                }
             }
             _ => return out,
         }
@@ -490,6 +529,42 @@ mod tests {
                 .disowned(shoal_placement::StripeId(70))
                 .expect("query"),
             vec![(0, NodeId(9))]
+        );
+    }
+
+    #[test]
+    fn node_records_travel_in_snapshots_and_a_version_4_one_installs_without_them() {
+        use crate::nodes::NodeChange;
+        use shoal_placement::{Layout, LayoutNode};
+        let mut kit = populated();
+        let nodes = vec![
+            LayoutNode::active(NodeId(1), "a", 1),
+            LayoutNode::active(NodeId(2), "b", 1),
+        ];
+        kit.run(Command::SetLayout {
+            layout: Layout::new(7, nodes).expect("layout"),
+        });
+        kit.run(Command::ChangeNode {
+            node: NodeId(2),
+            change: NodeChange::Drain {
+                stripes: 3,
+                bytes: 30,
+            },
+        });
+        let want = kit.store.node_admins().expect("admins");
+        assert_eq!(want.len(), 1);
+        let same = Kit::new();
+        same.store
+            .install(&kit.store.snapshot().expect("snapshot"))
+            .expect("install");
+        assert_eq!(same.store.node_admins().expect("admins"), want);
+        let old = Kit::new();
+        old.store.install(&older(&kit, 4)).expect("install");
+        assert!(old.store.node_admins().expect("admins").is_empty());
+        assert_eq!(old.names(ROOT_INO), kit.names(ROOT_INO));
+        assert_eq!(
+            old.store.cluster_layout().expect("layout"),
+            kit.store.cluster_layout().expect("layout")
         );
     }
 

@@ -231,6 +231,7 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
         }
         Command::RelocateShards { stripe, moves } => shards::relocate_shards(tx, *stripe, moves),
         Command::DisownShards { node, shards } => shards::disown_shards(tx, *node, shards),
+        Command::ChangeNode { node, change } => crate::nodes::change_node(tx, *node, *change),
     }
 }
 

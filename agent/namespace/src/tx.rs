@@ -16,8 +16,8 @@ use shoal_placement::{Layout, NodeId, StripeId};
 use crate::record::{
     self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS, ExtentRecord,
     FIRST_INO, GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED,
-    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_STRIPE_BYTES,
-    ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, encode,
+    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_NODE_ADMIN,
+    KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, encode,
 };
 use crate::{LeaderStamp, NamespaceError, Outcome};
 
@@ -345,6 +345,49 @@ impl<'t> Tx<'t> {
     pub(crate) fn set_layout(&mut self, layout: &Layout) -> Result<(), NamespaceError> {
         self.state.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
         Ok(())
+    }
+
+    pub(crate) fn node_admins(&self) -> Result<crate::nodes::NodeAdmins, NamespaceError> {
+        Ok(record::read_state(&self.state, KEY_NODE_ADMIN)?.unwrap_or_default())
+    }
+
+    pub(crate) fn set_node_admins(
+        &mut self,
+        admins: &crate::nodes::NodeAdmins,
+    ) -> Result<(), NamespaceError> {
+        if admins.is_empty() {
+            self.state.remove(KEY_NODE_ADMIN)?;
+        } else {
+            self.state
+                .insert(KEY_NODE_ADMIN, encode(admins)?.as_slice())?;
+        }
+        Ok(())
+    }
+
+    /// The cluster clock as this apply sees it (milliseconds).
+    pub(crate) fn clock_ms(&self) -> u64 {
+        self.clock.now_ms
+    }
+
+    /// Live stripes with a slot naming `node`, and the bytes of those shards: a scan of
+    /// every stripe record (operator changes only).
+    pub(crate) fn stripes_naming(&self, node: NodeId) -> Result<(u64, u64), NamespaceError> {
+        let (mut stripes, mut bytes) = (0, 0);
+        for item in self.stripes.iter()? {
+            let (_, value) = item?;
+            let entry: StripeEntry = decode(value.value(), "stripe")?;
+            let held = entry
+                .record
+                .shards
+                .iter()
+                .filter(|s| s.node == node)
+                .count() as u64;
+            if held > 0 {
+                stripes += 1;
+                bytes += held * entry.record.shard_len;
+            }
+        }
+        Ok((stripes, bytes))
     }
 
     // --- request dedup ---

@@ -295,7 +295,8 @@ impl Model {
             Command::SetLayout { .. }
             | Command::RecordGenerations { .. }
             | Command::RelocateShards { .. }
-            | Command::DisownShards { .. } => {
+            | Command::DisownShards { .. }
+            | Command::ChangeNode { .. } => {
                 unreachable!("not generated (unit-tested beside their apply)")
             }
         }

@@ -53,6 +53,8 @@ pub struct Group {
     stopping: std::sync::atomic::AtomicBool,
     /// Shown in status (see [`shoal_agent_api::MetaStatus::notice`]).
     notice: Option<String>,
+    /// The cluster clock's value as last read, and when this node first saw it.
+    clock_seen: std::sync::Mutex<(u64, Instant)>,
 }
 
 /// The workers a started group needs run: the leader's batcher, and (after a stale data
@@ -127,6 +129,7 @@ impl Group {
             rejoining: std::sync::atomic::AtomicBool::new(rejoin.is_some()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             notice: rejoin.as_ref().map(|(n, _)| n.clone()),
+            clock_seen: std::sync::Mutex::new((0, Instant::now())),
         });
         group.register_handlers();
         let workers = GroupWorkers {
@@ -280,6 +283,19 @@ impl Group {
     /// The local replica (possibly a little behind the leader; see [`Self::barrier`]).
     pub fn store(&self) -> &NamespaceStore {
         &self.store
+    }
+
+    /// The cluster clock now, in milliseconds: the replica's value (which moves only when
+    /// entries are applied) plus the time since this node first saw that value, so it
+    /// goes on while the cluster is idle. Never ahead of the leader's clock: the value may
+    /// have been applied before this node looked.
+    pub fn cluster_now_ms(&self) -> Result<u64, ConsensusError> {
+        let value = self.store.clock_ms()?;
+        let mut seen = self.clock_seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.0 != value {
+            *seen = (value, Instant::now());
+        }
+        Ok(value + seen.1.elapsed().as_millis() as u64)
     }
 
     /// The local replica, shared.

@@ -58,6 +58,8 @@ pub struct VoterPlan<'a> {
     pub known: &'a BTreeSet<u64>,
     /// The members gossip sees alive.
     pub alive: &'a [Candidate],
+    /// Members being drained: never chosen, and a voter among them gives up its seat.
+    pub leaving: &'a BTreeSet<u64>,
     /// Voters not seen alive, since when.
     pub down_since: &'a HashMap<u64, Instant>,
     pub now: Instant,
@@ -76,13 +78,19 @@ impl VoterPlan<'_> {
             .voters
             .iter()
             .copied()
+            .filter(|v| !self.leaving.contains(v))
             .filter(|v| {
                 self.down_since
                     .get(v)
                     .is_none_or(|t| self.now.saturating_duration_since(*t) < self.replace_after)
             })
             .collect();
-        let mut candidates = self.alive.to_vec();
+        let mut candidates: Vec<Candidate> = self
+            .alive
+            .iter()
+            .filter(|c| !self.leaving.contains(&c.id))
+            .cloned()
+            .collect();
         for v in keep
             .iter()
             .filter(|v| !self.alive.iter().any(|m| m.id == **v))
@@ -115,11 +123,28 @@ mod tests {
             voters,
             known,
             alive,
+            leaving: &NOBODY,
             down_since,
             now,
             me: 1,
             replace_after: Duration::from_secs(30),
         }
+    }
+
+    static NOBODY: BTreeSet<u64> = BTreeSet::new();
+
+    #[test]
+    fn a_voter_being_drained_gives_up_its_seat_at_once() {
+        let voters = BTreeSet::from([1, 2, 3]);
+        let known = BTreeSet::from([1, 2, 3, 4]);
+        let alive = cands(&[(1, "a"), (2, "b"), (3, "c"), (4, "d")]);
+        let leaving = BTreeSet::from([3]);
+        let down = HashMap::new();
+        let plan = VoterPlan {
+            leaving: &leaving,
+            ..plan_for(&voters, &known, &alive, &down, Instant::now())
+        };
+        assert_eq!(plan.desired(), Some(BTreeSet::from([1, 2, 4])));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::stripes::Stripes;
 
 /// A data shard slower than this is read around (degraded read).
 const RANGE_TIMEOUT: Duration = Duration::from_secs(2);
-const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const WHOLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The shards a degraded read fetches whole: every shard not already known bad or
 /// missing (no node), data shards first (a read with all data shards needs no decoding).

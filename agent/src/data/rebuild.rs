@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 
 use super::erasure;
 use super::error::{ShardFault, StripeError};
+use super::read::WHOLE_TIMEOUT;
 use super::shard_rpc::{ShardFailure, ShardRequest, ShardResponse};
 use super::stripes::{PUT_TIMEOUT, Stripes};
 
@@ -118,6 +119,105 @@ impl Stripes {
                     kind: ShardFailure::Other,
                     message: format!("unexpected answer {other:?}"),
                 }),
+            }
+        }
+        out.moves.sort_by_key(|m| m.index);
+        Ok(out)
+    }
+}
+
+impl Stripes {
+    /// Copies shards as they are from their node (one being drained) to their new node:
+    /// each read whole from `from` (the holder checks every block) and checked against the
+    /// record's crc32c, then stored on `to`. The moves it returns are durable on their
+    /// targets, ready to commit; a copy whose read or store failed is left out (a corrupt
+    /// source is reported by its holder, which gives the shard up, and repair rebuilds it).
+    pub async fn copy(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        copies: &[Rebuild],
+    ) -> Result<Rebuilt, StripeError> {
+        record.check()?;
+        let _buffers = self
+            .reserve_buffers(record.shard_len * copies.len() as u64)
+            .await?;
+        let peers = self.peers().await?;
+        let mut set = JoinSet::new();
+        for c in copies {
+            let Some(known) = record.shards.get(usize::from(c.index)).cloned() else {
+                continue;
+            };
+            let this = self.clone();
+            let peers_from = peers.addrs.get(&c.from).copied();
+            let peers_to = peers.addrs.get(&c.to).copied();
+            let (stripe, c) = (record.id, *c);
+            set.spawn(async move {
+                let get = ShardRequest::Get {
+                    stripe: stripe.0,
+                    index: c.index,
+                    offset: 0,
+                    len: None,
+                };
+                let data = match this.call(c.from, peers_from, get, WHOLE_TIMEOUT).await {
+                    ShardResponse::Data(d) if crc32c::crc32c(&d) == known.crc32c => d,
+                    ShardResponse::Data(_) => {
+                        return (
+                            c,
+                            None,
+                            Err("the copy read does not match the record's crc32c".to_owned()),
+                        );
+                    }
+                    other => {
+                        return (
+                            c,
+                            None,
+                            Err(format!("read from the draining node: {other:?}")),
+                        );
+                    }
+                };
+                let put = ShardRequest::Put {
+                    stripe: stripe.0,
+                    index: c.index,
+                    data: Bytes::from(data),
+                };
+                let stored = this.call(c.to, peers_to, put, PUT_TIMEOUT).await;
+                (c, Some(stored), Ok(known.crc32c))
+            });
+        }
+        let mut out = Rebuilt::default();
+        for (c, stored, read) in set.join_all().await {
+            let fault = |kind, message| ShardFault {
+                index: c.index,
+                node: c.to,
+                name: peers.name(c.to),
+                kind,
+                message,
+            };
+            match (read, stored) {
+                (Ok(crc), Some(ShardResponse::Stored)) => out.moves.push(ShardMove {
+                    index: c.index,
+                    from: c.from,
+                    to: c.to,
+                    crc32c: crc,
+                }),
+                (Err(message), _) => {
+                    out.bad_sources.push(c.index);
+                    out.failed.push(ShardFault {
+                        node: c.from,
+                        name: peers.name(c.from),
+                        ..fault(ShardFailure::Other, message)
+                    });
+                }
+                (Ok(_), Some(ShardResponse::Failed { kind, message })) => {
+                    if kind == ShardFailure::Full {
+                        self.mark_full(c.to);
+                    }
+                    out.failed.push(fault(kind, message));
+                }
+                (Ok(_), other) => out.failed.push(fault(
+                    ShardFailure::Other,
+                    format!("unexpected answer {other:?}"),
+                )),
             }
         }
         out.moves.sort_by_key(|m| m.index);

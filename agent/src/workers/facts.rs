@@ -1,6 +1,6 @@
 //! The `facts` worker: tells the cluster, through gossip, what this node's store can take
 //! (whether it takes new shards, its room) and how full its filesystem is, when that
-//! changes and every 30 s; and sets the metadata's ballast aside again once there is room.
+//! changes and every 5 s; and sets the metadata's ballast aside again once there is room.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,8 +16,11 @@ use crate::consensus::ballast::Ballast;
 
 /// How often the worker looks at the store and the filesystem.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
-/// How often facts are published when nothing worth telling changed.
-const REFRESH_EVERY: Duration = Duration::from_secs(30);
+/// How often facts are published when nothing worth telling changed. Gossip broadcasts
+/// can be lost (a peer's receive buffer full under load): CI saw a peer still holding a
+/// node's start-up facts ("store not open yet") 30 s later, so writers kept placing
+/// around that node. A republication is one small broadcast.
+const REFRESH_EVERY: Duration = Duration::from_secs(5);
 
 /// What the facts say about the store: whether it takes new shards, and its room.
 type StoreFacts = (bool, u64);

@@ -1,7 +1,8 @@
 //! Keeps the metadata group and the cluster layout in step with membership: forms the
 //! group when a new cluster starts, adds every agent as a learner, chooses voters across
 //! failure domains, replaces a voter that stays down, and commits layout changes (new
-//! nodes, nodes down, `out` after `[cluster] down_out_after`, back) as new layout epochs.
+//! nodes, nodes down, `out` after `[cluster] down_out_after`, back) as new layout epochs;
+//! ends maintenance windows that ran out, and moves voters off nodes being drained.
 //! Acts only on the leader, except the one-time bootstrap.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -11,9 +12,10 @@ use std::time::{Duration, Instant};
 use openraft::{BasicNode, ChangeMembers};
 use shoal_mesh::{GossipHandle, MemberState, MemberView};
 use shoal_namespace::format::Timestamp;
+use shoal_namespace::nodes::NodeChange;
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Step, Ticker, Worker};
 use crate::AgentError;
@@ -76,8 +78,16 @@ impl Steward {
         }
     }
 
-    /// The nodes of the layout down for `down_out_after` or longer (they become `out`).
-    fn long_down(&mut self, views: &[MemberView], alive: &BTreeSet<u64>, now: Instant) -> Vec<u64> {
+    /// The nodes of the layout down for `down_out_after` or longer (they become `out`):
+    /// active, down or draining ones, and those in maintenance whose window has ended
+    /// (`windows_over`).
+    fn long_down(
+        &mut self,
+        views: &[MemberView],
+        alive: &BTreeSet<u64>,
+        windows_over: &[u64],
+        now: Instant,
+    ) -> Vec<u64> {
         let Ok(Some(layout)) = self.meta.store().cluster_layout() else {
             return Vec::new();
         };
@@ -85,7 +95,12 @@ impl Steward {
         let mut out = Vec::new();
         for n in layout.nodes() {
             let id = n.id.0;
-            if alive.contains(&id) || !matches!(n.state, NodeState::Active | NodeState::Down) {
+            let may_go_out = match n.state {
+                NodeState::Active | NodeState::Down | NodeState::Draining => true,
+                NodeState::Maintenance => windows_over.contains(&id),
+                NodeState::Drained | NodeState::Out => false,
+            };
+            if alive.contains(&id) || !may_go_out {
                 continue;
             }
             let heard = views
@@ -127,7 +142,8 @@ impl Worker for Steward {
         let now = Instant::now();
         let alive_ids: BTreeSet<u64> = alive.iter().map(|m| m.id).collect();
         self.down_since.retain(|id, _| !alive_ids.contains(id));
-        let long_down = self.long_down(&views, &alive_ids, now);
+        let windows_over = end_maintenance(&self.meta, &alive_ids).await?;
+        let long_down = self.long_down(&views, &alive_ids, &windows_over, now);
         let meta = &self.meta;
         reconcile_members(meta, &alive, &mut self.down_since, now).await?;
         reconcile_layout(meta, &alive, &long_down).await?;
@@ -138,6 +154,47 @@ impl Worker for Steward {
     async fn wait_for_work(&mut self) {
         self.ticker.tick().await;
     }
+}
+
+/// Ends the maintenance windows that ran out: a node alive again is `active`; one still
+/// down stays in maintenance, now subject to `down_out_after` like any down node (its
+/// window "ran over", which status shows). Returns the nodes whose window is over.
+async fn end_maintenance(meta: &Group, alive: &BTreeSet<u64>) -> Result<Vec<u64>, AgentError> {
+    let store = meta.store();
+    let Some(layout) = store.cluster_layout()? else {
+        return Ok(Vec::new());
+    };
+    let admins = store.node_admins()?;
+    let now = meta.cluster_now_ms()?;
+    let mut over = Vec::new();
+    for n in layout
+        .nodes()
+        .iter()
+        .filter(|n| n.state == NodeState::Maintenance)
+    {
+        let until = admins.get(&n.id.0).and_then(|a| a.maintenance_until_ms);
+        if until.is_some_and(|u| u > now) {
+            continue;
+        }
+        over.push(n.id.0);
+        if alive.contains(&n.id.0) {
+            info!(node = %n.id, "maintenance window over and the node is back: active");
+            let outcome = meta
+                .propose_one(Proposal {
+                    id: None,
+                    now: Timestamp::now(),
+                    command: Command::ChangeNode {
+                        node: n.id,
+                        change: NodeChange::ExitMaintenance,
+                    },
+                })
+                .await?;
+            if let Outcome::Refused(why) = outcome {
+                debug!(node = %n.id, why, "maintenance not ended (changed meanwhile)");
+            }
+        }
+    }
+    Ok(over)
 }
 
 /// Records the generation each live member runs with (from its facts: the start count
@@ -233,10 +290,22 @@ async fn reconcile_members(
             failure_domain: m.failure_domain.clone(),
         })
         .collect();
+    let leaving: BTreeSet<u64> = meta
+        .store()
+        .cluster_layout()?
+        .map(|l| {
+            l.nodes()
+                .iter()
+                .filter(|n| matches!(n.state, NodeState::Draining | NodeState::Drained))
+                .map(|n| n.id.0)
+                .collect()
+        })
+        .unwrap_or_default();
     let plan = VoterPlan {
         voters: &voters,
         known: &known,
         alive: &candidates,
+        leaving: &leaving,
         down_since,
         now,
         me: meta.me,
@@ -260,7 +329,8 @@ async fn reconcile_members(
 /// still referenced), alive ones `Active`, the rest `Down`, and those in `long_down` (down
 /// for `[cluster] down_out_after`) `Out`: their shards are rebuilt elsewhere. A node back
 /// from `Down` or `Out` is `Active` again (what it still holds of slots moved away is
-/// disowned and deleted). Draining and drained states are kept.
+/// disowned and deleted). Draining, drained and maintenance states are kept, but a
+/// draining node (or one whose maintenance window is over) in `long_down` is `Out` too.
 fn desired_layout(
     current: Option<&Layout>,
     alive: &[Member],
@@ -273,7 +343,11 @@ fn desired_layout(
             if n.state == NodeState::Active {
                 n.state = NodeState::Down;
             }
-            if n.state == NodeState::Down && long_down.contains(&n.id.0) {
+            let may_go_out = matches!(
+                n.state,
+                NodeState::Down | NodeState::Draining | NodeState::Maintenance
+            );
+            if may_go_out && long_down.contains(&n.id.0) {
                 n.state = NodeState::Out;
             }
             nodes.insert(n.id.0, n);
@@ -329,6 +403,11 @@ async fn reconcile_layout(
         .await
     {
         Ok(Outcome::Done) => Ok(()),
+        // An operator's change took this epoch first: the next round starts from it.
+        Ok(Outcome::Failed(_)) => {
+            debug!(epoch, "layout changed meanwhile; trying again next round");
+            Ok(())
+        }
         Ok(other) => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
         Err(e) => Err(e.into()),
     }

@@ -10,10 +10,16 @@
 //!
 //! Rebuilding draws on the governor's repair budget, which shrinks while the GPUs are
 //! busy; a stripe at its last spare shard also draws on a floor that never does.
+//!
+//! Draining is the same work for another reason: shards on a `draining` node are copied
+//! as they are (read from that node, no decode) to targets chosen the same way, after
+//! every rebuild, on the drain budget, and committed the same way. Once a pass finds
+//! nothing left on a draining node the leader marks it `drained` (the state machine
+//! checks that no live stripe names it).
 
 pub mod plan;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,8 +31,9 @@ use prometheus_client::registry::Registry;
 use shoal_agent_api::StripeRecord;
 use shoal_mesh::{GossipHandle, MemberState};
 use shoal_namespace::format::Timestamp;
+use shoal_namespace::nodes::NodeChange;
 use shoal_namespace::{Command, Outcome, Proposal};
-use shoal_placement::{NodeId, StripeId};
+use shoal_placement::{NodeId, NodeState, StripeId};
 use shoal_resource_guard::WorkClass;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
@@ -65,6 +72,45 @@ pub struct RepairView {
     pub repaired_bytes: u64,
     /// Stripes of the last plan whose lost shards no node can take now.
     pub no_target: u64,
+    /// Shards this node copied off draining nodes and committed, since it started.
+    pub moved_shards: u64,
+    pub moved_bytes: u64,
+    /// Bytes a second moved off draining nodes lately (on this node).
+    pub move_bytes_per_sec: u64,
+    /// Per node being drained, as the passes saw it: what is left on it and how fast
+    /// that fell over the last passes (whichever node does the moving).
+    pub draining: BTreeMap<NodeId, DrainSeen>,
+}
+
+/// What is left on a node being drained, as of the last pass, and the rate it fell at.
+#[derive(Clone, Debug, Default)]
+pub struct DrainSeen {
+    pub stripes: u64,
+    pub bytes: u64,
+    pub bytes_per_sec: u64,
+    /// (when, bytes left) of recent passes.
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl DrainSeen {
+    fn observe(&mut self, (stripes, bytes): (u64, u64), now: Instant) {
+        self.stripes = stripes;
+        self.bytes = bytes;
+        self.samples.push_back((now, bytes));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        self.bytes_per_sec = match (self.samples.front(), self.samples.back()) {
+            (Some((t0, b0)), Some((t1, b1))) if t1 > t0 => {
+                (b0.saturating_sub(*b1) as f64 / t1.duration_since(*t0).as_secs_f64()) as u64
+            }
+            _ => 0,
+        };
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,6 +127,7 @@ struct RepairMetrics {
     repaired_stripes: Counter,
     bytes_per_sec: Gauge,
     conflicts: Counter,
+    moved_bytes: Counter,
 }
 
 /// The repair worker's state shared with status and the metrics endpoint.
@@ -120,6 +167,11 @@ impl RepairShared {
             metrics.bytes_per_sec.clone(),
         );
         r.register(
+            "moved_bytes",
+            "Bytes of shards this node copied off draining nodes and committed",
+            metrics.moved_bytes.clone(),
+        );
+        r.register(
             "conflicts",
             "Repairs not committed because the stripe changed meanwhile",
             metrics.conflicts.clone(),
@@ -134,7 +186,7 @@ impl RepairShared {
         lock(&self.view).clone()
     }
 
-    fn publish_summary(&self, summary: Summary, no_target: u64) {
+    fn publish_summary(&self, summary: Summary, draining: &BTreeSet<NodeId>, no_target: u64) {
         let m = &self.metrics;
         m.stripes.clear();
         let set = |label: String, n: u64| {
@@ -149,6 +201,16 @@ impl RepairShared {
         set("unreadable".into(), summary.unreadable);
         m.bytes_to_repair.set(summary.bytes_to_repair as i64);
         let mut v = lock(&self.view);
+        let now = Instant::now();
+        let mut seen = std::mem::take(&mut v.draining);
+        v.draining = draining
+            .iter()
+            .map(|n| {
+                let mut d = seen.remove(n).unwrap_or_default();
+                d.observe(summary.on_draining.get(n).copied().unwrap_or_default(), now);
+                (*n, d)
+            })
+            .collect();
         v.summary = Some(summary);
         v.scanned_at = Some(Instant::now());
         v.no_target = no_target;
@@ -180,6 +242,8 @@ pub struct Repair {
     queue: VecDeque<Task>,
     /// (when, bytes) of recent commits, for the rate.
     recent: VecDeque<(Instant, u64)>,
+    /// The same for shards moved off draining nodes.
+    recent_moves: VecDeque<(Instant, u64)>,
     told_rate: Option<(u64, Instant)>,
     ticker: Ticker,
 }
@@ -203,6 +267,7 @@ impl Repair {
             last_epoch: None,
             queue: VecDeque::new(),
             recent: VecDeque::new(),
+            recent_moves: VecDeque::new(),
             told_rate: None,
             ticker: Ticker::every(Duration::from_secs(1)),
         }
@@ -233,13 +298,20 @@ impl Repair {
             .filter(|m| m.state == MemberState::Alive)
             .map(|m| m.id.node)
             .collect();
+        let draining: BTreeSet<NodeId> = layout
+            .nodes()
+            .iter()
+            .filter(|n| matches!(n.state, NodeState::Draining | NodeState::Drained))
+            .map(|n| n.id)
+            .collect();
         let pass = self.pass.get_or_insert_with(Pass::default);
         let page = store.stripes(pass.after, PAGE)?;
         pass.after = page.last().map(|r| r.id);
         for record in page.iter() {
             let h = Health::of(record, &layout, &alive);
             pass.summary.add(record, &h);
-            if !h.lost.is_empty() {
+            pass.summary.add_draining(record, &draining);
+            if h.has_work() {
                 pass.candidates.push((record.clone(), h));
             }
         }
@@ -254,6 +326,9 @@ impl Repair {
         trim(&mut pass.candidates);
         self.last_pass_end = Some(Instant::now());
         let mut no_target = 0;
+        if self.group.is_leader() {
+            self.finish_drains(&layout, &pass.summary).await?;
+        }
         if self.group.is_leader() && !pass.candidates.is_empty() {
             let plan = self.plan(&pass.candidates, &members).await?;
             no_target = plan.no_target.len() as u64;
@@ -274,7 +349,46 @@ impl Repair {
         } else {
             self.queue.clear();
         }
-        self.shared.publish_summary(pass.summary, no_target);
+        self.shared
+            .publish_summary(pass.summary, &draining, no_target);
+        Ok(())
+    }
+
+    /// Marks `drained` every draining node the pass found nothing on (the state machine
+    /// refuses it if a stripe committed since names the node: the next pass moves that).
+    async fn finish_drains(
+        &self,
+        layout: &shoal_placement::Layout,
+        summary: &Summary,
+    ) -> Result<(), AgentError> {
+        for n in layout
+            .nodes()
+            .iter()
+            .filter(|n| n.state == NodeState::Draining && !summary.on_draining.contains_key(&n.id))
+        {
+            let outcome = self
+                .group
+                .propose_one(Proposal {
+                    id: None,
+                    now: Timestamp::now(),
+                    command: Command::ChangeNode {
+                        node: n.id,
+                        change: NodeChange::Drained,
+                    },
+                })
+                .await?;
+            match outcome {
+                Outcome::Done => {
+                    info!(node = %n.id, "drain done: nothing references the node; drained")
+                }
+                Outcome::Refused(why) => debug!(node = %n.id, why, "not drained yet"),
+                other => {
+                    return Err(
+                        crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into(),
+                    );
+                }
+            }
+        }
         Ok(())
     }
 
@@ -327,7 +441,7 @@ impl Repair {
                 return Ok(());
             };
             match done {
-                Ok(Ok(Some(bytes))) => self.repaired(bytes),
+                Ok(Ok(Some(done))) => self.repaired(done),
                 Ok(Ok(None)) => {
                     self.shared.metrics.conflicts.inc();
                 }
@@ -337,45 +451,49 @@ impl Repair {
         }
     }
 
-    /// Waits until the governor lets this task's bytes move.
+    /// Waits until the governor lets this task's bytes move (a drain-only task on the
+    /// drain budget, anything else on repair's).
     async fn wait_for_budget(&self, task: &Task) {
-        while let Err(wait) = self
-            .resources
-            .take(WorkClass::Repair, task.bytes, task.urgent)
-        {
+        let class = if task.is_drain() {
+            WorkClass::Drain
+        } else {
+            WorkClass::Repair
+        };
+        while let Err(wait) = self.resources.take(class, task.bytes, task.urgent) {
             tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
         }
     }
 
-    fn repaired(&mut self, bytes: u64) {
+    fn repaired(&mut self, done: Done) {
         let m = &self.shared.metrics;
-        m.repaired_bytes.inc_by(bytes);
-        m.repaired_stripes.inc();
-        self.recent.push_back((Instant::now(), bytes));
+        let now = Instant::now();
         let mut v = lock(&self.shared.view);
-        v.repaired_bytes += bytes;
-        v.repaired_stripes += 1;
+        if done.rebuilt_bytes > 0 {
+            m.repaired_bytes.inc_by(done.rebuilt_bytes);
+            m.repaired_stripes.inc();
+            self.recent.push_back((now, done.rebuilt_bytes));
+            v.repaired_bytes += done.rebuilt_bytes;
+            v.repaired_stripes += 1;
+        }
+        if done.moved_shards > 0 {
+            m.moved_bytes.inc_by(done.moved_bytes);
+            self.recent_moves.push_back((now, done.moved_bytes));
+            v.moved_bytes += done.moved_bytes;
+            v.moved_shards += done.moved_shards;
+        }
     }
 
     /// The rate over the last [`RATE_WINDOW`], published to metrics, status and gossip.
     async fn update_rate(&mut self) -> Result<(), AgentError> {
         let now = Instant::now();
-        while self
-            .recent
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
-        {
-            self.recent.pop_front();
-        }
-        let bytes: u64 = self.recent.iter().map(|(_, b)| b).sum();
-        let span = self
-            .recent
-            .front()
-            .map_or(RATE_WINDOW, |(at, _)| now.duration_since(*at))
-            .max(Duration::from_secs(1));
-        let rate = (bytes as f64 / span.as_secs_f64()) as u64;
+        let rate = rate_of(&mut self.recent, now);
+        let move_rate = rate_of(&mut self.recent_moves, now);
         self.shared.metrics.bytes_per_sec.set(rate as i64);
-        lock(&self.shared.view).bytes_per_sec = rate;
+        {
+            let mut v = lock(&self.shared.view);
+            v.bytes_per_sec = rate;
+            v.move_bytes_per_sec = move_rate;
+        }
         let tell = match self.told_rate {
             None => rate > 0,
             Some((told, at)) => {
@@ -393,49 +511,87 @@ impl Repair {
     }
 }
 
+/// Bytes a second over the last [`RATE_WINDOW`] of `recent` (older entries dropped).
+fn rate_of(recent: &mut VecDeque<(Instant, u64)>, now: Instant) -> u64 {
+    while recent
+        .front()
+        .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
+    {
+        recent.pop_front();
+    }
+    let bytes: u64 = recent.iter().map(|(_, b)| b).sum();
+    let span = recent
+        .front()
+        .map_or(RATE_WINDOW, |(at, _)| now.duration_since(*at))
+        .max(Duration::from_secs(1));
+    (bytes as f64 / span.as_secs_f64()) as u64
+}
+
+/// What one committed task did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Done {
+    rebuilt_bytes: u64,
+    moved_shards: u64,
+    moved_bytes: u64,
+}
+
 /// Keeps the [`QUEUE_MAX`] most endangered candidates (fewest available shards first).
 fn trim(candidates: &mut Vec<(StripeRecord, Health)>) {
     candidates.sort_by_key(|(r, h)| (h.available.len(), r.id));
     candidates.truncate(QUEUE_MAX);
 }
 
-/// Rebuilds one stripe and commits it. `Some(bytes rebuilt)` when committed, `None` when
-/// the stripe changed since it was planned (the next pass plans it again).
+/// Rebuilds and copies one stripe's shards and commits them. `Some` when committed,
+/// `None` when the stripe changed since it was planned (the next pass plans it again).
 async fn repair_one(
     group: &Group,
     stripes: &Arc<Stripes>,
     task: Task,
-) -> Result<Option<u64>, AgentError> {
+) -> Result<Option<Done>, AgentError> {
     let id = task.record.id;
     // Planned from a pass that may be seconds old: act on the record as it is now.
     match group.store().live_stripe(id)? {
         Some(now) if now.shards == task.record.shards => {}
         _ => return Ok(None),
     }
-    let rebuilt = stripes
-        .rebuild(&task.record, &task.rebuilds, &task.skip)
-        .await?;
-    for f in &rebuilt.failed {
-        debug!(stripe = %id, fault = %f, "rebuilt shard not stored");
+    let mut moves = Vec::new();
+    if !task.rebuilds.is_empty() {
+        let rebuilt = stripes
+            .rebuild(&task.record, &task.rebuilds, &task.skip)
+            .await?;
+        for f in &rebuilt.failed {
+            debug!(stripe = %id, fault = %f, "rebuilt shard not stored");
+        }
+        moves.extend(rebuilt.moves);
     }
-    if rebuilt.moves.is_empty() {
+    let rebuilt_shards = moves.len() as u64;
+    if !task.copies.is_empty() {
+        let copied = stripes.copy(&task.record, &task.copies).await?;
+        for f in &copied.failed {
+            debug!(stripe = %id, fault = %f, "shard not copied off its draining node");
+        }
+        moves.extend(copied.moves);
+    }
+    if moves.is_empty() {
         return Ok(None);
     }
-    let n = rebuilt.moves.len() as u64;
+    let moved_shards = moves.len() as u64 - rebuilt_shards;
     let outcome = group
         .propose_one(Proposal {
             id: None,
             now: Timestamp::now(),
-            command: Command::RelocateShards {
-                stripe: id,
-                moves: rebuilt.moves,
-            },
+            command: Command::RelocateShards { stripe: id, moves },
         })
         .await?;
+    let len = task.record.shard_len;
     match outcome {
         Outcome::Done => {
-            debug!(stripe = %id, shards = n, "stripe repaired");
-            Ok(Some(n * task.record.shard_len))
+            debug!(stripe = %id, rebuilt = rebuilt_shards, moved = moved_shards, "stripe repaired");
+            Ok(Some(Done {
+                rebuilt_bytes: rebuilt_shards * len,
+                moved_shards,
+                moved_bytes: moved_shards * len,
+            }))
         }
         Outcome::Conflict | Outcome::Failed(_) => Ok(None),
         other => Err(crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
@@ -449,7 +605,9 @@ impl Worker for Repair {
 
     async fn work(&mut self) -> Result<Step, AgentError> {
         self.update_rate().await?;
-        if self.pass.is_some() || (self.queue.is_empty() && self.pass_due()?) {
+        // A pass also runs while a queue is worked (its plan replaces the queue): the
+        // summary and drain progress stay fresh however long the queue takes.
+        if self.pass.is_some() || self.pass_due()? {
             self.scan_page().await?;
             return Ok(if self.pass.is_some() || !self.queue.is_empty() {
                 Step::Busy

@@ -6,6 +6,10 @@
 //! nothing is rebuilt for it); *lost* when it names no node ([`NodeId::NONE`]: written
 //! degraded, or given up as corrupt) or a node that is `out` or gone from the layout. Lost
 //! slots are rebuilt, the stripes with the fewest available shards first.
+//!
+//! A slot on a node being drained (`draining`, or `drained` and named by a stripe
+//! committed late) that is alive is *moving*: available (it is read like any other) and
+//! copied to a new target as it is, no decode needed. Moves come after every rebuild.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -18,6 +22,8 @@ use crate::data::Rebuild;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
     Available,
+    /// Available, and to be copied off its node (a drain).
+    Moving,
     Waiting,
     Lost,
 }
@@ -31,6 +37,7 @@ pub fn slot(node: NodeId, layout: &Layout, alive: &BTreeSet<NodeId>) -> Slot {
         None => Slot::Lost,
         Some(n) if n.state == NodeState::Out => Slot::Lost,
         Some(_) if !alive.contains(&node) => Slot::Waiting,
+        Some(n) if matches!(n.state, NodeState::Draining | NodeState::Drained) => Slot::Moving,
         Some(_) => Slot::Available,
     }
 }
@@ -38,7 +45,10 @@ pub fn slot(node: NodeId, layout: &Layout, alive: &BTreeSet<NodeId>) -> Slot {
 /// How one stripe stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
+    /// Readable now (moving ones included).
     pub available: Vec<u8>,
+    /// Available, to be copied off a node being drained.
+    pub moving: Vec<u8>,
     pub waiting: Vec<u8>,
     pub lost: Vec<u8>,
 }
@@ -47,12 +57,17 @@ impl Health {
     pub fn of(record: &StripeRecord, layout: &Layout, alive: &BTreeSet<NodeId>) -> Health {
         let mut h = Health {
             available: Vec::new(),
+            moving: Vec::new(),
             waiting: Vec::new(),
             lost: Vec::new(),
         };
         for s in &record.shards {
             match slot(s.node, layout, alive) {
                 Slot::Available => h.available.push(s.index),
+                Slot::Moving => {
+                    h.available.push(s.index);
+                    h.moving.push(s.index);
+                }
                 Slot::Waiting => h.waiting.push(s.index),
                 Slot::Lost => h.lost.push(s.index),
             }
@@ -63,6 +78,11 @@ impl Health {
     /// Shards not available now.
     pub fn missing(&self) -> usize {
         self.waiting.len() + self.lost.len()
+    }
+
+    /// Whether the stripe has anything for the planner: shards to rebuild or to move.
+    pub fn has_work(&self) -> bool {
+        !self.lost.is_empty() || !self.moving.is_empty()
     }
 }
 
@@ -79,6 +99,9 @@ pub struct Summary {
     pub bytes_to_repair: u64,
     /// Bytes of shards on nodes that are down but not `out` (rebuilt if they become so).
     pub bytes_waiting: u64,
+    /// Per node being drained: stripes and bytes of shards still on it (moving, or
+    /// waiting while it is down).
+    pub on_draining: BTreeMap<NodeId, (u64, u64)>,
 }
 
 impl Summary {
@@ -98,6 +121,15 @@ impl Summary {
         self.bytes_waiting += h.waiting.len() as u64 * record.shard_len;
     }
 
+    /// Counts `record`'s shards on nodes being drained (`draining` lists them).
+    pub fn add_draining(&mut self, record: &StripeRecord, draining: &BTreeSet<NodeId>) {
+        for s in record.shards.iter().filter(|s| draining.contains(&s.node)) {
+            let e = self.on_draining.entry(s.node).or_default();
+            e.0 += 1;
+            e.1 += record.shard_len;
+        }
+    }
+
     /// Stripes missing one shard or more but readable.
     pub fn degraded(&self) -> u64 {
         self.by_missing.values().map(|(n, _)| n).sum()
@@ -109,14 +141,25 @@ impl Summary {
 pub struct Task {
     pub record: StripeRecord,
     pub rebuilds: Vec<Rebuild>,
+    /// Shards copied as they are from a node being drained to their new node.
+    pub copies: Vec<Rebuild>,
     /// Slots not to read from: lost, waiting, or being rebuilt.
     pub skip: Vec<u8>,
     /// The k available slots to read, data shards first (more are tried if one fails).
     pub sources: Vec<u8>,
     /// At most one spare shard left: repair goes on even when the budget is spent.
     pub urgent: bool,
-    /// Bytes moved: k shards read, the rebuilt ones written.
+    /// Bytes moved: k shards read and the rebuilt ones written, each copy read and
+    /// written.
     pub bytes: u64,
+}
+
+impl Task {
+    /// A task with nothing to rebuild: only copies off a node being drained (drawn on the
+    /// drain budget, not repair's).
+    pub fn is_drain(&self) -> bool {
+        self.rebuilds.is_empty()
+    }
 }
 
 /// What the planner made of a list of stripes.
@@ -145,20 +188,23 @@ pub fn plan(
     fenced: &HashMap<StripeId, Vec<NodeId>>,
 ) -> Plan {
     let mut order: Vec<&(StripeRecord, Health)> =
-        stripes.iter().filter(|(_, h)| !h.lost.is_empty()).collect();
-    order.sort_by_key(|(r, h)| (h.available.len(), r.id));
+        stripes.iter().filter(|(_, h)| h.has_work()).collect();
+    order.sort_by_key(|(r, h)| (h.lost.is_empty(), h.available.len(), r.id));
     let mut room = room.clone();
     let mut out = Plan::default();
     for (record, h) in order {
         let k = usize::from(record.ec.k);
         if h.available.len() < k {
-            out.unreadable.push(record.id);
+            if !h.lost.is_empty() {
+                out.unreadable.push(record.id);
+            }
             continue;
         }
+        let placing: Vec<u8> = h.lost.iter().chain(&h.moving).copied().collect();
         let holders: Vec<NodeId> = record
             .shards
             .iter()
-            .filter(|s| !h.lost.contains(&s.index))
+            .filter(|s| !placing.contains(&s.index))
             .map(|s| s.node)
             .collect();
         let mut avoid: Vec<NodeId> = fenced.get(&record.id).cloned().unwrap_or_default();
@@ -167,20 +213,25 @@ pub fn plan(
                 .filter(|(_, r)| **r < record.shard_len)
                 .map(|(n, _)| *n),
         );
-        let targets = place_repair(placement, record.id, &h.lost, &holders, &avoid);
-        let mut rebuilds = Vec::new();
+        let targets = place_repair(placement, record.id, &placing, &holders, &avoid);
+        let (mut rebuilds, mut copies) = (Vec::new(), Vec::new());
         let mut stuck = Vec::new();
-        for (&index, target) in h.lost.iter().zip(targets) {
+        for (&index, target) in placing.iter().zip(targets) {
             match target {
                 Some(to) if room.get(&to).is_none_or(|r| *r >= record.shard_len) => {
                     if let Some(r) = room.get_mut(&to) {
                         *r -= record.shard_len;
                     }
-                    rebuilds.push(Rebuild {
+                    let step = Rebuild {
                         index,
                         from: record.shards[usize::from(index)].node,
                         to,
-                    });
+                    };
+                    if h.moving.contains(&index) {
+                        copies.push(step);
+                    } else {
+                        rebuilds.push(step);
+                    }
                 }
                 _ => stuck.push(index),
             }
@@ -188,21 +239,24 @@ pub fn plan(
         if !stuck.is_empty() {
             out.no_target.push((record.id, stuck));
         }
-        if rebuilds.is_empty() {
+        if rebuilds.is_empty() && copies.is_empty() {
             continue;
         }
+        // Decode from shards that stay where they are, data shards first.
         let mut sources = h.available.clone();
-        sources.sort_by_key(|i| (*i >= record.ec.k, *i));
+        sources.sort_by_key(|i| (h.moving.contains(i), *i >= record.ec.k, *i));
         sources.truncate(k);
         let mut skip: Vec<u8> = h.lost.iter().chain(&h.waiting).copied().collect();
         skip.sort_unstable();
-        let bytes = record.shard_len * (k + rebuilds.len()) as u64;
+        let reads = if rebuilds.is_empty() { 0 } else { k };
+        let bytes = record.shard_len * (reads + rebuilds.len() + 2 * copies.len()) as u64;
         out.tasks.push(Task {
             record: record.clone(),
+            urgent: !rebuilds.is_empty() && h.available.len() <= k + 1,
             rebuilds,
+            copies,
             skip,
             sources,
-            urgent: h.available.len() <= k + 1,
             bytes,
         });
     }
@@ -453,5 +507,63 @@ mod tests {
         assert_eq!(t.skip, [4, 5]);
         assert_eq!(t.rebuilds.iter().map(|r| r.index).collect::<Vec<_>>(), [5]);
         assert!(t.urgent, "four available of 4+2");
+    }
+
+    #[test]
+    fn a_draining_node_s_shards_are_copied_after_every_rebuild() {
+        // 2+1 on four nodes; node 2 drains. Stripe 1 has a shard on it, stripe 2 lost one.
+        let l = layout(&[
+            (1, NodeState::Active),
+            (2, NodeState::Draining),
+            (3, NodeState::Active),
+            (4, NodeState::Active),
+        ]);
+        let up = alive(&[1, 2, 3, 4]);
+        assert_eq!(slot(NodeId(2), &l, &up), Slot::Moving);
+        assert_eq!(slot(NodeId(2), &l, &alive(&[1])), Slot::Waiting);
+        let records = [stripe(1, [2, 1, 3]), stripe(2, [1, 3, 0])];
+        let stripes = assessed(&records, &l, &[1, 2, 3, 4]);
+        assert_eq!(
+            stripes[0].1.available,
+            [0, 1, 2],
+            "a moving shard is readable"
+        );
+        let mut placement = active(1..=4);
+        placement = Layout::new(
+            2,
+            placement
+                .nodes()
+                .iter()
+                .map(|n| LayoutNode {
+                    state: if n.id == NodeId(2) {
+                        NodeState::Draining
+                    } else {
+                        NodeState::Active
+                    },
+                    ..n.clone()
+                })
+                .collect(),
+        )
+        .expect("layout");
+        let p = plan(&stripes, &placement, &Room::new(), &HashMap::new());
+        let order: Vec<StripeId> = p.tasks.iter().map(|t| t.record.id).collect();
+        assert_eq!(order, [StripeId(2), StripeId(1)], "rebuilds first");
+        let drain = &p.tasks[1];
+        assert!(drain.is_drain() && !drain.urgent);
+        assert_eq!(
+            drain.copies,
+            [Rebuild {
+                index: 0,
+                from: NodeId(2),
+                to: NodeId(4)
+            }],
+            "the one node that holds nothing of it and takes shards"
+        );
+        assert_eq!(drain.bytes, 2 * 50, "one shard read and written");
+        let mut s = Summary::default();
+        for (r, _) in &stripes {
+            s.add_draining(r, &alive(&[2]));
+        }
+        assert_eq!(s.on_draining, BTreeMap::from([(NodeId(2), (1, 50))]));
     }
 }

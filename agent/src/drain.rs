@@ -1,0 +1,390 @@
+//! Operator changes to a node (`shoal drain`, `undrain`, `remove`, `maintenance`) and
+//! how drains stand (`shoal drain status`). A drain is assessed first with the repair
+//! planner itself, as if the node were draining already: what moves, where, and whether
+//! every shard finds a target (failure domains, room); one that cannot finish is refused
+//! before anything changes. The change is then one `ChangeNode` command, which the state
+//! machine checks again against the node's state; the repair worker does the moving.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use shoal_agent_api::{DrainPlan, DrainProgress, DrainTarget};
+use shoal_mesh::{MemberState, MemberView};
+use shoal_namespace::format::Timestamp;
+use shoal_namespace::nodes::{NodeChange, state_name, transition};
+use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
+
+use crate::workers::repair::plan::{self, Health, Room};
+use crate::{AgentError, Node};
+
+/// Stripes read from the replica per page.
+const PAGE: usize = 1024;
+
+/// A node named by an operator: its id and name.
+pub struct Named {
+    pub id: NodeId,
+    pub name: String,
+}
+
+/// Finds the node `which` names (a name gossip knows, or a 16-hex-digit id of a member or
+/// a layout node), or says which nodes there are.
+pub fn find_node(
+    members: &[MemberView],
+    layout: Option<&Layout>,
+    which: &str,
+) -> Result<Named, AgentError> {
+    let name_of = |m: &MemberView| m.facts.as_ref().map(|f| f.name.clone());
+    let by_member = members
+        .iter()
+        .find(|m| format!("{:016x}", m.id.node.0) == which || name_of(m).as_deref() == Some(which));
+    if let Some(m) = by_member {
+        return Ok(Named {
+            id: m.id.node,
+            name: name_of(m).unwrap_or_default(),
+        });
+    }
+    if let Some(n) = layout
+        .into_iter()
+        .flat_map(|l| l.nodes())
+        .find(|n| format!("{:016x}", n.id.0) == which)
+    {
+        return Ok(Named {
+            id: n.id,
+            name: String::new(),
+        });
+    }
+    let mut known: Vec<String> = members.iter().filter_map(name_of).collect();
+    known.sort();
+    Err(AgentError::NoSuch(format!(
+        "no node {which:?} in this cluster (nodes: {})",
+        known.join(", ")
+    )))
+}
+
+/// The names gossip knows, by node.
+fn names(members: &[MemberView]) -> HashMap<NodeId, String> {
+    members
+        .iter()
+        .filter_map(|m| m.facts.as_ref().map(|f| (m.id.node, f.name.clone())))
+        .collect()
+}
+
+/// `layout` with `node` in `state` (same epoch: only for planning).
+fn with_state(layout: &Layout, node: NodeId, state: NodeState) -> Result<Layout, AgentError> {
+    let nodes: Vec<LayoutNode> = layout
+        .nodes()
+        .iter()
+        .map(|n| LayoutNode {
+            state: if n.id == node { state } else { n.state },
+            ..n.clone()
+        })
+        .collect();
+    Layout::new(layout.epoch(), nodes).map_err(|e| crate::data::StripeError::Placement(e).into())
+}
+
+/// What draining `target` would move where, from the local replica and gossip: the
+/// repair planner run over every stripe with a shard on it, the node counted as draining.
+pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError> {
+    let members = node.gossip.members().await?;
+    let store = node.group.store();
+    let layout = store
+        .cluster_layout()?
+        .ok_or_else(|| AgentError::NoSuch("the cluster has no layout yet".into()))?;
+    let alive: BTreeSet<NodeId> = members
+        .iter()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.id.node)
+        .collect();
+    let as_draining = with_state(&layout, target.id, NodeState::Draining)?;
+    let placement = with_state(
+        &node.stripes.placement_layout().await?,
+        target.id,
+        NodeState::Draining,
+    )?;
+    let room: Room = members
+        .iter()
+        .filter(|m| m.state == MemberState::Alive)
+        .filter_map(|m| m.facts.as_ref().map(|f| (m.id.node, f.store_room_bytes)))
+        .map(|(n, room)| (n, room.saturating_sub(crate::data::MIN_ROOM)))
+        .collect();
+    let mut candidates = Vec::new();
+    let (mut stripes, mut bytes, mut widest) = (0u64, 0u64, 0usize);
+    let mut cursor = None;
+    loop {
+        let page = store.stripes(cursor, PAGE)?;
+        for r in &page {
+            let held = r.shards.iter().filter(|s| s.node == target.id).count() as u64;
+            if held == 0 {
+                continue;
+            }
+            stripes += 1;
+            bytes += held * r.shard_len;
+            widest = widest.max(r.ec.total());
+            let mut h = Health::of(r, &as_draining, &alive);
+            // Only what moves off the node: other lost slots are repair's.
+            h.lost.clear();
+            candidates.push((r.clone(), h));
+        }
+        cursor = page.last().map(|r| r.id);
+        if page.len() < PAGE {
+            break;
+        }
+    }
+    let p = plan::plan(&candidates, &placement, &room, &HashMap::new());
+    let names = names(&members);
+    let mut per_target: BTreeMap<NodeId, (u64, u64)> = BTreeMap::new();
+    for t in &p.tasks {
+        for c in &t.copies {
+            let e = per_target.entry(c.to).or_default();
+            e.0 += 1;
+            e.1 += t.record.shard_len;
+        }
+    }
+    let mut reasons = Vec::new();
+    let domains: BTreeSet<String> = placement
+        .nodes()
+        .iter()
+        .filter(|n| n.is_eligible() && alive.contains(&n.id))
+        .map(|n| n.failure_domain.to_string())
+        .collect();
+    if widest > domains.len() {
+        reasons.push(format!(
+            "the drain would leave {} failure domain(s) that take shards; its widest stripes need {widest} (k+m)",
+            domains.len()
+        ));
+    }
+    let waiting: u64 = candidates
+        .iter()
+        .filter(|(_, h)| h.moving.is_empty())
+        .count() as u64;
+    if waiting > 0 {
+        reasons.push(format!(
+            "{waiting} stripe(s) have their shard on the node while it is down: it must be up to be drained"
+        ));
+    }
+    let stuck: u64 = p.no_target.iter().map(|(_, s)| s.len() as u64).sum();
+    if stuck > 0 {
+        let room_left: u64 = room
+            .iter()
+            .filter(|(n, _)| **n != target.id)
+            .map(|(_, r)| r)
+            .sum();
+        reasons.push(format!(
+            "{stuck} shard(s) have no node to go to (every other node holds a shard of their stripe, is down, or is full): {bytes} bytes to move, {room_left} bytes of room on the other nodes"
+        ));
+    }
+    Ok(DrainPlan {
+        node: format!("{:016x}", target.id.0),
+        name: target.name.clone(),
+        dry_run: true,
+        started: false,
+        stripes,
+        bytes,
+        targets: per_target
+            .into_iter()
+            .map(|(n, (shards, bytes))| DrainTarget {
+                node: format!("{:016x}", n.0),
+                name: names.get(&n).cloned().unwrap_or_default(),
+                shards,
+                bytes,
+            })
+            .collect(),
+        can_finish: reasons.is_empty(),
+        reasons,
+    })
+}
+
+/// `shoal drain NODE [--dry-run]`.
+pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan, AgentError> {
+    let members = node.gossip.members().await?;
+    let layout = node.group.store().cluster_layout()?;
+    let target = find_node(&members, layout.as_ref(), which)?;
+    let state = layout
+        .as_ref()
+        .and_then(|l| l.node(target.id))
+        .map(|n| n.state)
+        .ok_or_else(|| AgentError::NoSuch(format!("node {which:?} is not in the layout yet")))?;
+    let change = NodeChange::Drain {
+        stripes: 0,
+        bytes: 0,
+    };
+    if let Err(why) = transition(state, change) {
+        return Err(AgentError::Refused(why));
+    }
+    let mut plan = assess(node, &target).await?;
+    plan.dry_run = dry_run;
+    if dry_run || !plan.can_finish {
+        return Ok(plan);
+    }
+    change_node(
+        node,
+        target.id,
+        NodeChange::Drain {
+            stripes: plan.stripes,
+            bytes: plan.bytes,
+        },
+    )
+    .await?;
+    plan.started = true;
+    Ok(plan)
+}
+
+/// Proposes `change` for `node`; a refusal comes back as [`AgentError::Refused`].
+async fn change_node(node: &Node, id: NodeId, change: NodeChange) -> Result<(), AgentError> {
+    let outcome = node
+        .group
+        .propose_one(Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::ChangeNode { node: id, change },
+        })
+        .await?;
+    match outcome {
+        Outcome::Done => Ok(()),
+        Outcome::Refused(why) => Err(AgentError::Refused(why)),
+        other => Err(crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+    }
+}
+
+/// `shoal undrain`, `shoal remove`, `shoal maintenance enter/exit`: the change, and what
+/// it did in words.
+pub async fn change(node: &Node, which: &str, change: NodeChange) -> Result<String, AgentError> {
+    let members = node.gossip.members().await?;
+    let store = node.group.store();
+    let layout = store.cluster_layout()?;
+    let target = find_node(&members, layout.as_ref(), which)?;
+    let who = if target.name.is_empty() {
+        format!("{}", target.id)
+    } else {
+        format!("{} ({})", target.name, target.id)
+    };
+    let state = layout
+        .as_ref()
+        .and_then(|l| l.node(target.id))
+        .map(|n| n.state)
+        .ok_or_else(|| AgentError::NoSuch(format!("{who} is not in the layout")))?;
+    if let Err(why) = transition(state, change) {
+        return Err(AgentError::Refused(why));
+    }
+    if change == NodeChange::Remove {
+        let alive = members
+            .iter()
+            .any(|m| m.id.node == target.id && m.state == MemberState::Alive);
+        if alive {
+            return Err(AgentError::Refused(format!(
+                "{who} is still running: stop its agent first (a running node would join the layout again)"
+            )));
+        }
+        let needed = stripes_needing(node, target.id)?;
+        if needed > 0 {
+            return Err(AgentError::Refused(format!(
+                "{needed} stripe(s) cannot be read without {who}'s shards: it holds the only copy of their data; bring it back or restore those files"
+            )));
+        }
+    }
+    change_node(node, target.id, change).await?;
+    Ok(match change {
+        NodeChange::Undrain => {
+            format!("{who} is active again; what was already moved stays where it is")
+        }
+        NodeChange::Remove => format!("{who} is removed from the layout"),
+        NodeChange::EnterMaintenance { for_ms } => format!(
+            "{who} is in maintenance for {}s: if it goes down it is not rebuilt until the window ends",
+            for_ms / 1000
+        ),
+        NodeChange::ExitMaintenance => format!("{who} is out of maintenance: active"),
+        NodeChange::Drain { .. } | NodeChange::Drained => format!("{who}: done"),
+    })
+}
+
+/// Live stripes that name `id` and have fewer than k shards available elsewhere.
+fn stripes_needing(node: &Node, id: NodeId) -> Result<u64, AgentError> {
+    let store = node.group.store();
+    let Some(layout) = store.cluster_layout()? else {
+        return Ok(0);
+    };
+    // Which nodes are up matters little here: count what the others could give, up or not.
+    let others: BTreeSet<NodeId> = layout
+        .nodes()
+        .iter()
+        .map(|n| n.id)
+        .filter(|n| *n != id)
+        .collect();
+    let mut needed = 0;
+    let mut cursor = None;
+    loop {
+        let page = store.stripes(cursor, PAGE)?;
+        for r in page
+            .iter()
+            .filter(|r| r.shards.iter().any(|s| s.node == id))
+        {
+            let h = Health::of(r, &layout, &others);
+            let elsewhere = h
+                .available
+                .iter()
+                .filter(|i| r.shards[usize::from(**i)].node != id)
+                .count();
+            if elsewhere < usize::from(r.ec.k) {
+                needed += 1;
+            }
+        }
+        cursor = page.last().map(|r| r.id);
+        if page.len() < PAGE {
+            break;
+        }
+    }
+    Ok(needed)
+}
+
+/// `shoal drain status [NODE]`: every draining or drained node (or the one asked about),
+/// as this agent's last scan saw it.
+pub async fn status(node: &Node, which: Option<&str>) -> Result<Vec<DrainProgress>, AgentError> {
+    let members = node.gossip.members().await?;
+    let store = node.group.store();
+    let Some(layout) = store.cluster_layout()? else {
+        return Ok(Vec::new());
+    };
+    let only = match which {
+        Some(w) => Some(find_node(&members, Some(&layout), w)?.id),
+        None => None,
+    };
+    let admins = store.node_admins()?;
+    let clock = node.group.cluster_now_ms()?;
+    let view = node.repair.view();
+    let names = names(&members);
+    let mut out = Vec::new();
+    for n in layout.nodes() {
+        let draining = matches!(n.state, NodeState::Draining | NodeState::Drained);
+        if only.is_some_and(|o| o != n.id) || (!draining && only.is_none()) {
+            continue;
+        }
+        let start = admins.get(&n.id.0).and_then(|a| a.drain);
+        let seen = view.draining.get(&n.id);
+        let (total_s, total_b) = start.map_or((0, 0), |s| (s.stripes, s.bytes));
+        let (left_s, left_b) = match (n.state, seen) {
+            (NodeState::Drained, _) => (0, 0),
+            (_, Some(d)) => (d.stripes, d.bytes),
+            (NodeState::Draining, None) => (total_s, total_b),
+            _ => (0, 0),
+        };
+        let rate = seen.map_or(0, |d| d.bytes_per_sec);
+        out.push(DrainProgress {
+            node: format!("{:016x}", n.id.0),
+            name: names.get(&n.id).cloned().unwrap_or_default(),
+            state: state_name(n.state).to_owned(),
+            stripes_total: total_s.max(left_s),
+            bytes_total: total_b.max(left_b),
+            stripes_left: left_s,
+            bytes_left: left_b,
+            bytes_per_sec: rate,
+            eta_seconds: (rate > 0).then(|| left_b.div_ceil(rate)),
+            running_ms: start.map_or(0, |s| clock.saturating_sub(s.started_ms)),
+        });
+    }
+    if let (Some(id), true) = (only, out.is_empty()) {
+        return Err(AgentError::NoSuch(format!(
+            "node {id} is not in the layout"
+        )));
+    }
+    Ok(out)
+}

@@ -130,7 +130,7 @@ pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError
             break;
         }
     }
-    let p = plan::plan(&candidates, &placement, &room, &HashMap::new());
+    let p = plan::plan(&candidates, &placement, &mut room.clone(), &HashMap::new());
     let names = names(&members);
     let mut per_target: BTreeMap<NodeId, (u64, u64)> = BTreeMap::new();
     for t in &p.tasks {

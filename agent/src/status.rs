@@ -199,5 +199,8 @@ fn redundancy(node: &Node, members: &[MemberView], now: Instant) -> Option<Redun
             .map_or(0, |at| now.saturating_duration_since(at).as_millis() as u64),
         repaired_stripes: view.repaired_stripes,
         repaired_bytes: view.repaired_bytes,
+        rebalance_stripes: summary.misplaced_stripes,
+        rebalance_bytes: summary.misplaced_bytes,
+        rebalanced_bytes: view.rebalanced_bytes,
     })
 }

@@ -415,14 +415,17 @@ check "the cluster stayed available during the upgrade: never more than one node
 check "every agent is alive and sees every other afterwards" wait_all_alive
 
 # ---------------------------------------------------------------------------------------
-say "the gate holds: with node3's agent stopped, a rolling restart stops after the first domain"
+say "the gate holds: with node3's agent stopped, a rolling restart stops before restarting node1"
 on 3 systemctl stop shoal-agent
 SNAP2=$(snapshot)
+GEN_BEFORE=$(on 1 shoal status --json | status generation)
 if play gate-blocks.log site.yml -e shoal_log_level=warn -e shoal_gate_retries=3; then
   fail "the rolling restart went on with node3 down"
 fi
-check "the play stopped at the gate after node1 with \"did not report every node alive\"" \
-  grep -qF "did not report every node alive" "$LAST_LOG"
+check "the play stopped at ok-to-stop for node1 (stopping it would leave 1 of 3 voters)" \
+  grep -qF "node1: NOT ok to stop" "$LAST_LOG"
+check "node1's agent was not restarted (generation $GEN_BEFORE)" \
+  test "$(on 1 shoal status --json | status generation)" = "$GEN_BEFORE"
 only_node1_changed() {  # node1 has the new config; node2 and node3 kept theirs
   on 1 grep -qx 'level = "warn"' /etc/shoal/agent.toml &&
     test "$(snapshot | grep -v '^node1 ')" = "$(grep -v '^node1 ' <<<"$SNAP2")"
@@ -432,8 +435,19 @@ check "only the first failure domain (node1) was changed; node2 and node3 untouc
 # ---------------------------------------------------------------------------------------
 say "drain.yml -e node=node2"
 if "$BIN/shoal" drain --help >/dev/null 2>&1; then
+  on 3 systemctl start shoal-agent
+  check "every agent is alive again before the drain" wait_all_alive
   play drain.log drain.yml -e node=node2 || fail "drain.yml failed"
-  ok "drain.yml ran shoal drain"
+  check "drain.yml waited until node2 was drained" grep -qF "node2: [" "$LAST_LOG"
+  drained_everywhere() {
+    local i
+    for i in 1 3; do
+      on "$i" shoal drain status node2 --json | grep -q '"state": "drained"' || return 1
+    done
+  }
+  check "node1 and node3 see node2 drained" drained_everywhere
+  on 1 shoal undrain node2 >/dev/null || fail "undrain node2"
+  ok "shoal undrain returned node2 to active"
 else
   if play drain.log drain.yml -e node=node2; then fail "drain.yml succeeded without a drain CLI"; fi
   check "without \`shoal drain\`, drain.yml stops with \"drain is not available in this shoal version\"" \

@@ -5,6 +5,7 @@ mod cert;
 mod coexist;
 mod dev_cluster;
 mod dev_mount;
+mod drain_bench;
 mod maintenance;
 mod mount;
 mod repair_bench;
@@ -55,7 +56,7 @@ impl Cli {
             Cmd::Mount(args) => (Some(&mut args.socket), None),
             Cmd::Bench(BenchCmd::Stripes(o)) => (Some(&mut o.socket), Some(&mut o.json)),
             Cmd::Bench(BenchCmd::Coexist(o)) => (None, Some(&mut o.json)),
-            Cmd::Bench(BenchCmd::Repair(o)) => (None, Some(&mut o.json)),
+            Cmd::Bench(BenchCmd::Repair(o) | BenchCmd::Drain(o)) => (None, Some(&mut o.json)),
             Cmd::Cert(_) | Cmd::DevCluster(_) => (None, None),
         };
         match (top_socket, socket) {
@@ -174,6 +175,9 @@ enum BenchCmd {
     /// rate and the time back to full redundancy; with the governor idle and with a busy
     /// fake GPU.
     Repair(repair_bench::RepairBenchOptions),
+    /// Foreground throughput alone and while a node is drained, and the drain rate; with
+    /// the governor idle and with a busy fake GPU (the options are `bench repair`'s).
+    Drain(repair_bench::RepairBenchOptions),
 }
 
 #[derive(Subcommand)]
@@ -258,6 +262,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
         Cmd::Bench(BenchCmd::Repair(o)) => repair_bench::run(o),
+        Cmd::Bench(BenchCmd::Drain(o)) => drain_bench::run(o),
         Cmd::Bench(BenchCmd::Stripes(o)) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -86,14 +86,14 @@ struct Report {
 /// What the foreground writers did: when each file was done, and its bytes.
 type Done = Arc<Mutex<Vec<(Instant, u64)>>>;
 
-struct Foreground {
+pub(crate) struct Foreground {
     stop: Arc<AtomicBool>,
     done: Done,
     threads: Vec<std::thread::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Foreground {
-    fn start(dir: &Path, writers: usize, file_size: u64) -> anyhow::Result<Self> {
+    pub(crate) fn start(dir: &Path, writers: usize, file_size: u64) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let done: Done = Arc::default();
@@ -120,7 +120,7 @@ impl Foreground {
         })
     }
 
-    fn stop(self) -> anyhow::Result<Vec<(Instant, u64)>> {
+    pub(crate) fn stop(self) -> anyhow::Result<Vec<(Instant, u64)>> {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads {
             t.join()
@@ -143,7 +143,7 @@ fn write_file(path: &Path, data: &[u8]) -> anyhow::Result<()> {
 }
 
 /// MiB a second of the files finished between `from` and `to`.
-fn rate_between(done: &[(Instant, u64)], from: Instant, to: Instant) -> f64 {
+pub(crate) fn rate_between(done: &[(Instant, u64)], from: Instant, to: Instant) -> f64 {
     let bytes: u64 = done
         .iter()
         .filter(|(at, _)| *at > from && *at <= to)
@@ -154,9 +154,9 @@ fn rate_between(done: &[(Instant, u64)], from: Instant, to: Instant) -> f64 {
 }
 
 /// One dev cluster's node `i` and its status.
-struct Cluster {
-    dir: PathBuf,
-    nodes: u8,
+pub(crate) struct Cluster {
+    pub(crate) dir: PathBuf,
+    pub(crate) nodes: u8,
     rt: tokio::runtime::Runtime,
 }
 
@@ -165,11 +165,11 @@ impl Cluster {
         dev_cluster::node_dir(&self.dir, i).join("agent.sock")
     }
 
-    fn mnt(&self, i: u8) -> PathBuf {
+    pub(crate) fn mnt(&self, i: u8) -> PathBuf {
         dev_cluster::node_dir(&self.dir, i).join("mnt")
     }
 
-    fn status(&self, i: u8) -> Option<StatusReport> {
+    pub(crate) fn status(&self, i: u8) -> Option<StatusReport> {
         self.rt.block_on(async {
             let mut c = AgentClient::connect(self.socket(i)).await.ok()?;
             match c.call(&Request::Status).await.ok()? {
@@ -179,7 +179,36 @@ impl Cluster {
         })
     }
 
-    fn wait<T>(
+    /// The node an event happens to: the last one that is not a metadata voter (its loss
+    /// is a data event), with its id.
+    pub(crate) fn victim(&self) -> anyhow::Result<(u8, String)> {
+        let s1 = self.status(1).context("node 1 does not answer")?;
+        let ids: Vec<Option<String>> = (1..=self.nodes)
+            .map(|i| self.status(i).map(|s| s.node))
+            .collect();
+        let victim = (2..=self.nodes)
+            .rev()
+            .find(|&i| {
+                ids[usize::from(i) - 1]
+                    .as_ref()
+                    .is_some_and(|id| !s1.meta.voters.contains(id))
+            })
+            .context("no node other than node 1 is a non-voter")?;
+        Ok((
+            victim,
+            ids[usize::from(victim) - 1].clone().unwrap_or_default(),
+        ))
+    }
+
+    /// One request to node `i`'s agent.
+    pub(crate) fn call(&self, i: u8, request: &Request) -> anyhow::Result<Response> {
+        self.rt.block_on(async {
+            let mut c = AgentClient::connect(self.socket(i)).await?;
+            Ok(c.call(request).await?)
+        })
+    }
+
+    pub(crate) fn wait<T>(
         &self,
         limit: Duration,
         what: &str,
@@ -199,7 +228,7 @@ impl Cluster {
 }
 
 /// Writes `count` files of `o.file_size` into `dir` with `o.writers` threads.
-fn fill(o: &RepairBenchOptions, dir: &Path, count: u64) -> anyhow::Result<()> {
+pub(crate) fn fill(o: &RepairBenchOptions, dir: &Path, count: u64) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let threads: Vec<_> = (0..o.writers as u64)
         .map(|w| {
@@ -219,7 +248,7 @@ fn fill(o: &RepairBenchOptions, dir: &Path, count: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn verify(dir: &Path, count: u64, size: u64) -> anyhow::Result<()> {
+pub(crate) fn verify(dir: &Path, count: u64, size: u64) -> anyhow::Result<()> {
     for i in 0..count {
         let path = dir.join(format!("f{i}"));
         let got = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
@@ -235,11 +264,25 @@ fn one_run(
     governor: String,
     env: Vec<(String, String)>,
 ) -> anyhow::Result<Run> {
+    let c = start_cluster(o, &governor, env, 91)?;
+    let result = measure(o, &c, governor);
+    dev_cluster::down(&c.dir)?;
+    result
+}
+
+/// A fresh dev cluster for one run, on 127.0.`subnet`.x, with mounts, one failure domain
+/// per node and `down_out_after` 5 s.
+pub(crate) fn start_cluster(
+    o: &RepairBenchOptions,
+    governor: &str,
+    env: Vec<(String, String)>,
+    subnet: u8,
+) -> anyhow::Result<Cluster> {
     let dir = o.dir.join(governor.replace([' ', '%'], "-"));
     let _ = dev_cluster::down(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     let mut up = UpOptions::new(o.nodes, dir.clone());
-    up.base_ip = std::net::Ipv4Addr::new(127, 0, 91, 1);
+    up.base_ip = std::net::Ipv4Addr::new(127, 0, subnet, 1);
     up.agent_bin = o.agent_bin.clone();
     up.mount = true;
     up.failure_domains = o.nodes;
@@ -247,16 +290,13 @@ fn one_run(
     up.set = vec![("cluster".into(), "down_out_after = \"5s\"".into())];
     up.agent_env = env;
     dev_cluster::up(&up)?;
-    let c = Cluster {
-        dir: dir.clone(),
+    Ok(Cluster {
+        dir,
         nodes: o.nodes,
         rt: tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?,
-    };
-    let result = measure(o, &c, governor);
-    dev_cluster::down(&dir)?;
-    result
+    })
 }
 
 fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Result<Run> {
@@ -271,18 +311,7 @@ fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Res
     let to = Instant::now();
     let alone = rate_between(&fg.stop()?, from, to);
 
-    // The victim: the last node that is not a metadata voter (its loss is a data event).
-    let s1 = c.status(1).context("node 1 does not answer")?;
-    let ids: Vec<Option<String>> = (1..=c.nodes).map(|i| c.status(i).map(|s| s.node)).collect();
-    let victim = (2..=c.nodes)
-        .rev()
-        .find(|&i| {
-            ids[usize::from(i) - 1]
-                .as_ref()
-                .is_some_and(|id| !s1.meta.voters.contains(id))
-        })
-        .context("no node other than node 1 is a non-voter")?;
-    let victim_id = ids[usize::from(victim) - 1].clone().unwrap_or_default();
+    let (victim, victim_id) = c.victim()?;
     let pid = dev_cluster::running_pid(&dev_cluster::node_dir(&c.dir, victim))
         .context("the victim's agent is not running")?;
     eprintln!("[{governor}] killing node{victim}; waiting for it to be out");

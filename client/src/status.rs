@@ -120,6 +120,14 @@ fn render_redundancy(out: &mut String, report: &StatusReport) {
         }
         let _ = writeln!(out, "{line}");
     }
+    if r.rebalance_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "  rebalance: {} stripes have {} of shards to move to their placement target",
+            r.rebalance_stripes,
+            bytes(r.rebalance_bytes)
+        );
+    }
 }
 
 fn render_scrub(out: &mut String, report: &StatusReport) {

@@ -124,6 +124,12 @@ pub struct RedundancyStatus {
     /// Stripes and bytes this node has repaired since it started.
     pub repaired_stripes: u64,
     pub repaired_bytes: u64,
+    /// Rebalance: healthy stripes with shards not where placement puts them now (a node
+    /// joined since), the bytes of those shards, and the bytes this node has moved to
+    /// their targets since it started.
+    pub rebalance_stripes: u64,
+    pub rebalance_bytes: u64,
+    pub rebalanced_bytes: u64,
 }
 
 /// Stripes missing this many shards.

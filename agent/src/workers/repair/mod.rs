@@ -38,9 +38,10 @@ use shoal_resource_guard::WorkClass;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use self::plan::{Health, Plan, Room, Summary, Task};
+use self::plan::{Health, Plan, Reason, Room, Summary, Task};
 use super::{Step, Ticker, Worker};
 use crate::consensus::Group;
+use crate::data::Rebuild;
 use crate::data::Stripes;
 use crate::{AgentError, Resources};
 
@@ -77,6 +78,8 @@ pub struct RepairView {
     pub moved_bytes: u64,
     /// Bytes a second moved off draining nodes lately (on this node).
     pub move_bytes_per_sec: u64,
+    /// Bytes of shards this node copied to their placement target, since it started.
+    pub rebalanced_bytes: u64,
     /// Per node being drained, as the passes saw it: what is left on it and how fast
     /// that fell over the last passes (whichever node does the moving).
     pub draining: BTreeMap<NodeId, DrainSeen>,
@@ -128,6 +131,7 @@ struct RepairMetrics {
     bytes_per_sec: Gauge,
     conflicts: Counter,
     moved_bytes: Counter,
+    rebalanced_bytes: Counter,
 }
 
 /// The repair worker's state shared with status and the metrics endpoint.
@@ -170,6 +174,11 @@ impl RepairShared {
             "moved_bytes",
             "Bytes of shards this node copied off draining nodes and committed",
             metrics.moved_bytes.clone(),
+        );
+        r.register(
+            "rebalanced_bytes",
+            "Bytes of shards this node copied to their placement target (a node joined) and committed",
+            metrics.rebalanced_bytes.clone(),
         );
         r.register(
             "conflicts",
@@ -228,6 +237,8 @@ struct Pass {
     summary: Summary,
     /// The most endangered stripes with lost slots: (available, id) → record.
     candidates: Vec<(StripeRecord, Health)>,
+    /// Healthy stripes with misplaced slots (the first [`QUEUE_MAX`]), with their moves.
+    misplaced: Vec<(StripeRecord, Vec<Rebuild>)>,
 }
 
 pub struct Repair {
@@ -304,6 +315,7 @@ impl Repair {
             .filter(|n| matches!(n.state, NodeState::Draining | NodeState::Drained))
             .map(|n| n.id)
             .collect();
+        let placement = self.stripes.placement_layout().await?;
         let pass = self.pass.get_or_insert_with(Pass::default);
         let page = store.stripes(pass.after, PAGE)?;
         pass.after = page.last().map(|r| r.id);
@@ -313,6 +325,12 @@ impl Repair {
             pass.summary.add_draining(record, &draining);
             if h.has_work() {
                 pass.candidates.push((record.clone(), h));
+            } else if h.missing() == 0 {
+                let moves = plan::misplaced(record, &placement);
+                pass.summary.add_misplaced(record, &moves);
+                if !moves.is_empty() && pass.misplaced.len() < QUEUE_MAX {
+                    pass.misplaced.push((record.clone(), moves));
+                }
             }
         }
         // Keep the most endangered only.
@@ -329,8 +347,10 @@ impl Repair {
         if self.group.is_leader() {
             self.finish_drains(&layout, &pass.summary).await?;
         }
-        if self.group.is_leader() && !pass.candidates.is_empty() {
-            let plan = self.plan(&pass.candidates, &members).await?;
+        if self.group.is_leader() && !(pass.candidates.is_empty() && pass.misplaced.is_empty()) {
+            let plan = self
+                .plan(&pass.candidates, &pass.misplaced, &members)
+                .await?;
             no_target = plan.no_target.len() as u64;
             if !plan.unreadable.is_empty() {
                 warn!(
@@ -392,9 +412,11 @@ impl Repair {
         Ok(())
     }
 
+    /// Repairs and drain moves first, then (with the room they leave) rebalancing.
     async fn plan(
         &self,
         candidates: &[(StripeRecord, Health)],
+        misplaced: &[(StripeRecord, Vec<Rebuild>)],
         members: &[shoal_mesh::MemberView],
     ) -> Result<Plan, AgentError> {
         let placement = self.stripes.placement_layout().await?;
@@ -404,6 +426,7 @@ impl Repair {
             .filter_map(|m| m.facts.as_ref().map(|f| (m.id.node, f.store_room_bytes)))
             .map(|(n, room)| (n, room.saturating_sub(crate::data::MIN_ROOM)))
             .collect();
+        let mut room = room;
         let mut fenced: HashMap<StripeId, Vec<NodeId>> = HashMap::new();
         for (r, _) in candidates {
             let nodes: Vec<NodeId> = self
@@ -417,7 +440,9 @@ impl Repair {
                 fenced.insert(r.id, nodes);
             }
         }
-        Ok(plan::plan(candidates, &placement, &room, &fenced))
+        let mut p = plan::plan(candidates, &placement, &mut room, &fenced);
+        p.tasks.extend(plan::plan_rebalance(misplaced, &mut room));
+        Ok(p)
     }
 
     /// Repairs the next stripes of the queue, as many at once as the budget allows: a
@@ -454,10 +479,10 @@ impl Repair {
     /// Waits until the governor lets this task's bytes move (a drain-only task on the
     /// drain budget, anything else on repair's).
     async fn wait_for_budget(&self, task: &Task) {
-        let class = if task.is_drain() {
-            WorkClass::Drain
-        } else {
-            WorkClass::Repair
+        let class = match task.reason() {
+            Reason::Repair => WorkClass::Repair,
+            Reason::Drain => WorkClass::Drain,
+            Reason::Rebalance => WorkClass::Rebalance,
         };
         while let Err(wait) = self.resources.take(class, task.bytes, task.urgent) {
             tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
@@ -474,6 +499,10 @@ impl Repair {
             self.recent.push_back((now, done.rebuilt_bytes));
             v.repaired_bytes += done.rebuilt_bytes;
             v.repaired_stripes += 1;
+        }
+        if done.rebalanced_bytes > 0 {
+            m.rebalanced_bytes.inc_by(done.rebalanced_bytes);
+            v.rebalanced_bytes += done.rebalanced_bytes;
         }
         if done.moved_shards > 0 {
             m.moved_bytes.inc_by(done.moved_bytes);
@@ -531,8 +560,11 @@ fn rate_of(recent: &mut VecDeque<(Instant, u64)>, now: Instant) -> u64 {
 #[derive(Clone, Copy, Debug, Default)]
 struct Done {
     rebuilt_bytes: u64,
+    /// Copied off draining nodes.
     moved_shards: u64,
     moved_bytes: u64,
+    /// Copied to their placement target.
+    rebalanced_bytes: u64,
 }
 
 /// Keeps the [`QUEUE_MAX`] most endangered candidates (fewest available shards first).
@@ -575,7 +607,12 @@ async fn repair_one(
     if moves.is_empty() {
         return Ok(None);
     }
-    let moved_shards = moves.len() as u64 - rebuilt_shards;
+    let copied = moves.len() as u64 - rebuilt_shards;
+    let (moved_shards, rebalanced) = if task.rebalance {
+        (0, copied)
+    } else {
+        (copied, 0)
+    };
     let outcome = group
         .propose_one(Proposal {
             id: None,
@@ -591,6 +628,7 @@ async fn repair_one(
                 rebuilt_bytes: rebuilt_shards * len,
                 moved_shards,
                 moved_bytes: moved_shards * len,
+                rebalanced_bytes: rebalanced * len,
             }))
         }
         Outcome::Conflict | Outcome::Failed(_) => Ok(None),

@@ -7,6 +7,12 @@
 //! degraded, or given up as corrupt) or a node that is `out` or gone from the layout. Lost
 //! slots are rebuilt, the stripes with the fewest available shards first.
 //!
+//! A healthy stripe whose slots are not where placement would put them now (a node
+//! joined since it was written, or it was written or repaired around a node) is
+//! *misplaced*: those slots are copied to their placement target, after every rebuild and
+//! move, on the rebalance budget — only where the target holds nothing of the stripe and
+//! its failure domain is used by no other holder, so spreading never gets worse.
+//!
 //! A slot on a node being drained (`draining`, or `drained` and named by a stripe
 //! committed late) that is alive is *moving*: available (it is read like any other) and
 //! copied to a new target as it is, no decode needed. Moves come after every rebuild.
@@ -14,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use shoal_agent_api::StripeRecord;
-use shoal_placement::{Layout, NodeId, NodeState, StripeId, place_repair};
+use shoal_placement::{Layout, NodeId, NodeState, StripeId, place, place_repair};
 
 use crate::data::Rebuild;
 
@@ -102,6 +108,9 @@ pub struct Summary {
     /// Per node being drained: stripes and bytes of shards still on it (moving, or
     /// waiting while it is down).
     pub on_draining: BTreeMap<NodeId, (u64, u64)>,
+    /// Healthy stripes with misplaced slots, and the bytes of those shards.
+    pub misplaced_stripes: u64,
+    pub misplaced_bytes: u64,
 }
 
 impl Summary {
@@ -119,6 +128,14 @@ impl Summary {
         }
         self.bytes_to_repair += h.lost.len() as u64 * record.shard_len;
         self.bytes_waiting += h.waiting.len() as u64 * record.shard_len;
+    }
+
+    /// Counts a healthy stripe's misplaced slots (from [`misplaced`]).
+    pub fn add_misplaced(&mut self, record: &StripeRecord, moves: &[Rebuild]) {
+        if !moves.is_empty() {
+            self.misplaced_stripes += 1;
+            self.misplaced_bytes += moves.len() as u64 * record.shard_len;
+        }
     }
 
     /// Counts `record`'s shards on nodes being drained (`draining` lists them).
@@ -149,17 +166,96 @@ pub struct Task {
     pub sources: Vec<u8>,
     /// At most one spare shard left: repair goes on even when the budget is spent.
     pub urgent: bool,
+    /// Copies misplaced shards (see [`Reason::Rebalance`]).
+    pub rebalance: bool,
     /// Bytes moved: k shards read and the rebuilt ones written, each copy read and
     /// written.
     pub bytes: u64,
 }
 
+/// Why a task moves shards: it draws on that budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Rebuilds lost shards (and moves off draining nodes on the way).
+    Repair,
+    /// Only copies off draining nodes.
+    Drain,
+    /// Only copies of misplaced shards to their placement target.
+    Rebalance,
+}
+
 impl Task {
-    /// A task with nothing to rebuild: only copies off a node being drained (drawn on the
-    /// drain budget, not repair's).
-    pub fn is_drain(&self) -> bool {
-        self.rebuilds.is_empty()
+    pub fn reason(&self) -> Reason {
+        if !self.rebuilds.is_empty() {
+            Reason::Repair
+        } else if self.rebalance {
+            Reason::Rebalance
+        } else {
+            Reason::Drain
+        }
     }
+}
+
+/// The slots of a healthy stripe (every slot available, none moving) that placement would
+/// put elsewhere now, each with its target (see the module doc for when a slot moves).
+pub fn misplaced(record: &StripeRecord, placement: &Layout) -> Vec<Rebuild> {
+    let Ok(ideal) = place(placement, record.id, record.ec) else {
+        return Vec::new();
+    };
+    let domain = |n: NodeId| placement.node(n).map(|l| l.failure_domain.clone());
+    let mut moves = Vec::new();
+    for (s, &to) in record.shards.iter().zip(&ideal) {
+        if s.node == to || record.shards.iter().any(|o| o.node == to) {
+            continue;
+        }
+        let to_domain = domain(to);
+        let shared = record
+            .shards
+            .iter()
+            .filter(|o| o.index != s.index)
+            .any(|o| domain(o.node) == to_domain);
+        if !shared {
+            moves.push(Rebuild {
+                index: s.index,
+                from: s.node,
+                to,
+            });
+        }
+    }
+    moves
+}
+
+/// Plans copies of misplaced shards (`stripes`: each with its moves from [`misplaced`]),
+/// in stripe order, onto targets with room (each copy uses some).
+pub fn plan_rebalance(stripes: &[(StripeRecord, Vec<Rebuild>)], room: &mut Room) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    for (record, moves) in stripes {
+        let copies: Vec<Rebuild> = moves
+            .iter()
+            .filter(|m| {
+                let fits = room.get(&m.to).is_none_or(|r| *r >= record.shard_len);
+                if fits && let Some(r) = room.get_mut(&m.to) {
+                    *r -= record.shard_len;
+                }
+                fits
+            })
+            .copied()
+            .collect();
+        if copies.is_empty() {
+            continue;
+        }
+        tasks.push(Task {
+            record: record.clone(),
+            rebuilds: Vec::new(),
+            bytes: 2 * record.shard_len * copies.len() as u64,
+            copies,
+            skip: Vec::new(),
+            sources: Vec::new(),
+            urgent: false,
+            rebalance: true,
+        });
+    }
+    tasks
 }
 
 /// What the planner made of a list of stripes.
@@ -184,13 +280,12 @@ pub type Room = HashMap<NodeId, u64>;
 pub fn plan(
     stripes: &[(StripeRecord, Health)],
     placement: &Layout,
-    room: &Room,
+    room: &mut Room,
     fenced: &HashMap<StripeId, Vec<NodeId>>,
 ) -> Plan {
     let mut order: Vec<&(StripeRecord, Health)> =
         stripes.iter().filter(|(_, h)| h.has_work()).collect();
     order.sort_by_key(|(r, h)| (h.lost.is_empty(), h.available.len(), r.id));
-    let mut room = room.clone();
     let mut out = Plan::default();
     for (record, h) in order {
         let k = usize::from(record.ec.k);
@@ -253,6 +348,7 @@ pub fn plan(
         out.tasks.push(Task {
             record: record.clone(),
             urgent: !rebuilds.is_empty() && h.available.len() <= k + 1,
+            rebalance: false,
             rebuilds,
             copies,
             skip,
@@ -393,7 +489,7 @@ mod tests {
         let p = plan(
             &assessed(&records, &l, &[1, 2, 3, 4, 5, 6, 7]),
             &placement,
-            &Room::new(),
+            &mut Room::new(),
             &HashMap::new(),
         );
         let order: Vec<StripeId> = p.tasks.iter().map(|t| t.record.id).collect();
@@ -432,7 +528,7 @@ mod tests {
         let p = plan(
             &assessed(&[stripe(1, [1, 2, 3])], &l, &[1, 2]),
             &active(1..=2),
-            &Room::new(),
+            &mut Room::new(),
             &HashMap::new(),
         );
         assert!(p.tasks.is_empty());
@@ -453,7 +549,7 @@ mod tests {
         let p = plan(
             &assessed(&records, &l, &[1, 2, 3, 4]),
             &l,
-            &room,
+            &mut room.clone(),
             &HashMap::new(),
         );
         assert_eq!(p.tasks.len(), 1, "{p:?}");
@@ -474,7 +570,7 @@ mod tests {
         let p = plan(
             &assessed(&records, &l, &[1, 2, 3, 4]),
             &l,
-            &Room::new(),
+            &mut Room::new(),
             &fenced,
         );
         assert_eq!(p.tasks[0].rebuilds[0].to, NodeId(4));
@@ -486,7 +582,7 @@ mod tests {
         let p = plan(
             &assessed(&[stripe(1, [1, 0, 0])], &l, &[1, 2, 3, 4]),
             &l,
-            &Room::new(),
+            &mut Room::new(),
             &HashMap::new(),
         );
         assert!(p.tasks.is_empty());
@@ -500,7 +596,7 @@ mod tests {
         let p = plan(
             &assessed(&[wide(1, [1, 2, 3, 4, 5, 0])], &l, &[1, 2, 3, 4, 6, 7]),
             &l,
-            &Room::new(),
+            &mut Room::new(),
             &HashMap::new(),
         );
         let t = &p.tasks[0];
@@ -545,11 +641,11 @@ mod tests {
                 .collect(),
         )
         .expect("layout");
-        let p = plan(&stripes, &placement, &Room::new(), &HashMap::new());
+        let p = plan(&stripes, &placement, &mut Room::new(), &HashMap::new());
         let order: Vec<StripeId> = p.tasks.iter().map(|t| t.record.id).collect();
         assert_eq!(order, [StripeId(2), StripeId(1)], "rebuilds first");
         let drain = &p.tasks[1];
-        assert!(drain.is_drain() && !drain.urgent);
+        assert!(drain.reason() == Reason::Drain && !drain.urgent);
         assert_eq!(
             drain.copies,
             [Rebuild {
@@ -565,5 +661,50 @@ mod tests {
             s.add_draining(r, &alive(&[2]));
         }
         assert_eq!(s.on_draining, BTreeMap::from([(NodeId(2), (1, 50))]));
+    }
+
+    #[test]
+    fn a_joining_node_receives_its_share_of_slots_and_nothing_else_moves() {
+        // 2+1 written on three nodes; a fourth joins.
+        let before = active(1..=3);
+        let after = active(1..=4);
+        let (mut moved, n) = (0, 400u128);
+        for id in 0..n {
+            let on = place(&before, StripeId(id), EcProfile { k: 2, m: 1 }).expect("place");
+            let record = stripe(id, [on[0].0, on[1].0, on[2].0]);
+            assert!(
+                misplaced(&record, &before).is_empty(),
+                "placed as placement says"
+            );
+            let moves = misplaced(&record, &after);
+            assert!(moves.len() <= 1, "{moves:?}");
+            for m in &moves {
+                assert_eq!(m.to, NodeId(4), "only the newcomer takes slots: {m:?}");
+                assert_eq!(m.from, record.shards[usize::from(m.index)].node);
+            }
+            moved += moves.len();
+        }
+        let share = moved as f64 / n as f64;
+        assert!(
+            (0.6..=0.9).contains(&share),
+            "about 3 of 4 stripes give the newcomer a slot: {share}"
+        );
+        // Room decides: a target without room for the shard takes nothing.
+        let record = stripe(7, [1, 2, 3]);
+        let stripes = vec![(
+            record.clone(),
+            vec![Rebuild {
+                index: 0,
+                from: NodeId(1),
+                to: NodeId(4),
+            }],
+        )];
+        let mut room = Room::from([(NodeId(4), 49)]);
+        assert!(plan_rebalance(&stripes, &mut room).is_empty());
+        let mut room = Room::from([(NodeId(4), 50)]);
+        let tasks = plan_rebalance(&stripes, &mut room);
+        assert_eq!(tasks.len(), 1);
+        assert_eq!(tasks[0].reason(), Reason::Rebalance);
+        assert_eq!(room[&NodeId(4)], 0);
     }
 }

@@ -1,0 +1,181 @@
+//! `shoal bench drain`: what a drain costs the foreground. On a dev cluster with mounts,
+//! data is written, then a foreground workload (writers of fsync'd files through node 1's
+//! mount) runs alone; a node is drained and the same workload runs until it is drained.
+//! Measured: foreground MiB/s alone and during the drain, the drain's MiB/s (shard bytes
+//! moved off the node over the time it took). Twice, side by side: with the governor idle
+//! and with a busy fake GPU (`SHOAL_FAKE_GPU_UTILIZATION`). Every byte written first is
+//! read back and compared. The options are `shoal bench repair`'s.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use shoal_agent_api::{Request, Response};
+
+use crate::dev_cluster;
+use crate::repair_bench::{
+    Cluster, Foreground, RepairBenchOptions, fill, rate_between, start_cluster, verify,
+};
+
+#[derive(Serialize)]
+struct Run {
+    governor: String,
+    /// The governor's drain budget on node 1 during the drain.
+    drain_budget_bytes_per_sec: u64,
+    foreground_alone_mib_per_sec: f64,
+    foreground_during_drain_mib_per_sec: f64,
+    /// Stripes and bytes of shards the drained node held (what moved).
+    stripes: u64,
+    moved_bytes: u64,
+    /// From `shoal drain` to `drained`.
+    drain_seconds: f64,
+    drain_mib_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    nodes: u8,
+    ec: String,
+    data_bytes: u64,
+    writers: usize,
+    file_size: u64,
+    runs: Vec<Run>,
+}
+
+fn one_run(
+    o: &RepairBenchOptions,
+    governor: String,
+    env: Vec<(String, String)>,
+) -> anyhow::Result<Run> {
+    let c = start_cluster(o, &format!("drain-{governor}"), env, 92)?;
+    let result = measure(o, &c, governor);
+    dev_cluster::down(&c.dir)?;
+    result
+}
+
+fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Result<Run> {
+    let files = o.size.div_ceil(o.file_size).max(1);
+    eprintln!("[{governor}] writing {files} files of {}", o.file_size);
+    fill(o, &c.mnt(1).join("data"), files)?;
+
+    eprintln!("[{governor}] foreground alone for {} s", o.seconds);
+    let fg = Foreground::start(&c.mnt(1).join("alone"), o.writers, o.file_size)?;
+    let from = Instant::now();
+    std::thread::sleep(Duration::from_secs(o.seconds));
+    let to = Instant::now();
+    let alone = rate_between(&fg.stop()?, from, to);
+
+    let (victim, victim_id) = c.victim()?;
+    let fg = Foreground::start(&c.mnt(1).join("during"), o.writers, o.file_size)?;
+    eprintln!("[{governor}] draining node{victim}");
+    let started = Instant::now();
+    let plan = match c.call(
+        1,
+        &Request::Drain {
+            node: victim_id.clone(),
+            dry_run: false,
+        },
+    )? {
+        Response::Drain(p) if p.started => p,
+        Response::Drain(p) => bail!("the drain did not start: {:?}", p.reasons),
+        Response::Error(e) => bail!("drain: {e}"),
+        other => bail!("unexpected answer {other:?}"),
+    };
+    let mut budget = 0;
+    let drained_at = c.wait(Duration::from_secs(900), "the node drained", || {
+        let s = c.status(1)?;
+        budget = budget.max(
+            s.background
+                .iter()
+                .find(|b| b.class == "drain")
+                .map_or(0, |b| b.bytes_per_sec),
+        );
+        s.nodes
+            .iter()
+            .any(|m| m.id == victim_id && m.layout_state.as_deref() == Some("drained"))
+            .then(Instant::now)
+    })?;
+    let done = fg.stop()?;
+    let during = rate_between(&done, started, drained_at);
+    let seconds = drained_at.duration_since(started).as_secs_f64();
+
+    eprintln!("[{governor}] verifying every file written first through node{victim}'s peers");
+    let reader = (2..=c.nodes)
+        .find(|&i| i != victim)
+        .context("no reader left")?;
+    verify(&c.mnt(reader).join("data"), files, o.file_size)?;
+    Ok(Run {
+        governor,
+        drain_budget_bytes_per_sec: budget,
+        foreground_alone_mib_per_sec: alone,
+        foreground_during_drain_mib_per_sec: during,
+        stripes: plan.stripes,
+        moved_bytes: plan.bytes,
+        drain_seconds: seconds,
+        drain_mib_per_sec: plan.bytes as f64 / (1 << 20) as f64 / seconds.max(1e-3),
+    })
+}
+
+pub fn run(o: RepairBenchOptions) -> anyhow::Result<()> {
+    if o.writers == 0 || o.file_size == 0 {
+        bail!("--writers and --file-size must be above 0");
+    }
+    if !(0.0..=100.0).contains(&o.busy_gpu) {
+        bail!("--busy-gpu is a percent (0 to 100)");
+    }
+    let busy = format!("busy GPU {}%", o.busy_gpu);
+    let env = vec![(
+        "SHOAL_FAKE_GPU_UTILIZATION".to_owned(),
+        o.busy_gpu.to_string(),
+    )];
+    let runs = vec![
+        one_run(&o, "idle".into(), Vec::new())?,
+        one_run(&o, busy, env)?,
+    ];
+    let report = Report {
+        nodes: o.nodes,
+        ec: o.ec.clone(),
+        data_bytes: o.size,
+        writers: o.writers,
+        file_size: o.file_size,
+        runs,
+    };
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    use crate::status::bytes;
+    println!(
+        "{} nodes, {}, {} written, one node drained; foreground: {} writers of {} files (fsync) through node1's mount",
+        report.nodes,
+        report.ec,
+        bytes(report.data_bytes),
+        report.writers,
+        bytes(report.file_size)
+    );
+    println!(
+        "{:<14} {:>12} {:>11} {:>12} {:>6} {:>10} {:>11} {:>10}",
+        "governor",
+        "drain budget",
+        "fg alone",
+        "fg draining",
+        "ratio",
+        "moved",
+        "drain rate",
+        "drained in"
+    );
+    for r in &report.runs {
+        println!(
+            "{:<14} {:>10}/s {:>6.1} MiB/s {:>6.1} MiB/s {:>6.2} {:>10} {:>5.1} MiB/s {:>8.1} s",
+            r.governor,
+            bytes(r.drain_budget_bytes_per_sec),
+            r.foreground_alone_mib_per_sec,
+            r.foreground_during_drain_mib_per_sec,
+            r.foreground_during_drain_mib_per_sec / r.foreground_alone_mib_per_sec.max(1e-9),
+            bytes(r.moved_bytes),
+            r.drain_mib_per_sec,
+            r.drain_seconds
+        );
+    }
+    Ok(())
+}

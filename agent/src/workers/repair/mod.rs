@@ -315,7 +315,7 @@ impl Repair {
             .filter(|n| matches!(n.state, NodeState::Draining | NodeState::Drained))
             .map(|n| n.id)
             .collect();
-        let placement = self.stripes.placement_layout().await?;
+        let placement = plan::rebalance_layout(&layout, &alive);
         let pass = self.pass.get_or_insert_with(Pass::default);
         let page = store.stripes(pass.after, PAGE)?;
         pass.after = page.last().map(|r| r.id);

@@ -196,9 +196,38 @@ impl Task {
     }
 }
 
+/// Where placement puts shards for rebalancing: the committed layout with the nodes
+/// gossip does not see alive taken out. Not the writers' view, which also leaves out nodes
+/// for seconds after a failed write or a "full" answer: shards must not move away from a
+/// node for a moment's hiccup (room is checked per target instead).
+pub fn rebalance_layout(layout: &Layout, alive: &BTreeSet<NodeId>) -> Layout {
+    let nodes = layout
+        .nodes()
+        .iter()
+        .map(|n| {
+            let mut n = n.clone();
+            if n.state == NodeState::Active && !alive.contains(&n.id) {
+                n.state = NodeState::Down;
+            }
+            n
+        })
+        .collect();
+    Layout::new(layout.epoch(), nodes).unwrap_or_else(|_| layout.clone())
+}
+
 /// The slots of a healthy stripe (every slot available, none moving) that placement would
 /// put elsewhere now, each with its target (see the module doc for when a slot moves).
 pub fn misplaced(record: &StripeRecord, placement: &Layout) -> Vec<Rebuild> {
+    // A stripe with a shard on a node in maintenance (or otherwise not active) stays as
+    // it is: that node keeps its shards.
+    let all_active = record.shards.iter().all(|s| {
+        placement
+            .node(s.node)
+            .is_some_and(|n| n.state == NodeState::Active)
+    });
+    if !all_active {
+        return Vec::new();
+    }
     let Ok(ideal) = place(placement, record.id, record.ec) else {
         return Vec::new();
     };

@@ -464,3 +464,36 @@ fn a_new_node_receives_its_share_and_reads_stay_correct() {
         (all == stripes * 3).then_some(())
     });
 }
+
+#[test]
+fn a_drain_the_others_have_no_room_for_is_refused_with_the_numbers() {
+    let c = DevCluster::up_with(4, 63, &["--mount", "--failure-domains", "4", "--ec", "2+1"]);
+    c.wait_layout(1);
+    let mut files = Vec::new();
+    write_files(&c, 1, 0..9, &mut files);
+    // Nodes 1 to 3 get a fill limit at about what they hold: no room for node 4's shards.
+    for i in 1..=3 {
+        c.restart_with_config(i, |config| {
+            config.replace("capacity = \"90%\"", "capacity = \"7MiB\"")
+        });
+    }
+    let id = c.node_id(4);
+    let assess = || {
+        let (code, dry, out, err) = cli(&c, 1, &["drain", &id, "--dry-run", "--json"]);
+        assert_eq!(code, 0, "{out}{err}");
+        (dry["can_finish"] == false).then_some(dry)
+    };
+    // The new limits reach the planner through the nodes' gossiped room.
+    let dry = wait_for(Duration::from_secs(30), "the drain refused", assess).0;
+    let reasons = dry["reasons"].to_string();
+    assert!(reasons.contains("no node to go to"), "{dry}");
+    assert!(
+        reasons.contains("bytes of room on the other nodes"),
+        "{dry}"
+    );
+    let (code, _, out, _) = cli(&c, 1, &["drain", &id]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("NOT draining"), "{out}");
+    assert_eq!(c.layout_state(1, &id).as_deref(), Some("active"));
+    check_files(&c, 2, &files);
+}

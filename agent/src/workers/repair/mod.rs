@@ -326,7 +326,13 @@ impl Repair {
             if h.has_work() {
                 pass.candidates.push((record.clone(), h));
             } else if h.missing() == 0 {
-                let moves = plan::misplaced(record, &placement);
+                let mut moves = plan::misplaced(record, &placement);
+                if !moves.is_empty() {
+                    // A node that disowned a copy of the slot is fenced for it: the move
+                    // would be refused (and tried again every pass).
+                    let fenced = store.disowned(record.id)?;
+                    moves.retain(|m| !fenced.contains(&(m.index, m.to)));
+                }
                 pass.summary.add_misplaced(record, &moves);
                 if !moves.is_empty() && pass.misplaced.len() < QUEUE_MAX {
                     pass.misplaced.push((record.clone(), moves));

@@ -61,6 +61,14 @@ pub fn find_node(
     )))
 }
 
+/// The committed layout, or an operator's error before there is one.
+pub fn committed_layout(node: &Node) -> Result<Layout, AgentError> {
+    node.group
+        .store()
+        .cluster_layout()?
+        .ok_or_else(|| AgentError::NoSuch("the cluster has no layout yet".into()))
+}
+
 /// The names gossip knows, by node.
 fn names(members: &[MemberView]) -> HashMap<NodeId, String> {
     members
@@ -87,9 +95,7 @@ fn with_state(layout: &Layout, node: NodeId, state: NodeState) -> Result<Layout,
 pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError> {
     let members = node.gossip.members().await?;
     let store = node.group.store();
-    let layout = store
-        .cluster_layout()?
-        .ok_or_else(|| AgentError::NoSuch("the cluster has no layout yet".into()))?;
+    let layout = committed_layout(node)?;
     let alive: BTreeSet<NodeId> = members
         .iter()
         .filter(|m| m.state == MemberState::Alive)
@@ -101,12 +107,7 @@ pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError
         target.id,
         NodeState::Draining,
     )?;
-    let room: Room = members
-        .iter()
-        .filter(|m| m.state == MemberState::Alive)
-        .filter_map(|m| m.facts.as_ref().map(|f| (m.id.node, f.store_room_bytes)))
-        .map(|(n, room)| (n, room.saturating_sub(crate::data::MIN_ROOM)))
-        .collect();
+    let room: Room = crate::workers::repair::room_of(&members);
     let mut candidates = Vec::new();
     let (mut stripes, mut bytes, mut widest) = (0u64, 0u64, 0usize);
     let mut cursor = None;

@@ -111,9 +111,7 @@ pub fn verdict(
 pub async fn assess(node: &Node, which: &str) -> Result<OkToStop, AgentError> {
     let members = node.gossip.members().await?;
     let store = node.group.store();
-    let layout = store
-        .cluster_layout()?
-        .ok_or_else(|| AgentError::NoSuch("the cluster has no layout yet".into()))?;
+    let layout = crate::drain::committed_layout(node)?;
     let target = crate::drain::find_node(&members, Some(&layout), which)?;
     let (id, name) = (target.id, target.name);
     let alive: BTreeSet<NodeId> = members

@@ -14,7 +14,7 @@ use shoal_agent_api::{Request, Response};
 
 use crate::dev_cluster;
 use crate::repair_bench::{
-    Cluster, Foreground, RepairBenchOptions, fill, rate_between, start_cluster, verify,
+    Cluster, Foreground, RepairBenchOptions, both_runs, fill, rate_between, start_cluster, verify,
 };
 
 #[derive(Serialize)]
@@ -30,16 +30,6 @@ struct Run {
     /// From `shoal drain` to `drained`.
     drain_seconds: f64,
     drain_mib_per_sec: f64,
-}
-
-#[derive(Serialize)]
-struct Report {
-    nodes: u8,
-    ec: String,
-    data_bytes: u64,
-    writers: usize,
-    file_size: u64,
-    runs: Vec<Run>,
 }
 
 fn one_run(
@@ -117,29 +107,7 @@ fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Res
 }
 
 pub fn run(o: RepairBenchOptions) -> anyhow::Result<()> {
-    if o.writers == 0 || o.file_size == 0 {
-        bail!("--writers and --file-size must be above 0");
-    }
-    if !(0.0..=100.0).contains(&o.busy_gpu) {
-        bail!("--busy-gpu is a percent (0 to 100)");
-    }
-    let busy = format!("busy GPU {}%", o.busy_gpu);
-    let env = vec![(
-        "SHOAL_FAKE_GPU_UTILIZATION".to_owned(),
-        o.busy_gpu.to_string(),
-    )];
-    let runs = vec![
-        one_run(&o, "idle".into(), Vec::new())?,
-        one_run(&o, busy, env)?,
-    ];
-    let report = Report {
-        nodes: o.nodes,
-        ec: o.ec.clone(),
-        data_bytes: o.size,
-        writers: o.writers,
-        file_size: o.file_size,
-        runs,
-    };
+    let report = both_runs(&o, one_run)?;
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());

@@ -73,14 +73,15 @@ struct Run {
     restore_seconds: f64,
 }
 
+/// A benchmark's settings and its runs.
 #[derive(Serialize)]
-struct Report {
-    nodes: u8,
-    ec: String,
-    data_bytes: u64,
-    writers: usize,
-    file_size: u64,
-    runs: Vec<Run>,
+pub(crate) struct Report<R> {
+    pub(crate) nodes: u8,
+    pub(crate) ec: String,
+    pub(crate) data_bytes: u64,
+    pub(crate) writers: usize,
+    pub(crate) file_size: u64,
+    pub(crate) runs: Vec<R>,
 }
 
 /// What the foreground writers did: when each file was done, and its bytes.
@@ -387,7 +388,12 @@ fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Res
     })
 }
 
-pub fn run(o: RepairBenchOptions) -> anyhow::Result<()> {
+/// Checks the options, then runs `one_run` twice, side by side: with the governor idle
+/// and with a busy fake GPU.
+pub(crate) fn both_runs<R>(
+    o: &RepairBenchOptions,
+    one_run: impl Fn(&RepairBenchOptions, String, Vec<(String, String)>) -> anyhow::Result<R>,
+) -> anyhow::Result<Report<R>> {
     if o.writers == 0 || o.file_size == 0 {
         bail!("--writers and --file-size must be above 0");
     }
@@ -400,17 +406,21 @@ pub fn run(o: RepairBenchOptions) -> anyhow::Result<()> {
         o.busy_gpu.to_string(),
     )];
     let runs = vec![
-        one_run(&o, "idle".into(), Vec::new())?,
-        one_run(&o, busy, env)?,
+        one_run(o, "idle".into(), Vec::new())?,
+        one_run(o, busy, env)?,
     ];
-    let report = Report {
+    Ok(Report {
         nodes: o.nodes,
         ec: o.ec.clone(),
         data_bytes: o.size,
         writers: o.writers,
         file_size: o.file_size,
         runs,
-    };
+    })
+}
+
+pub fn run(o: RepairBenchOptions) -> anyhow::Result<()> {
+    let report = both_runs(&o, one_run)?;
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -419,7 +429,7 @@ pub fn run(o: RepairBenchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_report(r: &Report) {
+fn print_report(r: &Report<Run>) {
     use crate::status::bytes;
     println!(
         "{} nodes, {}, {} written, one node lost; foreground: {} writers of {} files (fsync) through node1's mount",

@@ -12,6 +12,17 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use shoal_tests::{DevCluster, Written, check_files, shard_files, shoal, wait_for, write_files};
 
+/// A 2+1 cluster of `nodes` agents with mounts in `domains` failure domains, started
+/// with `extra` arguments, once node 1 sees them all in the committed layout.
+fn cluster(nodes: u8, subnet: u8, domains: u8, extra: &[&str]) -> DevCluster {
+    let domains = domains.to_string();
+    let mut args = vec!["--mount", "--failure-domains", &domains, "--ec", "2+1"];
+    args.extend(extra);
+    let c = DevCluster::up_with(nodes, subnet, &args);
+    c.wait_layout(1);
+    c
+}
+
 /// `shoal ARGS --socket <node i's>`: (exit code, stdout as JSON if it is, stdout, stderr).
 fn cli(c: &DevCluster, i: u8, args: &[&str]) -> (i32, Value, String, String) {
     let socket = c.socket(i);
@@ -110,24 +121,11 @@ fn background_writer(
 
 #[test]
 fn a_node_drains_under_a_live_workload_and_every_file_reads_back() {
-    let c = DevCluster::up_with(
-        5,
-        57,
-        &[
-            "--mount",
-            "--failure-domains",
-            "5",
-            "--ec",
-            "2+1",
-            "--meta",
-            "orphan_shard_grace_s=5",
-        ],
-    );
+    let c = cluster(5, 57, 5, &["--meta", "orphan_shard_grace_s=5"]);
     // Drain a voter, so its vote has to move.
     let non_voters = c.non_voters(1);
     let drained = (1..=5).find(|i| !non_voters.contains(i)).expect("a voter");
     let others: Vec<u8> = (1..=5).filter(|&i| i != drained).collect();
-    c.wait_layout(others[0]);
     let (writer, reader) = (others[0], others[1]);
     let id = c.node_id(drained);
     let mut files = Vec::new();
@@ -223,15 +221,11 @@ fn a_node_drains_under_a_live_workload_and_every_file_reads_back() {
 #[test]
 fn a_drain_whose_worker_is_killed_resumes_and_leaves_no_orphans() {
     // Moves paced to a few shards a second, so the kill lands mid-way.
-    let c = DevCluster::up_with(
+    let c = cluster(
         5,
         58,
+        5,
         &[
-            "--mount",
-            "--failure-domains",
-            "5",
-            "--ec",
-            "2+1",
             "--set",
             "background.rate=\"1MiB\"",
             "--meta",
@@ -241,7 +235,6 @@ fn a_drain_whose_worker_is_killed_resumes_and_leaves_no_orphans() {
     let drained = *c.non_voters(1).first().expect("a non-voter");
     let id = c.node_id(drained);
     let writer = (1..=5).find(|&i| i != drained).expect("a writer");
-    c.wait_layout(writer);
     let mut files = Vec::new();
     write_files(&c, writer, 0..12, &mut files);
     let (code, plan, out, err) = cli(&c, writer, &["drain", &id, "--json"]);
@@ -288,22 +281,17 @@ fn a_drain_whose_worker_is_killed_resumes_and_leaves_no_orphans() {
 
 #[test]
 fn refusals_say_why_and_undrain_stops_a_drain_mid_way() {
-    let c = DevCluster::up_with(
+    let c = cluster(
         4,
         59,
+        4,
         &[
-            "--mount",
-            "--failure-domains",
-            "4",
-            "--ec",
-            "2+1",
             "--set",
             "background.rate=\"1MiB\"",
             "--meta",
             "orphan_shard_grace_s=5",
         ],
     );
-    c.wait_layout(1);
     let mut files = Vec::new();
     write_files(&c, 1, 0..8, &mut files);
     let id = c.node_id(4);
@@ -355,22 +343,9 @@ fn refusals_say_why_and_undrain_stops_a_drain_mid_way() {
 
 #[test]
 fn a_maintenance_window_keeps_a_stopped_node_from_going_out_until_it_ends() {
-    let c = DevCluster::up_with(
-        4,
-        60,
-        &[
-            "--mount",
-            "--failure-domains",
-            "4",
-            "--ec",
-            "2+1",
-            "--set",
-            "cluster.down_out_after=\"3s\"",
-        ],
-    );
+    let c = cluster(4, 60, 4, &["--set", "cluster.down_out_after=\"3s\""]);
     let node = *c.non_voters(1).first().expect("a non-voter");
     let observer = (1..=4).find(|&i| i != node).expect("an observer");
-    c.wait_layout(observer);
     let id = c.node_id(node);
     let mut files = Vec::new();
     write_files(&c, observer, 0..6, &mut files);
@@ -412,20 +387,7 @@ fn a_maintenance_window_keeps_a_stopped_node_from_going_out_until_it_ends() {
 
 #[test]
 fn a_new_node_receives_its_share_and_reads_stay_correct() {
-    let mut c = DevCluster::up_with(
-        4,
-        62,
-        &[
-            "--mount",
-            "--failure-domains",
-            "5",
-            "--ec",
-            "2+1",
-            "--meta",
-            "orphan_shard_grace_s=5",
-        ],
-    );
-    c.wait_layout(1);
+    let mut c = cluster(4, 62, 5, &["--meta", "orphan_shard_grace_s=5"]);
     let mut files = Vec::new();
     write_files(&c, 1, 0..16, &mut files);
     let stripes =
@@ -467,8 +429,7 @@ fn a_new_node_receives_its_share_and_reads_stay_correct() {
 
 #[test]
 fn a_drain_the_others_have_no_room_for_is_refused_with_the_numbers() {
-    let c = DevCluster::up_with(4, 63, &["--mount", "--failure-domains", "4", "--ec", "2+1"]);
-    c.wait_layout(1);
+    let c = cluster(4, 63, 4, &[]);
     let mut files = Vec::new();
     write_files(&c, 1, 0..9, &mut files);
     // Nodes 1 to 3 get a fill limit at about what they hold: no room for node 4's shards.

@@ -132,6 +132,7 @@ struct RepairMetrics {
     conflicts: Counter,
     moved_bytes: Counter,
     rebalanced_bytes: Counter,
+    rebalance_conflicts: Counter,
 }
 
 /// The repair worker's state shared with status and the metrics endpoint.
@@ -179,6 +180,11 @@ impl RepairShared {
             "rebalanced_bytes",
             "Bytes of shards this node copied to their placement target (a node joined) and committed",
             metrics.rebalanced_bytes.clone(),
+        );
+        r.register(
+            "rebalance_conflicts",
+            "Rebalance moves not committed because the stripe or its target changed meanwhile",
+            metrics.rebalance_conflicts.clone(),
         );
         r.register(
             "conflicts",
@@ -251,6 +257,9 @@ pub struct Repair {
     last_pass_end: Option<Instant>,
     last_epoch: Option<u64>,
     queue: VecDeque<Task>,
+    /// Shards per node as the last whole pass counted them (rebalance targets only nodes
+    /// below their share).
+    shards_per_node: Option<BTreeMap<NodeId, u64>>,
     /// (when, bytes) of recent commits, for the rate.
     recent: VecDeque<(Instant, u64)>,
     /// The same for shards moved off draining nodes.
@@ -277,6 +286,7 @@ impl Repair {
             last_pass_end: None,
             last_epoch: None,
             queue: VecDeque::new(),
+            shards_per_node: None,
             recent: VecDeque::new(),
             recent_moves: VecDeque::new(),
             told_rate: None,
@@ -326,7 +336,13 @@ impl Repair {
             if h.has_work() {
                 pass.candidates.push((record.clone(), h));
             } else if h.missing() == 0 {
-                let mut moves = plan::misplaced(record, &placement);
+                let mut moves = match &self.shards_per_node {
+                    Some(counts) => plan::misplaced(record, &placement)
+                        .into_iter()
+                        .filter(|m| plan::below_share(counts, &placement, m.to))
+                        .collect(),
+                    None => Vec::new(),
+                };
                 if !moves.is_empty() {
                     // A node that disowned a copy of the slot is fenced for it: the move
                     // would be refused (and tried again every pass).
@@ -348,6 +364,7 @@ impl Repair {
         }
         let mut pass = self.pass.take().unwrap_or_default();
         trim(&mut pass.candidates);
+        self.shards_per_node = Some(pass.summary.shards_per_node.clone());
         self.last_pass_end = Some(Instant::now());
         let mut no_target = 0;
         if self.group.is_leader() {
@@ -426,13 +443,7 @@ impl Repair {
         members: &[shoal_mesh::MemberView],
     ) -> Result<Plan, AgentError> {
         let placement = self.stripes.placement_layout().await?;
-        let room: Room = members
-            .iter()
-            .filter(|m| m.state == MemberState::Alive)
-            .filter_map(|m| m.facts.as_ref().map(|f| (m.id.node, f.store_room_bytes)))
-            .map(|(n, room)| (n, room.saturating_sub(crate::data::MIN_ROOM)))
-            .collect();
-        let mut room = room;
+        let mut room = room_of(members);
         let mut fenced: HashMap<StripeId, Vec<NodeId>> = HashMap::new();
         for (r, _) in candidates {
             let nodes: Vec<NodeId> = self
@@ -466,17 +477,21 @@ impl Repair {
                 };
                 self.wait_for_budget(&task).await;
                 let (group, stripes) = (self.group.clone(), self.stripes.clone());
-                set.spawn(async move { repair_one(&group, &stripes, task).await });
+                let reason = task.reason();
+                set.spawn(async move { (reason, repair_one(&group, &stripes, task).await) });
             }
             let Some(done) = set.join_next().await else {
                 return Ok(());
             };
             match done {
-                Ok(Ok(Some(done))) => self.repaired(done),
-                Ok(Ok(None)) => {
+                Ok((_, Ok(Some(done)))) => self.repaired(done),
+                Ok((Reason::Rebalance, Ok(None))) => {
+                    self.shared.metrics.rebalance_conflicts.inc();
+                }
+                Ok((_, Ok(None))) => {
                     self.shared.metrics.conflicts.inc();
                 }
-                Ok(Err(e)) => debug!(error = %e, "stripe not repaired this time"),
+                Ok((_, Err(e))) => debug!(error = %e, "stripe not repaired this time"),
                 Err(e) => debug!(error = %e, "a repair task failed"),
             }
         }
@@ -546,6 +561,17 @@ impl Repair {
     }
 }
 
+/// Room for new shards per alive node, from its gossiped facts, less what a store keeps
+/// free ([`crate::data::MIN_ROOM`]).
+pub fn room_of(members: &[shoal_mesh::MemberView]) -> Room {
+    members
+        .iter()
+        .filter(|m| m.state == MemberState::Alive)
+        .filter_map(|m| m.facts.as_ref().map(|f| (m.id.node, f.store_room_bytes)))
+        .map(|(n, room)| (n, room.saturating_sub(crate::data::MIN_ROOM)))
+        .collect()
+}
+
 /// Bytes a second over the last [`RATE_WINDOW`] of `recent` (older entries dropped).
 fn rate_of(recent: &mut VecDeque<(Instant, u64)>, now: Instant) -> u64 {
     while recent
@@ -579,8 +605,10 @@ fn trim(candidates: &mut Vec<(StripeRecord, Health)>) {
     candidates.truncate(QUEUE_MAX);
 }
 
-/// Rebuilds and copies one stripe's shards and commits them. `Some` when committed,
-/// `None` when the stripe changed since it was planned (the next pass plans it again).
+/// Rebuilds and copies one stripe's shards and commits them. `Some` with what was
+/// committed (nothing when the stripe changed since it was planned, or no target took
+/// its shard: the next pass plans it again), `None` when the commit was refused after the
+/// shards were stored (a conflict: they are orphans now, swept later).
 async fn repair_one(
     group: &Group,
     stripes: &Arc<Stripes>,
@@ -590,7 +618,7 @@ async fn repair_one(
     // Planned from a pass that may be seconds old: act on the record as it is now.
     match group.store().live_stripe(id)? {
         Some(now) if now.shards == task.record.shards => {}
-        _ => return Ok(None),
+        _ => return Ok(Some(Done::default())),
     }
     let mut moves = Vec::new();
     if !task.rebuilds.is_empty() {
@@ -611,7 +639,7 @@ async fn repair_one(
         moves.extend(copied.moves);
     }
     if moves.is_empty() {
-        return Ok(None);
+        return Ok(Some(Done::default()));
     }
     let copied = moves.len() as u64 - rebuilt_shards;
     let (moved_shards, rebalanced) = if task.rebalance {

@@ -111,11 +111,16 @@ pub struct Summary {
     /// Healthy stripes with misplaced slots, and the bytes of those shards.
     pub misplaced_stripes: u64,
     pub misplaced_bytes: u64,
+    /// Shards per node (every slot that names one).
+    pub shards_per_node: BTreeMap<NodeId, u64>,
 }
 
 impl Summary {
     pub fn add(&mut self, record: &StripeRecord, h: &Health) {
         self.stripes += 1;
+        for s in record.shards.iter().filter(|s| !s.node.is_none()) {
+            *self.shards_per_node.entry(s.node).or_default() += 1;
+        }
         let missing = h.missing();
         if h.available.len() < usize::from(record.ec.k) {
             self.unreadable += 1;
@@ -252,6 +257,31 @@ pub fn misplaced(record: &StripeRecord, placement: &Layout) -> Vec<Rebuild> {
         }
     }
     moves
+}
+
+/// Whether node `to` holds clearly fewer shards than its weight's share of all shards
+/// (`counts`, from the last pass) among the eligible nodes of `placement`: below 90% of
+/// it by more than one shard. Rebalance moves shards only onto such nodes (a node that
+/// joined), so a stripe a repair placed a little off its ideal slots is not moved again.
+pub fn below_share(counts: &BTreeMap<NodeId, u64>, placement: &Layout, to: NodeId) -> bool {
+    let eligible: Vec<_> = placement
+        .nodes()
+        .iter()
+        .filter(|n| n.is_eligible())
+        .collect();
+    let weights: u64 = eligible.iter().map(|n| n.weight).sum();
+    let Some(target) = eligible.iter().find(|n| n.id == to) else {
+        return false;
+    };
+    if weights == 0 {
+        return false;
+    }
+    let total: u64 = eligible
+        .iter()
+        .map(|n| counts.get(&n.id).copied().unwrap_or(0))
+        .sum();
+    let share = total as f64 * target.weight as f64 / weights as f64;
+    (counts.get(&to).copied().unwrap_or(0) as f64) < share * 0.9 - 1.0
 }
 
 /// Plans copies of misplaced shards (`stripes`: each with its moves from [`misplaced`]),
@@ -713,6 +743,22 @@ mod tests {
             }
             moved += moves.len();
         }
+        let counts = BTreeMap::from([(NodeId(1), 300), (NodeId(2), 300), (NodeId(3), 300)]);
+        assert!(
+            below_share(&counts, &after, NodeId(4)),
+            "a newcomer is below its share"
+        );
+        assert!(!below_share(&counts, &after, NodeId(3)));
+        let even = BTreeMap::from([
+            (NodeId(1), 226),
+            (NodeId(2), 225),
+            (NodeId(3), 225),
+            (NodeId(4), 224),
+        ]);
+        assert!(
+            !below_share(&even, &after, NodeId(4)),
+            "a node about at its share takes nothing"
+        );
         let share = moved as f64 / n as f64;
         assert!(
             (0.6..=0.9).contains(&share),

@@ -219,6 +219,7 @@ pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan,
     }
     change_node(
         node,
+        &members,
         target.id,
         NodeChange::Drain {
             stripes: plan.stripes,
@@ -230,8 +231,42 @@ pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan,
     Ok(plan)
 }
 
-/// Proposes `change` for `node`; a refusal comes back as [`AgentError::Refused`].
-async fn change_node(node: &Node, id: NodeId, change: NodeChange) -> Result<(), AgentError> {
+/// The alive members that run another release than `mine`, as "name runs version".
+fn other_releases<'a>(
+    versions: impl IntoIterator<Item = (&'a str, &'a str)>,
+    mine: &str,
+) -> Vec<String> {
+    versions
+        .into_iter()
+        .filter(|(_, v)| *v != mine)
+        .map(|(name, v)| format!("{name} runs {v}"))
+        .collect()
+}
+
+/// Proposes `change` for `node`; a refusal comes back as [`AgentError::Refused`]. Refused
+/// while an alive member runs another release: `ChangeNode` is new in the log, and an
+/// agent of an older release could not apply it.
+async fn change_node(
+    node: &Node,
+    members: &[MemberView],
+    id: NodeId,
+    change: NodeChange,
+) -> Result<(), AgentError> {
+    let others = other_releases(
+        members
+            .iter()
+            .filter(|m| m.state == MemberState::Alive)
+            .filter_map(|m| m.facts.as_ref())
+            .map(|f| (f.name.as_str(), f.agent_version.as_str())),
+        crate::AGENT_VERSION,
+    );
+    if !others.is_empty() {
+        return Err(AgentError::Refused(format!(
+            "node changes need every node on this release ({}): {}; finish the upgrade first",
+            crate::AGENT_VERSION,
+            others.join(", ")
+        )));
+    }
     let outcome = node
         .group
         .propose_one(Proposal {
@@ -283,7 +318,7 @@ pub async fn change(node: &Node, which: &str, change: NodeChange) -> Result<Stri
             )));
         }
     }
-    change_node(node, target.id, change).await?;
+    change_node(node, &members, target.id, change).await?;
     Ok(match change {
         NodeChange::Undrain => {
             format!("{who} is active again; what was already moved stays where it is")
@@ -388,4 +423,16 @@ pub async fn status(node: &Node, which: Option<&str>) -> Result<Vec<DrainProgres
         )));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::other_releases;
+
+    #[test]
+    fn members_on_another_release_are_named() {
+        let versions = [("gpu1", "0.2.0"), ("gpu2", "0.1.0"), ("gpu3", "0.2.0")];
+        assert_eq!(other_releases(versions, "0.2.0"), ["gpu2 runs 0.1.0"]);
+        assert!(other_releases(versions[..1].iter().copied(), "0.2.0").is_empty());
+    }
 }

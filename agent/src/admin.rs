@@ -84,7 +84,7 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
                 "this agent speaks protocol {API_VERSION}; the client speaks {version}: use the shoal binary of the agent's release"
             ))
         } else {
-            handle(&node, request, pid).await
+            handle(&node, request, pid, version).await
         };
         if write_frame_as(&mut stream, version, &response)
             .await
@@ -112,7 +112,7 @@ fn oldest_version_for(request: &Request) -> u8 {
     }
 }
 
-async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
+async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) -> Response {
     match request {
         Request::Status => match status::report(node).await {
             Ok(r) => Response::Status(Box::new(r)),
@@ -130,7 +130,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>) -> Response {
             Ok(r) => Response::StripeRead(r),
             Err(e) => Response::Error(e.to_string()),
         },
-        Request::Fs(r) => Response::Fs(node.fs.handle(r, pid).await),
+        Request::Fs(r) => Response::Fs(node.fs.handle(r, pid, version >= 6).await),
         Request::JoinReservation { pid } => match &node.resources.guard {
             None => Response::Joined(None),
             Some(g) => match g.attach(pid) {

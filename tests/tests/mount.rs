@@ -716,3 +716,26 @@ fn posix_permissions_are_enforced_for_other_users() {
     );
     refused(OTHER, OTHER, &format!("rm {s}/private/note"), denied);
 }
+
+#[test]
+fn an_open_after_another_node_replaced_the_file_sees_the_new_one() {
+    // The atomic-replace pattern of checkpoint writers: write a temporary file, rename it
+    // over the old name. The reader's kernel still maps the name to the old inode for its
+    // entry TTL (1 s); close-to-open says an open after the rename's close sees the new
+    // file all the same.
+    let c = DevCluster::up_with(3, 76, &["--mount"]);
+    let (m1, m3) = (c.mnt(1), c.mnt(3));
+    for round in 0..5u64 {
+        let old = stream_bytes(100 + round, 0, 200_000);
+        write_close(&m1.join("f9"), &old);
+        assert_bytes_eq(&read(&m3.join("f9")), &old, "the first f9 on node 3");
+        let new = stream_bytes(200 + round, 0, 150_000);
+        write_close(&m1.join("f11"), &new);
+        fs::rename(m1.join("f11"), m1.join("f9")).expect("rename f11 over f9");
+        assert_bytes_eq(
+            &read(&m3.join("f9")),
+            &new,
+            &format!("f9 opened on node 3 right after node 1 replaced it (round {round})"),
+        );
+    }
+}

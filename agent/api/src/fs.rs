@@ -259,6 +259,14 @@ pub enum FsRequest {
     Layout {
         ino: Ino,
     },
+    /// Announces again a handle the mount opened before (after it reconnected to a
+    /// restarted agent): like `Open` without `synced`, but the inode may have no name left
+    /// (the file was unlinked while open) and is kept alive all the same.
+    Reopen {
+        ino: Ino,
+        session: u64,
+        handle: u64,
+    },
 }
 
 /// Why a filesystem request failed; each maps to one errno.
@@ -293,6 +301,11 @@ pub enum FsError {
     /// Any other failure; the text is for the operator.
     #[error("I/O error: {0}")]
     Io(String),
+    /// Open: the inode has no name left (another node replaced or removed the file since
+    /// the kernel looked the name up); the kernel looks the name up again and opens what
+    /// it names now. Sent to clients of protocol 6 and later.
+    #[error("stale file handle")]
+    Stale,
 }
 
 impl FsError {
@@ -312,6 +325,7 @@ impl FsError {
             FsError::TooBig => 27,         // EFBIG
             FsError::Unavailable(_) => 11, // EAGAIN
             FsError::Io(_) => 5,           // EIO
+            FsError::Stale => 116,         // ESTALE
         }
     }
 }

@@ -107,6 +107,9 @@ pub enum FsError {
     TooBig,
     Unavailable(String),
     Io(String),
+    /// Never written by the state machine (an open's answer); here so the API's twin
+    /// converts both ways.
+    Stale,
 }
 
 /// Where one shard of a stripe is, and its checksum.
@@ -237,7 +240,8 @@ twin_enum!(
         TooManyLinks,
         NoSpace,
         NotPermitted,
-        TooBig
+        TooBig,
+        Stale
     },
     Unavailable,
     Io

@@ -42,18 +42,30 @@ impl FsService {
 
     /// Serves one request from the local client with process id `pid` (from the socket's
     /// peer credentials).
-    pub async fn handle(self: &Arc<Self>, req: FsRequest, pid: Option<i32>) -> FsResponse {
+    /// `stale_ok`: the client understands [`FsError::Stale`] (protocol 6 on); an older
+    /// mount is served an open of an inode without names as before.
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: FsRequest,
+        pid: Option<i32>,
+        stale_ok: bool,
+    ) -> FsResponse {
         let answer = if is_change(&req) {
             self.serve_change(req).await
         } else {
-            self.serve_query(req, pid).await
+            self.serve_query(req, pid, stale_ok).await
         };
         answer.unwrap_or_else(FsResponse::Error)
     }
 
     /// Requests answered from the local replica (and the stripes), with read barriers
     /// where close-to-open needs them.
-    async fn serve_query(&self, req: FsRequest, pid: Option<i32>) -> Result<FsResponse, FsError> {
+    async fn serve_query(
+        &self,
+        req: FsRequest,
+        pid: Option<i32>,
+        stale_ok: bool,
+    ) -> Result<FsResponse, FsError> {
         let store = self.group.store();
         Ok(match req {
             FsRequest::Lookup { parent, name } => {
@@ -101,6 +113,22 @@ impl FsService {
                     self.group.barrier().await?;
                     store.getattr(ino)?
                 };
+                // Close-to-open: an inode with no name left was replaced or removed since
+                // the kernel resolved the name (its entry cache is trusted for a second):
+                // ESTALE makes the kernel look the name up again and open that.
+                if stale_ok && attr.nlink == 0 {
+                    return Err(FsError::Stale);
+                }
+                self.handles.hold(session, handle, ino, pid);
+                FsResponse::Attr(attr)
+            }
+            FsRequest::Reopen {
+                ino,
+                session,
+                handle,
+            } => {
+                self.group.barrier().await?;
+                let attr = store.getattr(ino)?;
                 self.handles.hold(session, handle, ino, pid);
                 FsResponse::Attr(attr)
             }

@@ -255,11 +255,10 @@ impl Agent {
         }
         for (&handle, &ino) in handles.iter() {
             // Not synced: a restarted agent's replica may be behind what the mount saw.
-            let open = Request::Fs(FsRequest::Open {
+            let open = Request::Fs(FsRequest::Reopen {
                 ino,
                 session: self.session,
                 handle,
-                synced: false,
             });
             match conn.client.call(&open).await? {
                 Response::Fs(FsResponse::Attr(_)) => {}
@@ -294,6 +293,7 @@ fn request_name(r: &FsRequest) -> &'static str {
         FsRequest::ReadLink { .. } => "readlink",
         FsRequest::ReadDir { .. } => "readdir",
         FsRequest::Open { .. } => "open",
+        FsRequest::Reopen { .. } => "reopen",
         FsRequest::Release { .. } => "release",
         FsRequest::Read { .. } => "read",
         FsRequest::Write { .. } => "write",
@@ -361,7 +361,16 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _second = fake_agent(sock, tx, |r| Some(attr_answer(r)));
         assert!(matches!(call.await.expect("join"), Ok(FsResponse::Attr(_))));
-        assert_eq!(seen.recv().await, Some(Request::Fs(open)));
+        let reopen = FsRequest::Reopen {
+            ino: 42,
+            session: agent.session(),
+            handle: 7,
+        };
+        assert_eq!(
+            seen.recv().await,
+            Some(Request::Fs(reopen)),
+            "the handle announced again (its file may have no name left)"
+        );
         assert_eq!(
             seen.recv().await,
             Some(Request::JoinReservation {

@@ -43,6 +43,7 @@ pub fn attr_answer(r: &Request) -> Response {
     match r {
         Request::Fs(
             FsRequest::Open { ino, .. }
+            | FsRequest::Reopen { ino, .. }
             | FsRequest::GetAttr { ino }
             | FsRequest::SetAttr { ino, .. }
             | FsRequest::Write { ino, .. },

@@ -93,6 +93,19 @@ impl Fs {
         assert!(matches!(r, FsResponse::Attr(_)), "{r:?}");
     }
 
+    /// Announces handle 1 on `ino` again, as a mount does after reconnecting (the file may
+    /// have no name left).
+    pub async fn reopen(&mut self, ino: u64) {
+        let r = self
+            .call(FsRequest::Reopen {
+                ino,
+                session: self.id,
+                handle: 1,
+            })
+            .await;
+        assert!(matches!(r, FsResponse::Attr(_)), "{r:?}");
+    }
+
     pub async fn lookup(&mut self, parent: u64, name: &str) -> Result<u64, FsError> {
         match self
             .call(FsRequest::Lookup {

@@ -69,8 +69,10 @@ async fn an_open_unlinked_file_survives_its_node_being_cut_off() {
     wait_for(Duration::from_secs(60), "the partition healed", || {
         all_alive(&c).then_some(())
     });
-    // The holder still reads its open file, at the cluster's current state.
-    held.open(ino).await;
+    // The holder still reads its open file, at the cluster's current state (announcing its
+    // handle again, as a mount that reconnected would: a new open of a file with no name
+    // left is refused as stale).
+    held.reopen(ino).await;
     assert_eq!(
         held.read(ino, 0, 10_000).await,
         data,

@@ -90,24 +90,55 @@ fn with_state(layout: &Layout, node: NodeId, state: NodeState) -> Result<Layout,
     Layout::new(layout.epoch(), nodes).map_err(|e| crate::data::StripeError::Placement(e).into())
 }
 
-/// What draining `target` would move where, from the local replica and gossip: the
-/// repair planner run over every stripe with a shard on it, the node counted as draining.
-pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError> {
+/// A node an operator named for `change`: gossip's members as the request saw them, the
+/// node, and how to call it in answers.
+struct Asked {
+    members: Vec<MemberView>,
+    target: Named,
+    who: String,
+}
+
+/// Finds the node `which` names and checks that its layout state allows `change`.
+async fn ask(node: &Node, which: &str, change: NodeChange) -> Result<Asked, AgentError> {
     let members = node.gossip.members().await?;
+    let layout = node.group.store().cluster_layout()?;
+    let target = find_node(&members, layout.as_ref(), which)?;
+    let who = if target.name.is_empty() {
+        format!("{}", target.id)
+    } else {
+        format!("{} ({})", target.name, target.id)
+    };
+    let state = layout
+        .as_ref()
+        .and_then(|l| l.node(target.id))
+        .map(|n| n.state)
+        .ok_or_else(|| AgentError::NoSuch(format!("{who} is not in the layout yet")))?;
+    transition(state, change).map_err(AgentError::Refused)?;
+    Ok(Asked {
+        members,
+        target,
+        who,
+    })
+}
+
+/// What draining `target` would move where, from the local replica and gossip's
+/// `members`: the repair planner run over every stripe with a shard on it, the node
+/// counted as draining.
+async fn assess(
+    node: &Node,
+    members: &[MemberView],
+    target: &Named,
+) -> Result<DrainPlan, AgentError> {
     let store = node.group.store();
     let layout = committed_layout(node)?;
-    let alive: BTreeSet<NodeId> = members
-        .iter()
-        .filter(|m| m.state == MemberState::Alive)
-        .map(|m| m.id.node)
-        .collect();
+    let alive = crate::workers::repair::alive_of(members);
     let as_draining = with_state(&layout, target.id, NodeState::Draining)?;
     let placement = with_state(
         &node.stripes.placement_layout().await?,
         target.id,
         NodeState::Draining,
     )?;
-    let room: Room = crate::workers::repair::room_of(&members);
+    let room: Room = crate::workers::repair::room_of(members);
     let mut candidates = Vec::new();
     let (mut stripes, mut bytes, mut widest) = (0u64, 0u64, 0usize);
     let mut cursor = None;
@@ -132,7 +163,7 @@ pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError
         }
     }
     let p = plan::plan(&candidates, &placement, &mut room.clone(), &HashMap::new());
-    let names = names(&members);
+    let names = names(members);
     let mut per_target: BTreeMap<NodeId, (u64, u64)> = BTreeMap::new();
     for t in &p.tasks {
         for c in &t.copies {
@@ -197,22 +228,14 @@ pub async fn assess(node: &Node, target: &Named) -> Result<DrainPlan, AgentError
 
 /// `shoal drain NODE [--dry-run]`.
 pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan, AgentError> {
-    let members = node.gossip.members().await?;
-    let layout = node.group.store().cluster_layout()?;
-    let target = find_node(&members, layout.as_ref(), which)?;
-    let state = layout
-        .as_ref()
-        .and_then(|l| l.node(target.id))
-        .map(|n| n.state)
-        .ok_or_else(|| AgentError::NoSuch(format!("node {which:?} is not in the layout yet")))?;
-    let change = NodeChange::Drain {
+    let drain = NodeChange::Drain {
         stripes: 0,
         bytes: 0,
     };
-    if let Err(why) = transition(state, change) {
-        return Err(AgentError::Refused(why));
-    }
-    let mut plan = assess(node, &target).await?;
+    let Asked {
+        members, target, ..
+    } = ask(node, which, drain).await?;
+    let mut plan = assess(node, &members, &target).await?;
     plan.dry_run = dry_run;
     if dry_run || !plan.can_finish {
         return Ok(plan);
@@ -285,23 +308,11 @@ async fn change_node(
 /// `shoal undrain`, `shoal remove`, `shoal maintenance enter/exit`: the change, and what
 /// it did in words.
 pub async fn change(node: &Node, which: &str, change: NodeChange) -> Result<String, AgentError> {
-    let members = node.gossip.members().await?;
-    let store = node.group.store();
-    let layout = store.cluster_layout()?;
-    let target = find_node(&members, layout.as_ref(), which)?;
-    let who = if target.name.is_empty() {
-        format!("{}", target.id)
-    } else {
-        format!("{} ({})", target.name, target.id)
-    };
-    let state = layout
-        .as_ref()
-        .and_then(|l| l.node(target.id))
-        .map(|n| n.state)
-        .ok_or_else(|| AgentError::NoSuch(format!("{who} is not in the layout")))?;
-    if let Err(why) = transition(state, change) {
-        return Err(AgentError::Refused(why));
-    }
+    let Asked {
+        members,
+        target,
+        who,
+    } = ask(node, which, change).await?;
     if change == NodeChange::Remove {
         let alive = members
             .iter()

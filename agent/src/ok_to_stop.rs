@@ -114,11 +114,7 @@ pub async fn assess(node: &Node, which: &str) -> Result<OkToStop, AgentError> {
     let layout = crate::drain::committed_layout(node)?;
     let target = crate::drain::find_node(&members, Some(&layout), which)?;
     let (id, name) = (target.id, target.name);
-    let alive: BTreeSet<NodeId> = members
-        .iter()
-        .filter(|m| m.state == shoal_mesh::MemberState::Alive)
-        .map(|m| m.id.node)
-        .collect();
+    let alive = crate::workers::repair::alive_of(&members);
     let mut after = alive.clone();
     after.remove(&id);
     let mut risk = StripeRisk::default();

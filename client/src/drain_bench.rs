@@ -14,7 +14,8 @@ use shoal_agent_api::{Request, Response};
 
 use crate::dev_cluster;
 use crate::repair_bench::{
-    Cluster, Foreground, RepairBenchOptions, both_runs, fill, rate_between, start_cluster, verify,
+    Cluster, Foreground, RepairBenchOptions, baseline, both_runs, rate_between, start_cluster,
+    verify,
 };
 
 #[derive(Serialize)]
@@ -44,16 +45,7 @@ fn one_run(
 }
 
 fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Result<Run> {
-    let files = o.size.div_ceil(o.file_size).max(1);
-    eprintln!("[{governor}] writing {files} files of {}", o.file_size);
-    fill(o, &c.mnt(1).join("data"), files)?;
-
-    eprintln!("[{governor}] foreground alone for {} s", o.seconds);
-    let fg = Foreground::start(&c.mnt(1).join("alone"), o.writers, o.file_size)?;
-    let from = Instant::now();
-    std::thread::sleep(Duration::from_secs(o.seconds));
-    let to = Instant::now();
-    let alone = rate_between(&fg.stop()?, from, to);
+    let (files, alone) = baseline(o, c, &governor)?;
 
     let (victim, victim_id) = c.victim()?;
     let fg = Foreground::start(&c.mnt(1).join("during"), o.writers, o.file_size)?;

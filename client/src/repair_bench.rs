@@ -300,7 +300,13 @@ pub(crate) fn start_cluster(
     })
 }
 
-fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Result<Run> {
+/// The data every run starts from, then the foreground alone: the number of files written
+/// (`data/f0` ...) and the foreground's MiB/s.
+pub(crate) fn baseline(
+    o: &RepairBenchOptions,
+    c: &Cluster,
+    governor: &str,
+) -> anyhow::Result<(u64, f64)> {
     let files = o.size.div_ceil(o.file_size).max(1);
     eprintln!("[{governor}] writing {files} files of {}", o.file_size);
     fill(o, &c.mnt(1).join("data"), files)?;
@@ -311,6 +317,11 @@ fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Res
     std::thread::sleep(Duration::from_secs(o.seconds));
     let to = Instant::now();
     let alone = rate_between(&fg.stop()?, from, to);
+    Ok((files, alone))
+}
+
+fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Result<Run> {
+    let (files, alone) = baseline(o, c, &governor)?;
 
     let (victim, victim_id) = c.victim()?;
     let pid = dev_cluster::running_pid(&dev_cluster::node_dir(&c.dir, victim))

@@ -314,11 +314,7 @@ impl Repair {
             return Ok(());
         };
         let members = self.gossip.members().await?;
-        let alive: BTreeSet<NodeId> = members
-            .iter()
-            .filter(|m| m.state == MemberState::Alive)
-            .map(|m| m.id.node)
-            .collect();
+        let alive = alive_of(&members);
         let draining: BTreeSet<NodeId> = layout
             .nodes()
             .iter()
@@ -326,6 +322,17 @@ impl Repair {
             .map(|n| n.id)
             .collect();
         let placement = plan::rebalance_layout(&layout, &alive);
+        // Rebalance only moves shards onto nodes below their share; with none (the steady
+        // state) no stripe's placement needs computing.
+        let below_share: BTreeSet<NodeId> = match &self.shards_per_node {
+            Some(counts) => placement
+                .nodes()
+                .iter()
+                .map(|n| n.id)
+                .filter(|&n| plan::below_share(counts, &placement, n))
+                .collect(),
+            None => BTreeSet::new(),
+        };
         let pass = self.pass.get_or_insert_with(Pass::default);
         let page = store.stripes(pass.after, PAGE)?;
         pass.after = page.last().map(|r| r.id);
@@ -335,14 +342,11 @@ impl Repair {
             pass.summary.add_draining(record, &draining);
             if h.has_work() {
                 pass.candidates.push((record.clone(), h));
-            } else if h.missing() == 0 {
-                let mut moves = match &self.shards_per_node {
-                    Some(counts) => plan::misplaced(record, &placement)
-                        .into_iter()
-                        .filter(|m| plan::below_share(counts, &placement, m.to))
-                        .collect(),
-                    None => Vec::new(),
-                };
+            } else if h.missing() == 0 && !below_share.is_empty() {
+                let mut moves: Vec<Rebuild> = plan::misplaced(record, &placement)
+                    .into_iter()
+                    .filter(|m| below_share.contains(&m.to))
+                    .collect();
                 if !moves.is_empty() {
                     // A node that disowned a copy of the slot is fenced for it: the move
                     // would be refused (and tried again every pass).
@@ -559,6 +563,15 @@ impl Repair {
         }
         Ok(())
     }
+}
+
+/// The nodes gossip sees alive.
+pub fn alive_of(members: &[shoal_mesh::MemberView]) -> BTreeSet<NodeId> {
+    members
+        .iter()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.id.node)
+        .collect()
 }
 
 /// Room for new shards per alive node, from its gossiped facts, less what a store keeps

@@ -25,6 +25,7 @@ use super::net::{
     Committed, Forward, ForwardRefused, Hello, Network, RaftMessage, RaftReply, ReadIndex,
 };
 use super::rejoin::{Rejoin, Rejoiner};
+use super::send_gate::SendGate;
 use super::state_machine::StateMachine;
 use super::types::Raft;
 
@@ -51,6 +52,8 @@ pub struct Group {
     /// Set when the node stops: requests from peers are refused from then on, so nothing
     /// reaches Raft after it shut down.
     stopping: std::sync::atomic::AtomicBool,
+    /// Raft's sends to peers, closed by `stop` once they are done.
+    sends: Arc<SendGate>,
     /// Shown in status (see [`shoal_agent_api::MetaStatus::notice`]).
     notice: Option<String>,
     /// The cluster clock's value as last read, and when this node first saw it.
@@ -108,9 +111,11 @@ impl Group {
         }
         .validate()
         .map_err(setup)?;
+        let sends = Arc::new(SendGate::new());
         let network = Network {
             transport: transport.clone(),
             append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
+            gate: sends.clone(),
         };
         let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
             .await
@@ -128,6 +133,7 @@ impl Group {
             ballast,
             rejoining: std::sync::atomic::AtomicBool::new(rejoin.is_some()),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            sends,
             notice: rejoin.as_ref().map(|(n, _)| n.clone()),
             clock_seen: std::sync::Mutex::new((0, Instant::now())),
         });
@@ -154,6 +160,11 @@ impl Group {
             .store(true, std::sync::atomic::Ordering::Release);
         if let Err(e) = self.raft.shutdown().await {
             warn!(error = %e, "metadata service did not stop cleanly");
+        }
+        // Replication tasks outlive the core: let their last sends finish before the
+        // connections close.
+        if !self.sends.close(Duration::from_secs(2)).await {
+            warn!("Raft messages to peers were still under way 2 s after the stop");
         }
         // Applies are flushed in groups; a clean stop flushes the rest (a crash replays
         // them from the log instead).

@@ -16,6 +16,7 @@ mod log_store;
 pub mod metrics;
 pub mod net;
 pub mod rejoin;
+mod send_gate;
 mod state_machine;
 mod types;
 pub mod voters;

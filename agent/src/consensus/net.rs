@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use shoal_mesh::{MeshError, Rpc, Transport};
 use shoal_namespace::{Outcome, Proposal};
 
+use super::send_gate::SendGate;
 use super::types::MetaRaft;
 
 /// Raft's own messages.
@@ -124,11 +125,14 @@ pub struct Network {
     pub transport: Arc<Transport>,
     /// Bytes of entries per append message, at most ([`append_budget`]).
     pub append_budget: usize,
+    /// Closed when the group stops, after the sends under way.
+    pub gate: Arc<SendGate>,
 }
 
 pub struct PeerClient {
     transport: Arc<Transport>,
     append_budget: usize,
+    gate: Arc<SendGate>,
     target: u64,
     addr: Result<SocketAddr, String>,
 }
@@ -140,6 +144,7 @@ impl RaftNetworkFactory<MetaRaft> for Network {
         PeerClient {
             transport: self.transport.clone(),
             append_budget: self.append_budget,
+            gate: self.gate.clone(),
             target,
             addr: node
                 .addr
@@ -163,6 +168,7 @@ impl PeerClient {
             .addr
             .clone()
             .map_err(|e| RPCError::Network(NetworkError::new(&PeerError(e))))?;
+        let _sending = self.gate.enter().await;
         match self.transport.call(addr, &msg, timeout).await {
             Ok(RaftReply::NotServing) => Err(RPCError::Unreachable(Unreachable::new(&PeerError(
                 "peer has no metadata service running".into(),

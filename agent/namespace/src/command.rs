@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use shoal_agent_api as api;
 
 use crate::format::{
-    FileAttr, FileKind, FsError, Ino, Owner, RenameFlags, RequestId, SetAttr, StripeRecord,
-    Timestamp,
+    ColdLocation, FileAttr, FileKind, FsError, Ino, Owner, RenameFlags, RequestId, SetAttr,
+    ShardLocation, StripeRecord, Timestamp,
 };
 use shoal_placement::{Layout, NodeId, StripeId};
 
@@ -187,6 +187,32 @@ pub enum Command {
         node: NodeId,
         change: NodeChange,
     },
+    /// The mover uploaded `object` (`size` bytes, verified) holding these stripes' bytes:
+    /// each stripe still live and not cold becomes cold at its location and its shard
+    /// slots name no node from now on (each holder then deletes its copy as a leftover).
+    /// Answered with [`Outcome::Tiered`]: the stripes now cold. An object none of whose
+    /// stripes became cold is recorded as garbage, to be deleted from the bucket.
+    TierStripes {
+        object: u128,
+        size: u64,
+        stripes: Vec<(StripeId, ColdLocation)>,
+    },
+    /// Garbage objects deleted from the bucket: forgotten.
+    ObjectsDeleted {
+        objects: Vec<u128>,
+    },
+    /// These inodes were read: their heat becomes the cluster time of this entry.
+    RecordReads {
+        inos: Vec<Ino>,
+    },
+    /// A cold stripe written back to NVMe (recall, prefetch): if it is still live and
+    /// cold, its slots name `shards` and it leaves the cold tier; [`Outcome::Conflict`]
+    /// (nothing changed) when it is not cold, a slot is fenced for its node, or two slots
+    /// name one node.
+    WarmStripe {
+        stripe: StripeId,
+        shards: Vec<ShardLocation>,
+    },
 }
 
 /// One shard of a stripe moving from one node to another: the shard's index, the node
@@ -264,6 +290,8 @@ pub enum Outcome {
     Disowned(Vec<(StripeId, u8)>),
     /// ChangeNode refused, with the reason for the operator; nothing changed.
     Refused(String),
+    /// TierStripes: the stripes now cold.
+    Tiered(Vec<StripeId>),
 }
 
 #[cfg(test)]

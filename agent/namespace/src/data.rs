@@ -64,6 +64,7 @@ pub(crate) fn write_inline(
     node.ctime = now;
     let attr = node.attr(ino);
     tx.put_inode(ino, node);
+    tx.touch(ino)?;
     Ok(Outcome::Attr(attr))
 }
 
@@ -113,6 +114,7 @@ pub(crate) fn write_extents(
     node.ctime = now;
     let attr = node.attr(ino);
     tx.put_inode(ino, node);
+    tx.touch(ino)?;
     Ok(Outcome::Attr(attr))
 }
 
@@ -180,12 +182,18 @@ pub(crate) fn purge(tx: &mut Tx<'_>, ino: Ino) -> Result<Outcome, NamespaceError
     punch(tx, ino, 0, u64::MAX)?;
     tx.remove_orphan(ino)?;
     tx.delete_inode(ino);
+    tx.forget_heat(ino)?;
     Ok(Outcome::Done)
 }
 
 pub(crate) fn stripes_freed(tx: &mut Tx<'_>, ids: &[StripeId]) -> Result<Outcome, NamespaceError> {
     for &id in ids {
         tx.forget_garbage(id)?;
+        // A cold stripe's object loses a user once the stripe is gone for good (not when
+        // it became garbage: a garbage stripe referenced again is live with its data).
+        if tx.live_stripe(id)?.is_none() {
+            tx.uncold(id)?;
+        }
     }
     Ok(Outcome::Done)
 }

@@ -120,6 +120,16 @@ pub struct ShardLocation {
     pub crc32c: u32,
 }
 
+/// Where a cold stripe's bytes are: `len` bytes at `offset` of object `object` in the
+/// cold tier, with their crc32c.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdLocation {
+    pub object: u128,
+    pub offset: u64,
+    pub len: u64,
+    pub crc32c: u32,
+}
+
 /// A stripe as the metadata records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StripeRecord {

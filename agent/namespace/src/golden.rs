@@ -5,8 +5,8 @@
 use shoal_placement::{EcProfile, Layout, LayoutNode, NodeId, StripeId};
 
 use crate::format::{
-    FileKind, Owner, RenameFlags, RequestId, SetAttr, SetTime, ShardLocation, StripeRecord,
-    Timestamp,
+    ColdLocation, FileKind, Owner, RenameFlags, RequestId, SetAttr, SetTime, ShardLocation,
+    StripeRecord, Timestamp,
 };
 use crate::{Batch, Command, LeaderStamp, NewExtent, Proposal, ShardMove};
 
@@ -16,6 +16,15 @@ fn hex(bytes: &[u8]) -> String {
 
 fn at(secs: i64) -> Timestamp {
     Timestamp { secs, nanos: 7 }
+}
+
+fn cold() -> ColdLocation {
+    ColdLocation {
+        object: 0x0a0b,
+        offset: 16,
+        len: 100,
+        crc32c: 0xfeed,
+    }
 }
 
 /// One batch holding one of each kind of command, with a stamp.
@@ -124,6 +133,23 @@ fn every_command() -> Batch {
                 bytes: 300,
             },
         },
+        Command::TierStripes {
+            object: 0x0a0b,
+            size: 4096,
+            stripes: vec![(StripeId(0x0102_0304), cold())],
+        },
+        Command::ObjectsDeleted {
+            objects: vec![0x0c0d],
+        },
+        Command::RecordReads { inos: vec![2, 3] },
+        Command::WarmStripe {
+            stripe: StripeId(0x0102_0304),
+            shards: vec![ShardLocation {
+                index: 0,
+                node: NodeId(11),
+                crc32c: 5,
+            }],
+        },
     ];
     Batch {
         proposals: commands
@@ -179,6 +205,26 @@ fn the_snapshot_format_is_pinned() {
         node: NodeId(2),
         shards: vec![(StripeId(0x0506), 1)],
     });
+    // A cold stripe in an object, a garbage object and a recorded read.
+    let g = kit.mkfile(shoal_agent_api::ROOT_INO, "g");
+    kit.write_extents(g, vec![crate::testkit::extent(0, 100, 0x0102_0304)]);
+    kit.run(Command::TierStripes {
+        object: 0x0e0f,
+        size: 4096,
+        stripes: vec![(
+            StripeId(0x0102_0304),
+            ColdLocation {
+                object: 0x0e0f,
+                ..cold()
+            },
+        )],
+    });
+    kit.run(Command::TierStripes {
+        object: 0x1011,
+        size: 512,
+        stripes: vec![],
+    });
+    kit.run(Command::RecordReads { inos: vec![f] });
     let snap = kit.store.snapshot().expect("snapshot");
     assert_eq!(
         hex(&snap),
@@ -188,20 +234,24 @@ fn the_snapshot_format_is_pinned() {
 }
 
 const GOLDEN_BATCH: &str = concat!(
-    "10010900d00f070001016102ed03010200010174010901d20f070102010162010902d40f07020101",
+    "14010900d00f070001016102ed03010200010174010901d20f070102010162010902d40f07020101",
     "62010903d60f0703010164010904d80f07040101610101630100010905da0f070502018003000001",
     "09010001010a07010906dc0f0706020003010203808004010907de0f070702010401006484868808",
     "6403322b31320303000aeffdb6f50d010beffdb6f50d020ceffdb6f50d010908e00f070802010909",
     "e20f0709010501090ae40f070a04010a03666431050001090be60f070b010601090ce80f070c010a",
     "0801090dea0f070d8486880801020c0deffdb6f50d01090eec0f070e0d01848688080201090fee0f",
-    "070f0a0003ac02014d58",
+    "070f0a0003ac02010910f00f07108b14802001848688088b141064edfd03010911f20f0711018d18",
+    "010912f40f0712020203010913f60f07138486880801000b05014d58",
 );
 const GOLDEN_SNAPSHOT: &str = concat!(
-    "53484d530501066d61726b6572040105010a036664310501030101ed0302000000d00f07cc0100cc",
+    "53484d530601066d61726b6572050105010a036664310501040101ed0302000000d00f07d40100d4",
     "010000000100000202ed0301010201d00f07d00f07d80f070000000174000300a40301e807e8070a",
-    "cc0100ce0100ce0100000100000002010163020201016603000103000a00860a01860a0a03322b31",
-    "050103000100010709020300010000100900000202ed0301010201d00f07d00f07d00f0700090100",
-    "0202ed0302010201d00f07d00f07d20f070009020109030400090401090504050906040509070405",
-    "09080405090901090a01090b050106090c01090d0400090e0700090f0101090000b81701a8b40601",
-    "060000010a0801860a0102b81700010a010003ac020069af914a",
+    "cc0100ce0100ce010000010000000400a40301e807e80764d40100d60100d6010000010000000301",
+    "01630202010166030001016704000203000a00860a040064008486880802860a0a03322b31050103",
+    "00010001070902030001848688086403322b31320103000000010000020000010000140900000202",
+    "ed0301010201d00f07d00f07d00f07000901000202ed0302010201d00f07d00f07d20f0700090201",
+    "0903040009040109050405090604050907040509080405090901090a01090b050106090c01090d04",
+    "00090e0700090f01091009000911010912010913040001090000c03e01b0db0601060000010a0801",
+    "860a0102b81700010a010003ac020001848688088f1c1064edfd03018f1c802001028b1480209120",
+    "800403020003c03e0488279aba3f8f",
 );

@@ -19,6 +19,7 @@ mod record;
 mod shards;
 mod snapshot;
 mod store;
+mod tier;
 mod tx;
 
 pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal, ShardMove};
@@ -26,6 +27,7 @@ pub use error::NamespaceError;
 pub use query::{FileData, NamespaceStats};
 pub use snapshot::snapshot_marker;
 pub use store::NamespaceStore;
+pub use tier::{TierFile, TierSummary};
 
 #[cfg(test)]
 mod golden;

@@ -2,6 +2,7 @@
 //! applied the root directory answers as an empty directory with zero times. Queries
 //! answer in the agent API's types, converted here from the records.
 
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -10,6 +11,7 @@ use shoal_agent_api::{
 };
 use shoal_placement::{Layout, NodeId, StripeId};
 
+use crate::format::ColdLocation;
 use crate::record::{
     self, DIRENTS, DISOWNED, EXTENTS, GARBAGE, INODES, InodeRecord, KEY_LAYOUT, KEY_STRIPE_BYTES,
     ORPHANS, STATE, STRIPES, decode,
@@ -28,6 +30,8 @@ pub struct FileData {
     pub inline_version: u64,
     /// Extents in file order; gaps between them read as zeros.
     pub extents: Vec<Extent>,
+    /// Where the cold ones among the extents' stripes are (in the bucket, not on NVMe).
+    pub cold: BTreeMap<StripeId, ColdLocation>,
 }
 
 /// Namespace totals.
@@ -42,7 +46,7 @@ pub struct NamespaceStats {
 }
 
 impl NamespaceStore {
-    fn read(&self) -> Result<ReadTransaction, NamespaceError> {
+    pub(crate) fn read(&self) -> Result<ReadTransaction, NamespaceError> {
         Ok(self.db.begin_read()?)
     }
 
@@ -127,11 +131,13 @@ impl NamespaceStore {
         let txn = self.read()?;
         let node = inode(&txn.open_table(INODES)?, ino)?;
         let extents = extents_of(&txn, ino)?;
+        let cold = crate::tier::cold_of(&txn, extents.iter().map(|e| e.stripe.id))?;
         Ok(FileData {
             attr: node.attr(ino).into(),
             inline_version: node.data_version,
             inline: node.inline,
             extents,
+            cold,
         })
     }
 
@@ -167,11 +173,13 @@ impl NamespaceStore {
             });
         }
         extents.reverse();
+        let cold = crate::tier::cold_of(&txn, extents.iter().map(|e| e.stripe.id))?;
         Ok(FileData {
             attr: node.attr(ino).into(),
             inline_version: node.data_version,
             inline: node.inline,
             extents,
+            cold,
         })
     }
 
@@ -257,21 +265,31 @@ impl NamespaceStore {
         limit: usize,
     ) -> Result<Vec<StripeRecord>, NamespaceError> {
         let txn = self.read()?;
-        stripe_page(&txn.open_table(GARBAGE)?, after, limit, |value| {
-            let record: crate::format::StripeRecord = decode(value, "garbage")?;
-            Ok(record)
-        })
+        stripe_page(
+            &txn.open_table(GARBAGE)?,
+            after,
+            limit,
+            |_| Ok(false),
+            |value| {
+                let record: crate::format::StripeRecord = decode(value, "garbage")?;
+                Ok(record)
+            },
+        )
     }
 
-    /// Up to `limit` live stripes (some extent references them), in id order from the
-    /// first after `after`: a scan over every stripe goes page by page.
+    /// Up to `limit` live stripes on NVMe (some extent references them; cold ones, whose
+    /// bytes are in the bucket, are left out: repair, drain and ok-to-stop have nothing of
+    /// theirs to move or count), in id order from the first after `after`: a scan over
+    /// every stripe goes page by page.
     pub fn stripes(
         &self,
         after: Option<StripeId>,
         limit: usize,
     ) -> Result<Vec<StripeRecord>, NamespaceError> {
         let txn = self.read()?;
-        stripe_page(&txn.open_table(STRIPES)?, after, limit, |value| {
+        let cold = txn.open_table(crate::record::COLD)?;
+        let is_cold = |id: u128| Ok(cold.get(id)?.is_some());
+        stripe_page(&txn.open_table(STRIPES)?, after, limit, is_cold, |value| {
             let entry: crate::record::StripeEntry = decode(value, "stripe")?;
             Ok(entry.record)
         })
@@ -331,6 +349,7 @@ fn stripe_page(
     table: &impl ReadableTable<u128, &'static [u8]>,
     after: Option<StripeId>,
     limit: usize,
+    skip: impl Fn(u128) -> Result<bool, NamespaceError>,
     record: impl Fn(&[u8]) -> Result<crate::format::StripeRecord, NamespaceError>,
 ) -> Result<Vec<StripeRecord>, NamespaceError> {
     let start = match after {
@@ -338,8 +357,14 @@ fn stripe_page(
         None => Bound::Unbounded,
     };
     let mut out = Vec::new();
-    for item in table.range::<u128>((start, Bound::Unbounded))?.take(limit) {
-        let (_, value) = item?;
+    for item in table.range::<u128>((start, Bound::Unbounded))? {
+        if out.len() >= limit {
+            break;
+        }
+        let (key, value) = item?;
+        if skip(key.value())? {
+            continue;
+        }
         out.push(record(value.value())?.into());
     }
     Ok(out)

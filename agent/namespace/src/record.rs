@@ -54,6 +54,17 @@ pub(crate) const ABANDONED: TableDefinition<u128, Bytes> = TableDefinition::new(
 /// slot to it (see `Command::DisownShards`).
 pub(crate) const DISOWNED: TableDefinition<(u128, u8, u64), Bytes> =
     TableDefinition::new("disowned");
+/// Stripe id → [`crate::format::ColdLocation`]: a live (or garbage) stripe whose data is
+/// in the cold tier; its shard slots name no node.
+pub(crate) const COLD: TableDefinition<u128, Bytes> = TableDefinition::new("cold");
+/// Object id → [`ObjectRecord`]: objects in the cold tier that some cold stripe uses.
+pub(crate) const OBJECTS: TableDefinition<u128, Bytes> = TableDefinition::new("objects");
+/// Object id → its size (u64 record): objects no stripe uses, to delete from the bucket.
+pub(crate) const OBJECT_GARBAGE: TableDefinition<u128, Bytes> =
+    TableDefinition::new("object_garbage");
+/// Inode number → the cluster clock (milliseconds, u64 record) when its data was last
+/// written or read (reads are recorded coarsely, see `Command::RecordReads`).
+pub(crate) const HEAT: TableDefinition<u64, Bytes> = TableDefinition::new("heat");
 /// Node id → the highest generation it was recorded running with (u64 record).
 pub(crate) const GENERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("generations");
 /// Name → value; the names are the `KEY_*` constants.
@@ -171,6 +182,13 @@ pub(crate) struct ExtentRecord {
 pub(crate) struct StripeEntry {
     pub record: StripeRecord,
     pub refs: u64,
+}
+
+/// An object in the cold tier: its size and how many cold stripes use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ObjectRecord {
+    pub size: u64,
+    pub stripes: u64,
 }
 
 /// The cluster clock: milliseconds of leader time since the group began (or since this

@@ -16,6 +16,10 @@ pub(crate) fn relocate_shards(
     let Some(mut entry) = tx.live_stripe(stripe)? else {
         return Err(FsError::NotFound.into());
     };
+    // A cold stripe's bytes are in the bucket; its slots stay empty until it is warmed.
+    if tx.cold(stripe)?.is_some() {
+        return Ok(Outcome::Conflict);
+    }
     let shards = &mut entry.record.shards;
     for m in moves {
         let Some(slot) = shards.get(usize::from(m.index)) else {

@@ -1,17 +1,18 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`], then (version 5) of [`Tail`] — sessions on the cluster
+//! encoding of [`SnapshotV1`], then (version 6) of [`Tail`] — sessions on the cluster
 //! clock, the clock itself, abandoned stripes, node generations ([`TailV3`]), disowned
-//! shards ([`DisownedV4`]), operators' node records ([`NodesV5`]) — and the crc32c of all
-//! the bytes before it (u32 little-endian) at the end. Each version appended one part to
-//! the tail, so an older one installs with the later parts empty: version 4 ended after
+//! shards ([`DisownedV4`]), operators' node records ([`NodesV5`]), the cold tier and file
+//! heat ([`TierV6`]) — and the crc32c of all the bytes before it (u32 little-endian) at
+//! the end. Each version appended one part to the tail, so an older one installs with the
+//! later parts empty: version 5 ended after the node records, version 4 after
 //! the disowned shards, version 3 after [`TailV3`]; version 2 carried [`ClientsV2`]
 //! (sessions on proposers' wall clocks; installed as last seen at cluster time 0),
 //! version 1 neither that nor a checksum. Records inside are decoded (and so checked) on
 //! install.
 
-use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
+use crate::format::{ColdLocation, Ino, RequestId, StripeRecord, Timestamp};
 use redb::{
     Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
@@ -20,16 +21,16 @@ use shoal_placement::Layout;
 
 use crate::nodes::NodeAdmins;
 use crate::record::{
-    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS, ExtentRecord,
-    FIRST_INO, GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED,
-    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_NODE_ADMIN,
-    KEY_STRIPE_BYTES, LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode,
-    decode_exact, encode,
+    self, ABANDONED, COLD, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS,
+    ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord, KEY_ABANDON_SWEEP,
+    KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO,
+    KEY_NODE_ADMIN, KEY_STRIPE_BYTES, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS,
+    ObjectRecord, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
 };
 use crate::{NamespaceError, NamespaceStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 5;
+const SNAPSHOT_VERSION: u8 = 6;
 
 /// Everything the state machine held in version 1 (later versions append a tail).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -102,6 +103,16 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
         },
         nodes: NodesV5 {
             admins: record::read_state(&state, KEY_NODE_ADMIN)?.unwrap_or_default(),
+        },
+        tier: TierV6 {
+            cold: rows(&txn.open_table(COLD)?, "cold", |k, v| (k, v))?,
+            objects: rows(&txn.open_table(OBJECTS)?, "object", |k, v| (k, v))?,
+            object_garbage: rows(
+                &txn.open_table(OBJECT_GARBAGE)?,
+                "object garbage",
+                |k, v| (k, v),
+            )?,
+            heat: rows(&txn.open_table(HEAT)?, "heat", |k, v| (k, v))?,
         },
     };
     Ok((snap, tail))
@@ -199,6 +210,16 @@ struct NodesV5 {
     admins: NodeAdmins,
 }
 
+/// Appended by version 6: cold stripes, the objects they are in, garbage objects (with
+/// their sizes) and file heat.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TierV6 {
+    cold: Vec<(u128, ColdLocation)>,
+    objects: Vec<(u128, ObjectRecord)>,
+    object_garbage: Vec<(u128, u64)>,
+    heat: Vec<(u64, u64)>,
+}
+
 /// The tail as this version writes it: its parts one after another (postcard encodes a
 /// struct as its fields in order, so each version's bytes begin with the previous one's).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -206,6 +227,7 @@ struct Tail {
     base: TailV3,
     disowned: DisownedV4,
     nodes: NodesV5,
+    tier: TierV6,
 }
 
 impl From<ClientsV2> for Tail {
@@ -240,6 +262,10 @@ fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
         3 | 4 => (NodesV5::default(), rest),
         _ => take_part(rest, "snapshot node records")?,
     };
+    let (tier, rest) = match version {
+        3..=5 => (TierV6::default(), rest),
+        _ => take_part(rest, "snapshot cold tier")?,
+    };
     if !rest.is_empty() {
         return Err(NamespaceError::Corrupt(format!(
             "snapshot tail: {} bytes left over",
@@ -250,6 +276,7 @@ fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
         base,
         disowned,
         nodes,
+        tier,
     })
 }
 
@@ -315,6 +342,10 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     clear(txn, ABANDONED)?;
     clear(txn, DISOWNED)?;
     clear(txn, GENERATIONS)?;
+    clear(txn, COLD)?;
+    clear(txn, OBJECTS)?;
+    clear(txn, OBJECT_GARBAGE)?;
+    clear(txn, HEAT)?;
     clear(txn, STATE)?;
     txn.delete_table(LEGACY_CLIENTS)?;
 
@@ -364,6 +395,23 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     let mut t = txn.open_table(DISOWNED)?;
     for (key, at) in &disowned.disowned {
         t.insert(*key, encode(at)?.as_slice())?;
+    }
+    let tier = &tail.tier;
+    let mut t = txn.open_table(COLD)?;
+    for (id, loc) in &tier.cold {
+        t.insert(*id, encode(loc)?.as_slice())?;
+    }
+    let mut t = txn.open_table(OBJECTS)?;
+    for (id, obj) in &tier.objects {
+        t.insert(*id, encode(obj)?.as_slice())?;
+    }
+    let mut t = txn.open_table(OBJECT_GARBAGE)?;
+    for (id, size) in &tier.object_garbage {
+        t.insert(*id, encode(size)?.as_slice())?;
+    }
+    let mut t = txn.open_table(HEAT)?;
+    for (ino, at) in &tier.heat {
+        t.insert(*ino, encode(at)?.as_slice())?;
     }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
@@ -470,8 +518,8 @@ mod tests {
     }
 
     /// Today's export cut down to the bytes an older version wrote: the body without the
-    /// tail, then (v2) the sessions on wall clocks, (v3) the tail before disowned shards
-    /// or (v4) before node records, and a checksum.
+    /// tail, then (v2) the sessions on wall clocks, (v3) the tail before disowned shards,
+    /// (v4) before node records or (v5) before the cold tier, and a checksum.
     fn older(kit: &Kit, version: u8) -> Vec<u8> {
         let now = kit.store.snapshot().expect("snapshot");
         let body = &now[5..now.len() - 4];
@@ -486,11 +534,14 @@ mod tests {
                 };
                 out = postcard::to_extend(&clients, out).expect("encode");
             }
-            3 | 4 => {
+            3..=5 => {
                 let tail: super::Tail = postcard::from_bytes(rest).expect("tail");
                 out = postcard::to_extend(&tail.base, out).expect("encode");
-                if version == 4 {
+                if version >= 4 {
                     out = postcard::to_extend(&tail.disowned, out).expect("encode");
+                }
+                if version == 5 {
+                    out = postcard::to_extend(&tail.nodes, out).expect("encode");
                 }
             }
             _ => return out,

@@ -8,8 +8,9 @@ use redb::{Database, Durability, ReadableDatabase};
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
-    ABANDONED, DEDUP, DIRENTS, DISOWNED, EXTENTS, GARBAGE, GENERATIONS, INODES, KEY_APPLIED,
-    LEGACY_CLIENTS, ORPHANS, SESSIONS, STATE, STRIPES, encode,
+    ABANDONED, COLD, DEDUP, DIRENTS, DISOWNED, EXTENTS, GARBAGE, GENERATIONS, HEAT, INODES,
+    KEY_APPLIED, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS, STATE, STRIPES,
+    encode,
 };
 use crate::tx::Tx;
 use crate::{Batch, Command, NamespaceError, Outcome, data, shards};
@@ -44,6 +45,10 @@ impl NamespaceStore {
         txn.open_table(ABANDONED)?;
         txn.open_table(DISOWNED)?;
         txn.open_table(GENERATIONS)?;
+        txn.open_table(COLD)?;
+        txn.open_table(OBJECTS)?;
+        txn.open_table(OBJECT_GARBAGE)?;
+        txn.open_table(HEAT)?;
         txn.open_table(STATE)?;
         migrate_legacy_clients(&txn)?;
         txn.commit()?;
@@ -232,6 +237,14 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
         Command::RelocateShards { stripe, moves } => shards::relocate_shards(tx, *stripe, moves),
         Command::DisownShards { node, shards } => shards::disown_shards(tx, *node, shards),
         Command::ChangeNode { node, change } => crate::nodes::change_node(tx, *node, *change),
+        Command::TierStripes {
+            object,
+            size,
+            stripes,
+        } => crate::tier::tier_stripes(tx, *object, *size, stripes),
+        Command::ObjectsDeleted { objects } => crate::tier::objects_deleted(tx, objects),
+        Command::RecordReads { inos } => crate::tier::record_reads(tx, inos),
+        Command::WarmStripe { stripe, shards } => crate::tier::warm_stripe(tx, *stripe, shards),
     }
 }
 

@@ -14,10 +14,11 @@ use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::{Layout, NodeId, StripeId};
 
 use crate::record::{
-    self, ABANDONED, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS, ExtentRecord,
-    FIRST_INO, GARBAGE, GENERATIONS, INODES, InodeRecord, KEY_ABANDON_SWEEP, KEY_APPLIED,
-    KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO, KEY_NODE_ADMIN,
-    KEY_STRIPE_BYTES, ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, encode,
+    self, ABANDONED, COLD, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS,
+    ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord, KEY_ABANDON_SWEEP,
+    KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO,
+    KEY_NODE_ADMIN, KEY_STRIPE_BYTES, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS, STATE, STRIPES,
+    StripeEntry, decode, encode,
 };
 use crate::{LeaderStamp, NamespaceError, Outcome};
 
@@ -61,6 +62,10 @@ pub(crate) struct Tx<'t> {
     abandoned: Table<'t, u128, Bytes>,
     disowned: Table<'t, (u128, u8, u64), Bytes>,
     generations: Table<'t, u64, Bytes>,
+    pub(crate) cold: Table<'t, u128, Bytes>,
+    pub(crate) objects: Table<'t, u128, Bytes>,
+    pub(crate) object_garbage: Table<'t, u128, Bytes>,
+    pub(crate) heat: Table<'t, u64, Bytes>,
     state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
@@ -86,6 +91,10 @@ impl<'t> Tx<'t> {
             abandoned: txn.open_table(ABANDONED)?,
             disowned: txn.open_table(DISOWNED)?,
             generations: txn.open_table(GENERATIONS)?,
+            cold: txn.open_table(COLD)?,
+            objects: txn.open_table(OBJECTS)?,
+            object_garbage: txn.open_table(OBJECT_GARBAGE)?,
+            heat: txn.open_table(HEAT)?,
             state,
             cache: BTreeMap::new(),
             next_ino,
@@ -120,6 +129,11 @@ impl<'t> Tx<'t> {
     }
 
     // --- the cluster clock ---
+
+    /// The cluster clock as of the entry being applied (milliseconds).
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms
+    }
 
     /// Takes the stamp of the entry being applied.
     pub(crate) fn advance_clock(&mut self, stamp: Option<LeaderStamp>) {

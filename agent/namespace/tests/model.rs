@@ -296,7 +296,11 @@ impl Model {
             | Command::RecordGenerations { .. }
             | Command::RelocateShards { .. }
             | Command::DisownShards { .. }
-            | Command::ChangeNode { .. } => {
+            | Command::ChangeNode { .. }
+            | Command::TierStripes { .. }
+            | Command::ObjectsDeleted { .. }
+            | Command::RecordReads { .. }
+            | Command::WarmStripe { .. } => {
                 unreachable!("not generated (unit-tested beside their apply)")
             }
         }

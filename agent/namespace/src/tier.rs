@@ -1,0 +1,571 @@
+//! The cold tier in the metadata: which stripes live in which object of the bucket, which
+//! objects are in use or garbage, and how recently each file was used (its heat).
+//!
+//! A cold stripe stays a live stripe (extents reference it as before); `cold(id)` says
+//! where its bytes are, and its shard slots name no node. It leaves the tier when it is
+//! warmed back (`WarmStripe`) or freed (`StripesFreed`): then its object loses a user, and
+//! an object with none left is garbage for the bucket's collector.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use redb::ReadableTable;
+use shoal_agent_api::{FsError, ROOT_INO};
+use shoal_placement::{NodeId, StripeId};
+
+use crate::format::{ColdLocation, FileKind, Ino, ShardLocation, Timestamp};
+use crate::record::{
+    self, COLD, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, HEAT, INODES, KEY_STRIPE_BYTES,
+    OBJECT_GARBAGE, OBJECTS, ObjectRecord, STATE, decode, encode,
+};
+use crate::tx::Tx;
+use crate::{NamespaceError, NamespaceStore, Outcome};
+
+// --- applying ---
+
+impl Tx<'_> {
+    pub(crate) fn cold(&self, id: StripeId) -> Result<Option<ColdLocation>, NamespaceError> {
+        match self.cold.get(id.0)? {
+            Some(v) => decode(v.value(), "cold").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Records that `ino`'s data was used now.
+    pub(crate) fn touch(&mut self, ino: Ino) -> Result<(), NamespaceError> {
+        let now = self.now_ms();
+        self.heat.insert(ino, encode(&now)?.as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn forget_heat(&mut self, ino: Ino) -> Result<(), NamespaceError> {
+        self.heat.remove(ino)?;
+        Ok(())
+    }
+
+    /// Takes stripe `id` out of the cold tier, if it is there: its object loses a user.
+    pub(crate) fn uncold(&mut self, id: StripeId) -> Result<(), NamespaceError> {
+        let Some(loc) = self.cold(id)? else {
+            return Ok(());
+        };
+        self.cold.remove(id.0)?;
+        let found: Option<ObjectRecord> = match self.objects.get(loc.object)? {
+            Some(v) => Some(decode(v.value(), "object")?),
+            None => None,
+        };
+        let Some(mut obj) = found else {
+            return Err(NamespaceError::Corrupt(format!(
+                "cold stripe {id} is in object {:032x}, which is not recorded",
+                loc.object
+            )));
+        };
+        obj.stripes = obj.stripes.saturating_sub(1);
+        if obj.stripes == 0 {
+            self.objects.remove(loc.object)?;
+            self.object_garbage
+                .insert(loc.object, encode(&obj.size)?.as_slice())?;
+        } else {
+            self.objects.insert(loc.object, encode(&obj)?.as_slice())?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn tier_stripes(
+    tx: &mut Tx<'_>,
+    object: u128,
+    size: u64,
+    stripes: &[(StripeId, ColdLocation)],
+) -> Result<Outcome, NamespaceError> {
+    // Object ids are never used twice; every location must be in this object.
+    if tx.objects.get(object)?.is_some()
+        || tx.object_garbage.get(object)?.is_some()
+        || stripes.iter().any(|(_, l)| l.object != object)
+    {
+        return Err(FsError::Invalid.into());
+    }
+    let mut tiered = Vec::new();
+    for &(id, loc) in stripes {
+        let Some(mut entry) = tx.live_stripe(id)? else {
+            continue;
+        };
+        if loc.len != entry.record.len || tx.cold(id)?.is_some() || tiered.contains(&id) {
+            continue;
+        }
+        tx.cold.insert(id.0, encode(&loc)?.as_slice())?;
+        for slot in &mut entry.record.shards {
+            slot.node = NodeId::NONE;
+        }
+        tx.put_live_stripe(&entry)?;
+        tiered.push(id);
+    }
+    if tiered.is_empty() {
+        tx.object_garbage
+            .insert(object, encode(&size)?.as_slice())?;
+    } else {
+        let rec = ObjectRecord {
+            size,
+            stripes: tiered.len() as u64,
+        };
+        tx.objects.insert(object, encode(&rec)?.as_slice())?;
+    }
+    Ok(Outcome::Tiered(tiered))
+}
+
+pub(crate) fn objects_deleted(
+    tx: &mut Tx<'_>,
+    objects: &[u128],
+) -> Result<Outcome, NamespaceError> {
+    for &o in objects {
+        tx.object_garbage.remove(o)?;
+    }
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn record_reads(tx: &mut Tx<'_>, inos: &[Ino]) -> Result<Outcome, NamespaceError> {
+    for &ino in inos {
+        if tx.inode(ino)?.is_some() {
+            tx.touch(ino)?;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn warm_stripe(
+    tx: &mut Tx<'_>,
+    stripe: StripeId,
+    shards: &[ShardLocation],
+) -> Result<Outcome, NamespaceError> {
+    let Some(mut entry) = tx.live_stripe(stripe)? else {
+        return Err(FsError::NotFound.into());
+    };
+    if tx.cold(stripe)?.is_none() {
+        return Ok(Outcome::Conflict);
+    }
+    if shards.len() != entry.record.shards.len()
+        || shards
+            .iter()
+            .enumerate()
+            .any(|(i, s)| usize::from(s.index) != i)
+    {
+        return Err(FsError::Invalid.into());
+    }
+    let mut held: Vec<NodeId> = Vec::new();
+    for s in shards {
+        if s.node.is_none() {
+            continue;
+        }
+        if held.contains(&s.node) || tx.is_disowned(stripe, s.index, s.node)? {
+            return Ok(Outcome::Conflict);
+        }
+        held.push(s.node);
+    }
+    if held.len() < usize::from(entry.record.ec.k) + 1 {
+        return Err(FsError::Invalid.into());
+    }
+    entry.record.shards = shards.to_vec();
+    tx.put_live_stripe(&entry)?;
+    tx.uncold(stripe)?;
+    Ok(Outcome::Done)
+}
+
+// --- queries ---
+
+/// The cold tier as the metadata sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierSummary {
+    /// Live stripes (and their bytes) on NVMe and in the bucket.
+    pub hot_stripes: u64,
+    pub hot_bytes: u64,
+    pub cold_stripes: u64,
+    pub cold_bytes: u64,
+    /// Objects in use, and their bytes.
+    pub objects: u64,
+    pub object_bytes: u64,
+    /// Objects no stripe uses, waiting to be deleted from the bucket.
+    pub garbage_objects: u64,
+    pub garbage_bytes: u64,
+}
+
+/// A file with data in stripes, as the mover and `tier status` see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierFile {
+    pub ino: Ino,
+    /// Its names, from the root (a file with hard links has several).
+    pub paths: Vec<String>,
+    /// Bytes of its extents on NVMe and in the bucket.
+    pub hot_bytes: u64,
+    pub cold_bytes: u64,
+    /// The cluster clock when it was last written or read; None for a file not used since
+    /// heat was first recorded (the mover goes by `mtime` then).
+    pub heat_ms: Option<u64>,
+    pub mtime: Timestamp,
+}
+
+impl NamespaceStore {
+    /// Where cold stripe `id`'s bytes are; None when it is on NVMe (or unknown).
+    pub fn cold_location(&self, id: StripeId) -> Result<Option<ColdLocation>, NamespaceError> {
+        let txn = self.read()?;
+        match txn.open_table(COLD)?.get(id.0)? {
+            Some(v) => decode(v.value(), "cold").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub fn tier_summary(&self) -> Result<TierSummary, NamespaceError> {
+        let txn = self.read()?;
+        let mut s = TierSummary::default();
+        for item in txn.open_table(COLD)?.iter()? {
+            let loc: ColdLocation = decode(item?.1.value(), "cold")?;
+            s.cold_stripes += 1;
+            s.cold_bytes += loc.len;
+        }
+        for item in txn.open_table(OBJECTS)?.iter()? {
+            let obj: ObjectRecord = decode(item?.1.value(), "object")?;
+            s.objects += 1;
+            s.object_bytes += obj.size;
+        }
+        for item in txn.open_table(OBJECT_GARBAGE)?.iter()? {
+            let size: u64 = decode(item?.1.value(), "object garbage")?;
+            s.garbage_objects += 1;
+            s.garbage_bytes += size;
+        }
+        let live = redb::ReadableTableMetadata::len(&txn.open_table(crate::record::STRIPES)?)?;
+        let live_bytes = record::read_state_u64(&txn.open_table(STATE)?, KEY_STRIPE_BYTES, 0)?;
+        s.hot_stripes = live.saturating_sub(s.cold_stripes);
+        s.hot_bytes = live_bytes.saturating_sub(s.cold_bytes);
+        Ok(s)
+    }
+
+    /// Up to `limit` garbage objects (id, size).
+    pub fn object_garbage(&self, limit: usize) -> Result<Vec<(u128, u64)>, NamespaceError> {
+        let txn = self.read()?;
+        let mut out = Vec::new();
+        for item in txn.open_table(OBJECT_GARBAGE)?.iter()?.take(limit) {
+            let (k, v) = item?;
+            out.push((k.value(), decode(v.value(), "object garbage")?));
+        }
+        Ok(out)
+    }
+
+    /// True when the metadata knows object `id` (in use or garbage): an object in the
+    /// bucket it does not know was uploaded by a mover that never committed it.
+    pub fn object_known(&self, id: u128) -> Result<bool, NamespaceError> {
+        let txn = self.read()?;
+        Ok(txn.open_table(OBJECTS)?.get(id)?.is_some()
+            || txn.open_table(OBJECT_GARBAGE)?.get(id)?.is_some())
+    }
+
+    /// Every regular file with extents reachable from the root, with its names, hot and
+    /// cold bytes and heat: one walk of the tree.
+    pub fn tier_files(&self) -> Result<Vec<TierFile>, NamespaceError> {
+        let txn = self.read()?;
+        let dirents = txn.open_table(DIRENTS)?;
+        let inodes = txn.open_table(INODES)?;
+        let extents = txn.open_table(EXTENTS)?;
+        let cold = txn.open_table(COLD)?;
+        let heat = txn.open_table(HEAT)?;
+        let mut files: BTreeMap<Ino, TierFile> = BTreeMap::new();
+        let mut dirs = VecDeque::from([(ROOT_INO, String::new())]);
+        while let Some((dir, path)) = dirs.pop_front() {
+            for item in dirents.range((dir, "")..)? {
+                let (key, value) = item?;
+                let (parent, name) = key.value();
+                if parent != dir {
+                    break;
+                }
+                let entry: DirentRecord = decode(value.value(), "dirent")?;
+                let child = format!("{path}/{name}");
+                match entry.kind {
+                    FileKind::Dir => dirs.push_back((entry.ino, child)),
+                    FileKind::File => {
+                        if let Some(f) = files.get_mut(&entry.ino) {
+                            f.paths.push(child);
+                            continue;
+                        }
+                        let Some(node) = record::read_inode(&inodes, entry.ino)? else {
+                            continue;
+                        };
+                        let (mut hot_bytes, mut cold_bytes) = (0, 0);
+                        for item in extents.range((entry.ino, 0)..=(entry.ino, u64::MAX))? {
+                            let ext: ExtentRecord = decode(item?.1.value(), "extent")?;
+                            if cold.get(ext.stripe.0)?.is_some() {
+                                cold_bytes += ext.len;
+                            } else {
+                                hot_bytes += ext.len;
+                            }
+                        }
+                        if hot_bytes + cold_bytes == 0 {
+                            continue;
+                        }
+                        let heat_ms = match heat.get(entry.ino)? {
+                            Some(v) => Some(decode(v.value(), "heat")?),
+                            None => None,
+                        };
+                        files.insert(
+                            entry.ino,
+                            TierFile {
+                                ino: entry.ino,
+                                paths: vec![child],
+                                hot_bytes,
+                                cold_bytes,
+                                heat_ms,
+                                mtime: node.mtime.into(),
+                            },
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(files.into_values().collect())
+    }
+}
+
+/// The cold locations of `ids` that are cold, read in `txn`.
+pub(crate) fn cold_of(
+    txn: &redb::ReadTransaction,
+    ids: impl Iterator<Item = StripeId>,
+) -> Result<BTreeMap<StripeId, ColdLocation>, NamespaceError> {
+    let table = txn.open_table(COLD)?;
+    let mut out = BTreeMap::new();
+    for id in ids {
+        if let Some(v) = table.get(id.0)? {
+            out.insert(id, decode(v.value(), "cold")?);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_agent_api::ROOT_INO;
+    use shoal_placement::{NodeId, StripeId};
+
+    use crate::format::{ColdLocation, ShardLocation};
+    use crate::testkit::{Kit, extent};
+    use crate::{Command, Outcome};
+
+    fn loc(object: u128, offset: u64, len: u64) -> ColdLocation {
+        ColdLocation {
+            object,
+            offset,
+            len,
+            crc32c: 7,
+        }
+    }
+
+    fn tier(kit: &mut Kit, object: u128, stripes: Vec<(u128, ColdLocation)>) -> Vec<StripeId> {
+        let stripes = stripes.into_iter().map(|(s, l)| (StripeId(s), l)).collect();
+        match kit.run(Command::TierStripes {
+            object,
+            size: 1000,
+            stripes,
+        }) {
+            Outcome::Tiered(ids) => ids,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Two files: f on stripes 1 and 2, g on stripe 3.
+    fn two_files() -> (Kit, u64, u64) {
+        let mut kit = Kit::stamped();
+        let f = kit.mkfile(ROOT_INO, "f");
+        kit.write_extents(f, vec![extent(0, 10, 1), extent(10, 10, 2)]);
+        let g = kit.mkfile(ROOT_INO, "g");
+        kit.write_extents(g, vec![extent(0, 10, 3)]);
+        (kit, f, g)
+    }
+
+    #[test]
+    fn tiered_stripes_name_no_node_and_reads_find_their_object() {
+        let (mut kit, f, _) = two_files();
+        let ids = tier(
+            &mut kit,
+            50,
+            vec![(1, loc(50, 16, 10)), (3, loc(50, 26, 10))],
+        );
+        assert_eq!(ids, [StripeId(1), StripeId(3)]);
+        let data = kit.store.file_data(f).expect("data");
+        assert_eq!(data.cold.get(&StripeId(1)), Some(&loc(50, 16, 10)));
+        assert!(!data.cold.contains_key(&StripeId(2)));
+        let rec = kit
+            .store
+            .live_stripe(StripeId(1))
+            .expect("q")
+            .expect("live");
+        assert!(rec.shards.iter().all(|s| s.node.is_none()));
+        // Repair, drain and ok-to-stop page over hot stripes only.
+        let hot: Vec<_> = kit
+            .store
+            .stripes(None, 10)
+            .expect("page")
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(hot, [StripeId(2)]);
+        let s = kit.store.tier_summary().expect("summary");
+        assert_eq!(
+            (s.cold_stripes, s.cold_bytes, s.hot_stripes, s.hot_bytes),
+            (2, 20, 1, 10)
+        );
+        assert_eq!((s.objects, s.object_bytes, s.garbage_objects), (1, 1000, 0));
+        // A repair commit for a cold stripe's slot is refused.
+        let relocate = Command::RelocateShards {
+            stripe: StripeId(1),
+            moves: vec![crate::ShardMove {
+                index: 0,
+                from: NodeId::NONE,
+                to: NodeId(5),
+                crc32c: 0,
+            }],
+        };
+        assert_eq!(kit.run(relocate), Outcome::Conflict);
+    }
+
+    #[test]
+    fn an_object_is_garbage_once_its_last_stripe_is_freed_and_only_then() {
+        let (mut kit, f, g) = two_files();
+        tier(
+            &mut kit,
+            50,
+            vec![(1, loc(50, 16, 10)), (3, loc(50, 26, 10))],
+        );
+        // Deleting g makes stripe 3 garbage; the object still has a user until it is
+        // freed, and then still stripe 1.
+        kit.run(Command::Unlink {
+            parent: ROOT_INO,
+            name: "g".into(),
+        });
+        kit.run(Command::Purge { ino: g });
+        assert_eq!(kit.garbage_ids(), [3]);
+        kit.run(Command::StripesFreed {
+            ids: vec![StripeId(3)],
+        });
+        let s = kit.store.tier_summary().expect("summary");
+        assert_eq!((s.cold_stripes, s.objects, s.garbage_objects), (1, 1, 0));
+        // Overwriting f's first extent frees stripe 1: the object is garbage now.
+        kit.write_extents(f, vec![extent(0, 10, 9)]);
+        kit.run(Command::StripesFreed {
+            ids: vec![StripeId(1)],
+        });
+        let s = kit.store.tier_summary().expect("summary");
+        assert_eq!(
+            (
+                s.cold_stripes,
+                s.objects,
+                s.garbage_objects,
+                s.garbage_bytes
+            ),
+            (0, 0, 1, 1000)
+        );
+        assert_eq!(kit.store.object_garbage(10).expect("q"), [(50, 1000)]);
+        assert!(kit.store.object_known(50).expect("q"));
+        kit.run(Command::ObjectsDeleted { objects: vec![50] });
+        assert!(kit.store.object_garbage(10).expect("q").is_empty());
+        assert!(!kit.store.object_known(50).expect("q"));
+    }
+
+    #[test]
+    fn an_upload_whose_stripes_all_went_meanwhile_is_garbage_at_once() {
+        let (mut kit, _, _) = two_files();
+        let ids = tier(&mut kit, 60, vec![(77, loc(60, 16, 10))]);
+        assert!(ids.is_empty(), "stripe 77 is not live");
+        assert_eq!(kit.store.object_garbage(10).expect("q"), [(60, 1000)]);
+        // Object ids are never reused, and each location must be in the object named.
+        let again = Command::TierStripes {
+            object: 60,
+            size: 1,
+            stripes: vec![],
+        };
+        assert_eq!(kit.fail(again), crate::format::FsError::Invalid);
+        let mixed = Command::TierStripes {
+            object: 61,
+            size: 1,
+            stripes: vec![(StripeId(2), loc(62, 16, 10))],
+        };
+        assert_eq!(kit.fail(mixed), crate::format::FsError::Invalid);
+        // A stripe already cold, or of another length, is not tiered again.
+        tier(&mut kit, 63, vec![(2, loc(63, 16, 10))]);
+        assert!(tier(&mut kit, 64, vec![(2, loc(64, 16, 10))]).is_empty());
+        assert!(tier(&mut kit, 65, vec![(1, loc(65, 16, 11))]).is_empty());
+    }
+
+    #[test]
+    fn a_warmed_stripe_leaves_the_tier_with_its_new_shards() {
+        let (mut kit, _, _) = two_files();
+        tier(&mut kit, 50, vec![(1, loc(50, 16, 10))]);
+        let shards = |nodes: [u64; 3]| -> Vec<ShardLocation> {
+            (0..3u8)
+                .map(|index| ShardLocation {
+                    index,
+                    node: NodeId(nodes[usize::from(index)]),
+                    crc32c: 1,
+                })
+                .collect()
+        };
+        let warm = |s| Command::WarmStripe {
+            stripe: StripeId(1),
+            shards: s,
+        };
+        // Two slots on one node: refused.
+        assert_eq!(kit.run(warm(shards([4, 4, 5]))), Outcome::Conflict);
+        assert_eq!(kit.run(warm(shards([4, 5, 6]))), Outcome::Done);
+        let rec = kit
+            .store
+            .live_stripe(StripeId(1))
+            .expect("q")
+            .expect("live");
+        assert_eq!(rec.shards[2].node, NodeId(6));
+        assert_eq!(kit.store.cold_location(StripeId(1)).expect("q"), None);
+        let s = kit.store.tier_summary().expect("summary");
+        assert_eq!((s.cold_stripes, s.objects, s.garbage_objects), (0, 0, 1));
+        // Warming a stripe that is not cold changes nothing.
+        assert_eq!(kit.run(warm(shards([7, 8, 9]))), Outcome::Conflict);
+    }
+
+    #[test]
+    fn heat_follows_writes_and_recorded_reads_on_the_cluster_clock() {
+        let (mut kit, f, g) = two_files();
+        let heat = |kit: &Kit, ino| {
+            kit.store
+                .tier_files()
+                .expect("files")
+                .into_iter()
+                .find(|t| t.ino == ino)
+                .and_then(|t| t.heat_ms)
+        };
+        let written = heat(&kit, g).expect("a write sets heat");
+        assert!(heat(&kit, f).expect("heat") < written);
+        kit.clock += 50;
+        kit.run(Command::RecordReads { inos: vec![f, 999] });
+        assert!(heat(&kit, f).expect("heat") > written);
+        let files = kit.store.tier_files().expect("files");
+        let names: Vec<_> = files.iter().map(|t| t.paths.clone()).collect();
+        assert_eq!(names, [vec!["/f".to_owned()], vec!["/g".to_owned()]]);
+        assert_eq!((files[0].hot_bytes, files[0].cold_bytes), (20, 0));
+    }
+
+    #[test]
+    fn the_tier_travels_in_snapshots() {
+        let (mut kit, f, _) = two_files();
+        tier(&mut kit, 50, vec![(1, loc(50, 16, 10))]);
+        kit.run(Command::RecordReads { inos: vec![f] });
+        let other = Kit::new();
+        other
+            .store
+            .install(&kit.store.snapshot().expect("snapshot"))
+            .expect("install");
+        assert_eq!(
+            other.store.tier_summary().expect("s"),
+            kit.store.tier_summary().expect("s")
+        );
+        assert_eq!(
+            other.store.tier_files().expect("f"),
+            kit.store.tier_files().expect("f")
+        );
+        assert_eq!(
+            other.store.cold_location(StripeId(1)).expect("q"),
+            Some(loc(50, 16, 10))
+        );
+    }
+}

@@ -12,7 +12,7 @@ use shoal_agent_api as api;
 
 use crate::format::{
     ColdLocation, FileAttr, FileKind, FsError, Ino, Owner, RenameFlags, RequestId, SetAttr,
-    ShardLocation, StripeRecord, Timestamp,
+    StripeRecord, Timestamp,
 };
 use shoal_placement::{Layout, NodeId, StripeId};
 
@@ -205,13 +205,15 @@ pub enum Command {
     RecordReads {
         inos: Vec<Ino>,
     },
-    /// A cold stripe written back to NVMe (recall, prefetch): if it is still live and
-    /// cold, its slots name `shards` and it leaves the cold tier; [`Outcome::Conflict`]
-    /// (nothing changed) when it is not cold, a slot is fenced for its node, or two slots
-    /// name one node.
+    /// A cold stripe's bytes written back to NVMe (recall, prefetch) as the new stripe
+    /// `warm`: every extent of `ino` that uses `stripe` uses `warm` from now on, and the
+    /// cold one goes to garbage. [`Outcome::Conflict`] (nothing changed) when `stripe` is
+    /// no longer cold or not used by `ino`; [`Outcome::StripeAbandoned`] when `warm` was
+    /// abandoned.
     WarmStripe {
+        ino: Ino,
         stripe: StripeId,
-        shards: Vec<ShardLocation>,
+        warm: StripeRecord,
     },
 }
 

@@ -244,7 +244,9 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
         } => crate::tier::tier_stripes(tx, *object, *size, stripes),
         Command::ObjectsDeleted { objects } => crate::tier::objects_deleted(tx, objects),
         Command::RecordReads { inos } => crate::tier::record_reads(tx, inos),
-        Command::WarmStripe { stripe, shards } => crate::tier::warm_stripe(tx, *stripe, shards),
+        Command::WarmStripe { ino, stripe, warm } => {
+            crate::tier::warm_stripe(tx, *ino, *stripe, warm)
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use redb::ReadableTable;
 use shoal_agent_api::{FsError, ROOT_INO};
 use shoal_placement::{NodeId, StripeId};
 
-use crate::format::{ColdLocation, FileKind, Ino, ShardLocation, Timestamp};
+use crate::format::{ColdLocation, FileKind, Ino, StripeRecord, Timestamp};
 use crate::record::{
     self, COLD, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, HEAT, INODES, KEY_STRIPE_BYTES,
     OBJECT_GARBAGE, OBJECTS, ObjectRecord, STATE, decode, encode,
@@ -132,39 +132,45 @@ pub(crate) fn record_reads(tx: &mut Tx<'_>, inos: &[Ino]) -> Result<Outcome, Nam
 
 pub(crate) fn warm_stripe(
     tx: &mut Tx<'_>,
+    ino: Ino,
     stripe: StripeId,
-    shards: &[ShardLocation],
+    warm: &StripeRecord,
 ) -> Result<Outcome, NamespaceError> {
-    let Some(mut entry) = tx.live_stripe(stripe)? else {
-        return Err(FsError::NotFound.into());
+    let Some(entry) = tx.live_stripe(stripe)? else {
+        return Ok(Outcome::Conflict);
     };
     if tx.cold(stripe)?.is_none() {
         return Ok(Outcome::Conflict);
     }
-    if shards.len() != entry.record.shards.len()
-        || shards
-            .iter()
-            .enumerate()
-            .any(|(i, s)| usize::from(s.index) != i)
-    {
+    if warm.len != entry.record.len || warm.id == stripe || tx.stripe_known(warm.id)? {
         return Err(FsError::Invalid.into());
     }
-    let mut held: Vec<NodeId> = Vec::new();
-    for s in shards {
-        if s.node.is_none() {
-            continue;
-        }
-        if held.contains(&s.node) || tx.is_disowned(stripe, s.index, s.node)? {
-            return Ok(Outcome::Conflict);
-        }
-        held.push(s.node);
+    if tx.is_abandoned(warm.id)? {
+        return Ok(Outcome::StripeAbandoned(warm.id));
     }
-    if held.len() < usize::from(entry.record.ec.k) + 1 {
-        return Err(FsError::Invalid.into());
+    let uses: Vec<(u64, ExtentRecord)> = tx
+        .extents_overlapping(ino, 0, u64::MAX)?
+        .into_iter()
+        .filter(|(_, e)| e.stripe == stripe)
+        .collect();
+    if uses.is_empty() {
+        return Ok(Outcome::Conflict);
     }
-    entry.record.shards = shards.to_vec();
-    tx.put_live_stripe(&entry)?;
-    tx.uncold(stripe)?;
+    // The same bytes under a new id: every extent of the file that used the cold stripe
+    // uses the warm one, at the same offsets; the cold one goes to garbage and its object
+    // loses the user once it is freed.
+    for (offset, ext) in &uses {
+        tx.add_stripe_ref(warm)?;
+        tx.put_extent(
+            ino,
+            *offset,
+            ExtentRecord {
+                stripe: warm.id,
+                ..*ext
+            },
+        )?;
+    }
+    tx.change_stripe_refs(stripe, -(uses.len() as i64))?;
     Ok(Outcome::Done)
 }
 
@@ -341,8 +347,8 @@ mod tests {
     use shoal_agent_api::ROOT_INO;
     use shoal_placement::{NodeId, StripeId};
 
-    use crate::format::{ColdLocation, ShardLocation};
-    use crate::testkit::{Kit, extent};
+    use crate::format::ColdLocation;
+    use crate::testkit::{Kit, extent, stripe};
     use crate::{Command, Outcome};
 
     fn loc(object: u128, offset: u64, len: u64) -> ColdLocation {
@@ -491,36 +497,30 @@ mod tests {
     }
 
     #[test]
-    fn a_warmed_stripe_leaves_the_tier_with_its_new_shards() {
-        let (mut kit, _, _) = two_files();
+    fn a_warmed_stripe_replaces_the_cold_one_in_the_file_and_frees_its_object() {
+        let (mut kit, f, g) = two_files();
         tier(&mut kit, 50, vec![(1, loc(50, 16, 10))]);
-        let shards = |nodes: [u64; 3]| -> Vec<ShardLocation> {
-            (0..3u8)
-                .map(|index| ShardLocation {
-                    index,
-                    node: NodeId(nodes[usize::from(index)]),
-                    crc32c: 1,
-                })
-                .collect()
-        };
-        let warm = |s| Command::WarmStripe {
+        let warm = |ino, with: u128| Command::WarmStripe {
+            ino,
             stripe: StripeId(1),
-            shards: s,
+            warm: stripe(with, 10),
         };
-        // Two slots on one node: refused.
-        assert_eq!(kit.run(warm(shards([4, 4, 5]))), Outcome::Conflict);
-        assert_eq!(kit.run(warm(shards([4, 5, 6]))), Outcome::Done);
-        let rec = kit
-            .store
-            .live_stripe(StripeId(1))
-            .expect("q")
-            .expect("live");
-        assert_eq!(rec.shards[2].node, NodeId(6));
-        assert_eq!(kit.store.cold_location(StripeId(1)).expect("q"), None);
+        // Another file does not use stripe 1; the new stripe must be new and as long.
+        assert_eq!(kit.run(warm(g, 40)), Outcome::Conflict);
+        assert_eq!(kit.fail(warm(f, 2)), crate::format::FsError::Invalid);
+        assert_eq!(kit.run(warm(f, 40)), Outcome::Done);
+        let data = kit.store.file_data(f).expect("data");
+        let ids: Vec<_> = data.extents.iter().map(|e| e.stripe.id).collect();
+        assert_eq!(ids, [StripeId(40), StripeId(2)]);
+        assert!(data.cold.is_empty());
+        assert_eq!(kit.garbage_ids(), [1]);
+        // Warming it again finds it no longer live there.
+        assert_eq!(kit.run(warm(f, 41)), Outcome::Conflict);
+        kit.run(Command::StripesFreed {
+            ids: vec![StripeId(1)],
+        });
         let s = kit.store.tier_summary().expect("summary");
         assert_eq!((s.cold_stripes, s.objects, s.garbage_objects), (0, 0, 1));
-        // Warming a stripe that is not cold changes nothing.
-        assert_eq!(kit.run(warm(shards([7, 8, 9]))), Outcome::Conflict);
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod fs;
 mod maintenance;
 mod status;
 mod stripe;
+mod tier;
 pub mod units;
 
 pub use client::AgentClient;
@@ -27,15 +28,16 @@ pub use status::{
     RedundancyStatus, ResourceStatus, ScrubStatus, StatusReport, StoreStatus, WorkerStatus,
 };
 pub use stripe::{RecordError, ShardLocation, StripeRead, StripeRecord};
+pub use tier::{ColdExtent, TierMoved, TierReport};
 
 use serde::{Deserialize, Serialize};
 
 /// Version of the admin/client protocol; carried in every frame. Versions 4, 5 and 6 added
 /// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
 /// version 4 added the `MetaDigest` request, 5 `OkToStop`, 6 the drain and maintenance
-/// requests. Every other message is as in version 3, so mounts started with an earlier
-/// release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 6;
+/// requests, 7 the cold-tier requests. Every other message is as in version 3, so mounts
+/// started with an earlier release keep working across an agent upgrade.
+pub const API_VERSION: u8 = 7;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -85,6 +87,17 @@ pub enum Request {
     Maintenance { node: String, for_ms: Option<u64> },
     /// How the drains stand (every drain, or node `node`'s).
     DrainStatus { node: Option<String> },
+    /// The cold tier's state.
+    TierStatus,
+    /// Sends these files (and everything below these directories) to the cold tier now.
+    TierRelease { inos: Vec<Ino> },
+    /// Brings these files (and everything below these directories) back to NVMe.
+    TierPrefetch { inos: Vec<Ino> },
+    /// Keeps this file or directory (and everything below it) hot whatever the policy
+    /// (`pinned`), or lets it go cold again.
+    TierPin { ino: Ino, pinned: bool },
+    /// Where a file's cold extents are.
+    ColdExtents { ino: Ino },
 }
 
 /// The agent's answer to one [`Request`].
@@ -110,6 +123,12 @@ pub enum Response {
     Drain(Box<DrainPlan>),
     /// DrainStatus: every drain asked about.
     Drains(Vec<DrainProgress>),
-    /// Undrain, RemoveNode, Maintenance: done, in words.
+    /// Undrain, RemoveNode, Maintenance, TierPin: done, in words.
     Done(String),
+    /// TierStatus.
+    Tier(Box<TierReport>),
+    /// TierRelease, TierPrefetch: what moved.
+    TierMoved(TierMoved),
+    /// ColdExtents.
+    ColdExtents(Vec<ColdExtent>),
 }

@@ -215,6 +215,12 @@ pub enum Command {
         stripe: StripeId,
         warm: StripeRecord,
     },
+    /// Keeps inode `ino` (a file, or a directory with everything below it) out of the
+    /// cold tier (`pinned`), or lets it go again. `NotFound` for an inode that is gone.
+    SetPin {
+        ino: Ino,
+        pinned: bool,
+    },
 }
 
 /// One shard of a stripe moving from one node to another: the shard's index, the node

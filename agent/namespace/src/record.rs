@@ -90,6 +90,9 @@ pub(crate) const KEY_DISOWN_SWEEP: &str = "disown_sweep";
 /// `state` key: what operators asked of each node ([`crate::nodes::NodeAdmins`] record).
 pub(crate) const KEY_NODE_ADMIN: &str = "node_admin";
 
+/// `state` key: inodes kept out of the cold tier (a sorted `Vec<u64>` record).
+pub(crate) const KEY_TIER_PINS: &str = "tier_pins";
+
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;
 

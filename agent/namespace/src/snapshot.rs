@@ -24,8 +24,8 @@ use crate::record::{
     self, ABANDONED, COLD, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS,
     ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord, KEY_ABANDON_SWEEP,
     KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO,
-    KEY_NODE_ADMIN, KEY_STRIPE_BYTES, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS,
-    ObjectRecord, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
+    KEY_NODE_ADMIN, KEY_STRIPE_BYTES, KEY_TIER_PINS, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS,
+    ORPHANS, ObjectRecord, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
 };
 use crate::{NamespaceError, NamespaceStore, Outcome};
 
@@ -113,6 +113,7 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
                 |k, v| (k, v),
             )?,
             heat: rows(&txn.open_table(HEAT)?, "heat", |k, v| (k, v))?,
+            pins: record::read_state(&state, KEY_TIER_PINS)?.unwrap_or_default(),
         },
     };
     Ok((snap, tail))
@@ -218,6 +219,7 @@ struct TierV6 {
     objects: Vec<(u128, ObjectRecord)>,
     object_garbage: Vec<(u128, u64)>,
     heat: Vec<(u64, u64)>,
+    pins: Vec<u64>,
 }
 
 /// The tail as this version writes it: its parts one after another (postcard encodes a
@@ -430,6 +432,9 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     }
     if !tail.nodes.admins.is_empty() {
         t.insert(KEY_NODE_ADMIN, encode(&tail.nodes.admins)?.as_slice())?;
+    }
+    if !tier.pins.is_empty() {
+        t.insert(KEY_TIER_PINS, encode(&tier.pins)?.as_slice())?;
     }
     if let Some(layout) = &snap.layout {
         t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;

@@ -15,7 +15,7 @@ use shoal_placement::{NodeId, StripeId};
 use crate::format::{ColdLocation, FileKind, Ino, StripeRecord, Timestamp};
 use crate::record::{
     self, COLD, DIRENTS, DirentRecord, EXTENTS, ExtentRecord, HEAT, INODES, KEY_STRIPE_BYTES,
-    OBJECT_GARBAGE, OBJECTS, ObjectRecord, STATE, decode, encode,
+    KEY_TIER_PINS, OBJECT_GARBAGE, OBJECTS, ObjectRecord, STATE, decode, encode,
 };
 use crate::tx::Tx;
 use crate::{NamespaceError, NamespaceStore, Outcome};
@@ -23,6 +23,20 @@ use crate::{NamespaceError, NamespaceStore, Outcome};
 // --- applying ---
 
 impl Tx<'_> {
+    pub(crate) fn tier_pins(&self) -> Result<Vec<Ino>, NamespaceError> {
+        Ok(record::read_state(&self.state, KEY_TIER_PINS)?.unwrap_or_default())
+    }
+
+    pub(crate) fn set_tier_pins(&mut self, pins: &[Ino]) -> Result<(), NamespaceError> {
+        if pins.is_empty() {
+            self.state.remove(KEY_TIER_PINS)?;
+        } else {
+            self.state
+                .insert(KEY_TIER_PINS, encode(&pins.to_vec())?.as_slice())?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn cold(&self, id: StripeId) -> Result<Option<ColdLocation>, NamespaceError> {
         match self.cold.get(id.0)? {
             Some(v) => decode(v.value(), "cold").map(Some),
@@ -174,6 +188,22 @@ pub(crate) fn warm_stripe(
     Ok(Outcome::Done)
 }
 
+pub(crate) fn set_pin(tx: &mut Tx<'_>, ino: Ino, pinned: bool) -> Result<Outcome, NamespaceError> {
+    if tx.inode(ino)?.is_none() {
+        return Err(FsError::NotFound.into());
+    }
+    let mut pins = tx.tier_pins()?;
+    match (pins.binary_search(&ino), pinned) {
+        (Err(at), true) => pins.insert(at, ino),
+        (Ok(at), false) => {
+            pins.remove(at);
+        }
+        _ => {}
+    }
+    tx.set_tier_pins(&pins)?;
+    Ok(Outcome::Done)
+}
+
 // --- queries ---
 
 /// The cold tier as the metadata sees it.
@@ -205,6 +235,8 @@ pub struct TierFile {
     /// heat was first recorded (the mover goes by `mtime` then).
     pub heat_ms: Option<u64>,
     pub mtime: Timestamp,
+    /// Pinned (`shoal tier pin`) itself or through a directory above one of its names.
+    pub pinned: bool,
 }
 
 impl NamespaceStore {
@@ -270,9 +302,12 @@ impl NamespaceStore {
         let extents = txn.open_table(EXTENTS)?;
         let cold = txn.open_table(COLD)?;
         let heat = txn.open_table(HEAT)?;
+        let pins: Vec<Ino> =
+            record::read_state(&txn.open_table(STATE)?, KEY_TIER_PINS)?.unwrap_or_default();
+        let pinned = |ino: Ino| pins.binary_search(&ino).is_ok();
         let mut files: BTreeMap<Ino, TierFile> = BTreeMap::new();
-        let mut dirs = VecDeque::from([(ROOT_INO, String::new())]);
-        while let Some((dir, path)) = dirs.pop_front() {
+        let mut dirs = VecDeque::from([(ROOT_INO, String::new(), pinned(ROOT_INO))]);
+        while let Some((dir, path, dir_pinned)) = dirs.pop_front() {
             for item in dirents.range((dir, "")..)? {
                 let (key, value) = item?;
                 let (parent, name) = key.value();
@@ -281,11 +316,13 @@ impl NamespaceStore {
                 }
                 let entry: DirentRecord = decode(value.value(), "dirent")?;
                 let child = format!("{path}/{name}");
+                let child_pinned = dir_pinned || pinned(entry.ino);
                 match entry.kind {
-                    FileKind::Dir => dirs.push_back((entry.ino, child)),
+                    FileKind::Dir => dirs.push_back((entry.ino, child, child_pinned)),
                     FileKind::File => {
                         if let Some(f) = files.get_mut(&entry.ino) {
                             f.paths.push(child);
+                            f.pinned |= child_pinned;
                             continue;
                         }
                         let Some(node) = record::read_inode(&inodes, entry.ino)? else {
@@ -315,7 +352,8 @@ impl NamespaceStore {
                                 hot_bytes,
                                 cold_bytes,
                                 heat_ms,
-                                mtime: node.mtime.into(),
+                                mtime: node.mtime,
+                                pinned: child_pinned,
                             },
                         );
                     }
@@ -546,10 +584,67 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_directory_pins_everything_below_it() {
+        let mut kit = Kit::stamped();
+        let d = kit.mkdir(ROOT_INO, "d");
+        let e = kit.mkdir(d, "e");
+        let a = kit.mkfile(e, "a");
+        kit.write_extents(a, vec![extent(0, 10, 1)]);
+        let b = kit.mkfile(ROOT_INO, "b");
+        kit.write_extents(b, vec![extent(0, 10, 2)]);
+        let pinned = |kit: &Kit| -> Vec<(String, bool)> {
+            kit.store
+                .tier_files()
+                .expect("files")
+                .into_iter()
+                .map(|t| (t.paths[0].clone(), t.pinned))
+                .collect()
+        };
+        assert_eq!(
+            pinned(&kit),
+            [("/d/e/a".into(), false), ("/b".into(), false)]
+        );
+        assert_eq!(
+            kit.run(Command::SetPin {
+                ino: d,
+                pinned: true
+            }),
+            Outcome::Done
+        );
+        assert_eq!(
+            pinned(&kit),
+            [("/d/e/a".into(), true), ("/b".into(), false)]
+        );
+        kit.run(Command::SetPin {
+            ino: b,
+            pinned: true,
+        });
+        kit.run(Command::SetPin {
+            ino: d,
+            pinned: false,
+        });
+        assert_eq!(
+            pinned(&kit),
+            [("/d/e/a".into(), false), ("/b".into(), true)]
+        );
+        assert_eq!(
+            kit.fail(Command::SetPin {
+                ino: 999,
+                pinned: true
+            }),
+            crate::format::FsError::NotFound
+        );
+    }
+
+    #[test]
     fn the_tier_travels_in_snapshots() {
         let (mut kit, f, _) = two_files();
         tier(&mut kit, 50, vec![(1, loc(50, 16, 10))]);
         kit.run(Command::RecordReads { inos: vec![f] });
+        kit.run(Command::SetPin {
+            ino: f,
+            pinned: true,
+        });
         let other = Kit::new();
         other
             .store

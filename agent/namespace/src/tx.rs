@@ -66,7 +66,7 @@ pub(crate) struct Tx<'t> {
     pub(crate) objects: Table<'t, u128, Bytes>,
     pub(crate) object_garbage: Table<'t, u128, Bytes>,
     pub(crate) heat: Table<'t, u64, Bytes>,
-    state: Table<'t, &'static str, Bytes>,
+    pub(crate) state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
     stripe_bytes: u64,

@@ -300,7 +300,8 @@ impl Model {
             | Command::TierStripes { .. }
             | Command::ObjectsDeleted { .. }
             | Command::RecordReads { .. }
-            | Command::WarmStripe { .. } => {
+            | Command::WarmStripe { .. }
+            | Command::SetPin { .. } => {
                 unreachable!("not generated (unit-tested beside their apply)")
             }
         }

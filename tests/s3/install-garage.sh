@@ -25,7 +25,7 @@ root="$TOOLS_DIR/garage-$GARAGE_VERSION"
 bin="$root/bin/garage"
 
 installed() {
-  [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "v$GARAGE_VERSION"
+  [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -qE "(v|:)$GARAGE_VERSION( |$)"
 }
 
 mkdir -p "$TOOLS_DIR"

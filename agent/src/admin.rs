@@ -108,6 +108,11 @@ fn oldest_version_for(request: &Request) -> u8 {
         | Request::RemoveNode { .. }
         | Request::Maintenance { .. }
         | Request::DrainStatus { .. } => 6,
+        Request::TierStatus
+        | Request::TierRelease { .. }
+        | Request::TierPrefetch { .. }
+        | Request::TierPin { .. }
+        | Request::ColdExtents { .. } => 7,
         _ => 3,
     }
 }
@@ -177,7 +182,43 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
             Ok((applied, digest)) => Response::MetaDigest { applied, digest },
             Err(e) => Response::Error(e.to_string()),
         },
+        Request::TierStatus
+        | Request::TierRelease { .. }
+        | Request::TierPrefetch { .. }
+        | Request::TierPin { .. }
+        | Request::ColdExtents { .. } => tier_request(node, request).await,
     }
+}
+
+/// The cold-tier requests; refused where this agent has no `[tiering]`.
+async fn tier_request(node: &Node, request: Request) -> Response {
+    let Some(tier) = &node.tier else {
+        return Response::Error(
+            "this agent has no cold tier: add a [tiering] section to its config".into(),
+        );
+    };
+    let answer = match request {
+        Request::TierStatus => tier.report().await.map(|r| Response::Tier(Box::new(r))),
+        Request::TierRelease { inos } => tier.release(&inos).await.map(Response::TierMoved),
+        Request::TierPrefetch { inos, wait: true } => {
+            tier.prefetch(&inos).await.map(Response::TierMoved)
+        }
+        Request::TierPrefetch { inos, wait: false } => {
+            let tier = tier.clone();
+            tokio::spawn(async move {
+                if let Err(e) = tier.prefetch(&inos).await {
+                    tracing::warn!(error = %e, "prefetch failed");
+                }
+            });
+            Ok(Response::Done(
+                "prefetch started; `shoal tier status` shows the hot and cold bytes".into(),
+            ))
+        }
+        Request::TierPin { ino, pinned } => tier.pin(ino, pinned).await.map(Response::Done),
+        Request::ColdExtents { ino } => tier.cold_extents(ino).map(Response::ColdExtents),
+        _ => return Response::Error("not a cold-tier request".into()),
+    };
+    answer.unwrap_or_else(|e| Response::Error(e.to_string()))
 }
 
 fn done(r: Result<String, crate::AgentError>) -> Response {

@@ -32,6 +32,9 @@ pub struct AgentConfig {
     /// The agent's CPU/RAM reservation; without it the agent runs unconfined (and says so).
     #[serde(default)]
     pub resources: Option<ResourcesConfig>,
+    /// The cold tier; without it data stays on NVMe.
+    #[serde(default)]
+    pub tiering: Option<crate::tier::TieringConfig>,
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
@@ -271,7 +274,7 @@ impl BackgroundConfig {
 }
 
 /// Durations written as text ("10m", "14d", "30s"; see `shoal_agent_api::units`).
-mod duration_text {
+pub(crate) mod duration_text {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
@@ -358,7 +361,7 @@ impl Default for LogConfig {
     }
 }
 
-fn invalid(key: &str, reason: impl Into<String>) -> AgentError {
+pub(crate) fn invalid(key: &str, reason: impl Into<String>) -> AgentError {
     AgentError::ConfigValue {
         key: key.to_owned(),
         reason: reason.into(),
@@ -413,6 +416,9 @@ impl AgentConfig {
 
     /// The checks that need nothing but the config itself.
     pub fn validate_values(&self) -> Result<(), AgentError> {
+        if let Some(t) = &self.tiering {
+            t.validate()?;
+        }
         if self.node.failure_domain.trim().is_empty() {
             return Err(invalid("node.failure_domain", "must not be empty"));
         }

@@ -255,7 +255,7 @@ pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan,
 }
 
 /// The alive members that run another release than `mine`, as "name runs version".
-fn other_releases<'a>(
+pub(crate) fn other_releases<'a>(
     versions: impl IntoIterator<Item = (&'a str, &'a str)>,
     mine: &str,
 ) -> Vec<String> {

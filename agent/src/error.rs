@@ -60,6 +60,9 @@ pub enum AgentError {
     /// Membership or transport failed.
     #[error(transparent)]
     Mesh(#[from] shoal_mesh::MeshError),
+    /// The cold tier's store failed.
+    #[error("cold tier: {0}")]
+    Tier(#[from] shoal_tiering::TierError),
     /// An operator's request names something this cluster does not have.
     #[error("{0}")]
     NoSuch(String),
@@ -76,6 +79,7 @@ impl AgentError {
             AgentError::Stripe(e) => e.is_retryable(),
             AgentError::Consensus(e) => e.is_retryable(),
             AgentError::Mesh(e) => e.is_retryable(),
+            AgentError::Tier(e) => e.is_retryable(),
             _ => false,
         }
     }

@@ -22,6 +22,7 @@ mod ok_to_stop;
 mod resources;
 mod status;
 mod system_rpc;
+pub mod tier;
 pub mod workers;
 
 pub use config::{

@@ -24,6 +24,7 @@ use crate::data::shard_rpc::ShardRequest;
 use crate::data::{StripeSettings, Stripes};
 use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
+use crate::tier::{self, Tier, TierMetrics};
 use crate::workers::repair::{self, RepairShared};
 use crate::workers::scrub::{self, ScrubShared};
 use crate::workers::{Workers, facts, gc, gpu, metrics, steward};
@@ -55,6 +56,8 @@ pub struct Node {
     pub repair: Arc<RepairShared>,
     /// This node's scrub: progress and the corrupt shards reads found.
     pub scrub: Arc<ScrubShared>,
+    /// The cold tier, when `[tiering]` configures one.
+    pub tier: Option<Arc<Tier>>,
     /// When this agent started.
     pub started_at: std::time::Instant,
     /// Everything exported at `/metrics`.
@@ -151,11 +154,27 @@ impl Node {
         );
         let handles = Arc::new(OpenHandles::default());
         handles.serve(&transport);
+        let tier = match &config.tiering {
+            Some(t) => {
+                let tier = Tier::new(
+                    t.clone(),
+                    group.clone(),
+                    stripes.clone(),
+                    resources.clone(),
+                    gossip.clone(),
+                    TierMetrics::register(&mut registry),
+                )?;
+                info!(store = %tier.store.describe(), cold_after = %t.cold_after, "cold tier");
+                Some(tier)
+            }
+            None => None,
+        };
         let fs = Arc::new(FsService::new(
             group.clone(),
             stripes.clone(),
             gossip.clone(),
             handles.clone(),
+            tier.clone(),
         ));
         info!(
             node = %identity.node,
@@ -179,6 +198,7 @@ impl Node {
             resources,
             repair,
             scrub,
+            tier,
             started_at: std::time::Instant::now(),
             registry: Arc::new(registry),
             workers: Workers::default(),
@@ -238,6 +258,14 @@ impl Node {
             self.transport.clone(),
             self.handles.clone(),
         ));
+        if let Some(tier) = &self.tier {
+            w.spawn(tier::TierHeat::new(tier.clone()));
+            w.spawn(tier::TierGc::new(
+                tier.clone(),
+                Duration::from_secs(self.group.config.gc_interval_s),
+            ));
+            w.spawn(tier::TierMover::new(tier.clone()));
+        }
     }
 
     /// Starts serving from outside, in the order these stop: local clients first, the

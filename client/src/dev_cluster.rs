@@ -84,13 +84,28 @@ pub struct UpOptions {
     /// `--set cluster.down_out_after='"20s"'`.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE", value_parser = parse_section_setting)]
     pub set: Vec<(String, String)>,
+    /// Where cold data goes: `dir` (DIR/cold, shared by every node: the default), `s3`
+    /// (the bucket the --s3-* options name) or `off` (no cold tier).
+    #[arg(long, default_value = "dir", value_parser = ["dir", "s3", "off"])]
+    pub tiering: String,
+    /// The S3-compatible server of `--tiering s3` (`http://host:port`).
+    #[arg(long, required_if_eq("tiering", "s3"))]
+    pub s3_endpoint: Option<String>,
+    #[arg(long, default_value = "shoal")]
+    pub s3_bucket: String,
+    #[arg(long, default_value = "us-east-1")]
+    pub s3_region: String,
+    /// A TOML file with `access_key_id` and `secret_access_key` for the bucket (without
+    /// it the agents read AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(long)]
+    pub s3_credentials_file: Option<PathBuf>,
     /// Environment the agents start with (benchmarks: a fake GPU).
     #[arg(skip)]
     pub agent_env: Vec<(String, String)>,
 }
 
 /// The sections `--set` may add to.
-const SET_SECTIONS: [&str; 4] = ["storage", "cluster", "scrub", "background"];
+const SET_SECTIONS: [&str; 5] = ["storage", "cluster", "scrub", "background", "tiering"];
 
 /// Checks a `--set` setting's shape: (section, "key = value").
 fn parse_section_setting(s: &str) -> Result<(String, String), String> {
@@ -148,6 +163,11 @@ impl UpOptions {
             meta: Vec::new(),
             ec: None,
             set: Vec::new(),
+            tiering: "dir".into(),
+            s3_endpoint: None,
+            s3_bucket: "shoal".into(),
+            s3_region: "us-east-1".into(),
+            s3_credentials_file: None,
             agent_env: Vec::new(),
         }
     }
@@ -321,6 +341,7 @@ ec = "{ec}"
 [meta]
 bootstrap_expect = {nodes}
 {meta}
+{tiering}
 {resources}"#,
         data = nd.join("data").display(),
         gossip = opts.gossip_port,
@@ -344,7 +365,34 @@ bootstrap_expect = {nodes}
         cluster = section_lines(opts, "cluster"),
         scrub = section_lines(opts, "scrub"),
         background = section_lines(opts, "background"),
+        tiering = render_tiering(opts, dir),
     )
+}
+
+/// `[tiering]` for every node: one store they all share.
+fn render_tiering(opts: &UpOptions, dir: &Path) -> String {
+    let lines = section_lines(opts, "tiering");
+    match opts.tiering.as_str() {
+        "dir" => format!(
+            "[tiering]\nstore = \"dir\"\ndir = \"{}\"\n{lines}",
+            dir.join("cold").display()
+        ),
+        "s3" => {
+            let mut text = format!("[tiering]\nstore = \"s3\"\n{lines}\n[tiering.s3]\n");
+            if let Some(e) = &opts.s3_endpoint {
+                text += &format!("endpoint = \"{e}\"\n");
+            }
+            text += &format!(
+                "bucket = \"{}\"\nregion = \"{}\"\n",
+                opts.s3_bucket, opts.s3_region
+            );
+            if let Some(c) = &opts.s3_credentials_file {
+                text += &format!("credentials_file = \"{}\"\n", c.display());
+            }
+            text
+        }
+        _ => String::new(),
+    }
 }
 
 /// The `--set` lines of one section, each ending its line.

@@ -11,6 +11,7 @@ mod mount;
 mod repair_bench;
 mod stat;
 mod status;
+mod tier;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -57,6 +58,10 @@ impl Cli {
             Cmd::Bench(BenchCmd::Stripes(o)) => (Some(&mut o.socket), Some(&mut o.json)),
             Cmd::Bench(BenchCmd::Coexist(o)) => (None, Some(&mut o.json)),
             Cmd::Bench(BenchCmd::Repair(o) | BenchCmd::Drain(o)) => (None, Some(&mut o.json)),
+            Cmd::Tier(t) => {
+                let (socket, json) = t.socket_and_json();
+                (Some(socket), json)
+            }
             Cmd::Cert(_) | Cmd::DevCluster(_) => (None, None),
         };
         match (top_socket, socket) {
@@ -138,6 +143,9 @@ enum Cmd {
     /// Maintenance windows: a node in one that goes down is not rebuilt until it ends.
     #[command(subcommand)]
     Maintenance(MaintenanceCmd),
+    /// The cold tier: status, and sending paths to it or bringing them back.
+    #[command(subcommand)]
+    Tier(tier::TierCmd),
     /// Run a local multi-node cluster on 127.0.0.x (for trying shoal and for tests).
     #[command(subcommand, name = "dev-cluster")]
     DevCluster(DevClusterCmd),
@@ -284,6 +292,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("certificate for {name} written to {}", out.display());
             Ok(())
         }
+        Cmd::Tier(t) => tier::run(t),
         Cmd::DevCluster(DevClusterCmd::Up(o)) => dev_cluster::up(&o),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),
     }

@@ -5,7 +5,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use shoal_agent_api::{AgentClient, FileLayout, FsRequest, FsResponse, Request, Response};
+use shoal_agent_api::{
+    AgentClient, ColdExtent, FileLayout, FsRequest, FsResponse, Request, Response,
+};
 
 /// `f_type` of every FUSE filesystem (statfs(2)).
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -27,9 +29,16 @@ pub fn run(path: &Path, socket: &Path, json: bool) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let response = rt.block_on(async {
+    let (response, cold) = rt.block_on(async {
         let mut client = AgentClient::connect(socket).await?;
-        client.call(&Request::Fs(FsRequest::Layout { ino })).await
+        let layout = client.call(&Request::Fs(FsRequest::Layout { ino })).await?;
+        // An agent without a cold tier (or of an older release) answers with an error:
+        // then nothing is cold.
+        let cold = match client.call(&Request::ColdExtents { ino }).await {
+            Ok(Response::ColdExtents(c)) => c,
+            _ => Vec::new(),
+        };
+        Ok::<_, shoal_agent_api::ApiError>((layout, cold))
     })?;
     let layout = match response {
         Response::Fs(FsResponse::Layout(l)) => l,
@@ -38,15 +47,18 @@ pub fn run(path: &Path, socket: &Path, json: bool) -> anyhow::Result<()> {
         _ => bail!("unexpected answer from the agent"),
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&layout)?);
+        let mut v = serde_json::to_value(&layout)?;
+        v["cold_extents"] = serde_json::to_value(&cold)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", render(path, &layout));
+        print!("{}", render(path, &layout, &cold));
     }
     Ok(())
 }
 
-/// The human-readable layout.
-pub fn render(path: &Path, layout: &FileLayout) -> String {
+/// The human-readable layout: each extent's stripe and shards, or for a cold one the
+/// object and byte range in the bucket.
+pub fn render(path: &Path, layout: &FileLayout, cold: &[ColdExtent]) -> String {
     let a = &layout.attr;
     let mut out = String::new();
     let _ = writeln!(out, "{}", path.display());
@@ -67,6 +79,16 @@ pub fn render(path: &Path, layout: &FileLayout) -> String {
             e.stripe_offset,
             e.stripe_offset.saturating_add(e.len),
         );
+        if let Some(c) = cold.iter().find(|c| c.stripe == s.id) {
+            let _ = writeln!(
+                out,
+                "      cold   object {}  bytes [{}, {})",
+                c.object,
+                c.offset,
+                c.offset.saturating_add(c.len)
+            );
+            continue;
+        }
         let shards: Vec<String> = s
             .shards
             .iter()
@@ -128,7 +150,7 @@ mod tests {
                 },
             }],
         };
-        let text = render(Path::new("/mnt/f"), &layout);
+        let text = render(Path::new("/mnt/f"), &layout, &[]);
         assert!(text.contains("size    100 bytes"), "{text}");
         assert!(
             text.contains("[0, 100)  stripe 000000000000000000000000000000ab  ec 2+1  epoch 3"),
@@ -136,5 +158,20 @@ mod tests {
         );
         assert!(text.contains("0→0000000000000001"), "{text}");
         assert!(on_fuse(Path::new("/")).is_ok());
+        // A cold extent shows its object and range instead of shards.
+        let cold = [ColdExtent {
+            stripe: StripeId(0xab),
+            object: "objects/00000000000000000000000000000007".into(),
+            offset: 16,
+            len: 100,
+        }];
+        let text = render(Path::new("/mnt/f"), &layout, &cold);
+        assert!(
+            text.contains(
+                "cold   object objects/00000000000000000000000000000007  bytes [16, 116)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("shards"), "{text}");
     }
 }

@@ -91,8 +91,9 @@ pub enum Request {
     TierStatus,
     /// Sends these files (and everything below these directories) to the cold tier now.
     TierRelease { inos: Vec<Ino> },
-    /// Brings these files (and everything below these directories) back to NVMe.
-    TierPrefetch { inos: Vec<Ino> },
+    /// Brings these files (and everything below these directories) back to NVMe: before
+    /// answering (`wait`), or in the background, answering at once.
+    TierPrefetch { inos: Vec<Ino>, wait: bool },
     /// Keeps this file or directory (and everything below it) hot whatever the policy
     /// (`pinned`), or lets it go cold again.
     TierPin { ino: Ino, pinned: bool },

@@ -185,6 +185,8 @@ pub(crate) fn warm_stripe(
         )?;
     }
     tx.change_stripe_refs(stripe, -(uses.len() as i64))?;
+    // Warming is a use: the file is not cold again before `cold_after` from now.
+    tx.touch(ino)?;
     Ok(Outcome::Done)
 }
 
@@ -252,8 +254,14 @@ impl NamespaceStore {
     pub fn tier_summary(&self) -> Result<TierSummary, NamespaceError> {
         let txn = self.read()?;
         let mut s = TierSummary::default();
+        let live = txn.open_table(crate::record::STRIPES)?;
         for item in txn.open_table(COLD)?.iter()? {
-            let loc: ColdLocation = decode(item?.1.value(), "cold")?;
+            let (id, value) = item?;
+            // A cold stripe in garbage is no file's data any more.
+            if live.get(id.value())?.is_none() {
+                continue;
+            }
+            let loc: ColdLocation = decode(value.value(), "cold")?;
             s.cold_stripes += 1;
             s.cold_bytes += loc.len;
         }
@@ -267,7 +275,7 @@ impl NamespaceStore {
             s.garbage_objects += 1;
             s.garbage_bytes += size;
         }
-        let live = redb::ReadableTableMetadata::len(&txn.open_table(crate::record::STRIPES)?)?;
+        let live = redb::ReadableTableMetadata::len(&live)?;
         let live_bytes = record::read_state_u64(&txn.open_table(STATE)?, KEY_STRIPE_BYTES, 0)?;
         s.hot_stripes = live.saturating_sub(s.cold_stripes);
         s.hot_bytes = live_bytes.saturating_sub(s.cold_bytes);
@@ -291,6 +299,42 @@ impl NamespaceStore {
         let txn = self.read()?;
         Ok(txn.open_table(OBJECTS)?.get(id)?.is_some()
             || txn.open_table(OBJECT_GARBAGE)?.get(id)?.is_some())
+    }
+
+    /// The regular files among `inos` and below the directories among them, each once.
+    pub fn files_below(&self, inos: &[Ino]) -> Result<Vec<Ino>, NamespaceError> {
+        let txn = self.read()?;
+        let dirents = txn.open_table(DIRENTS)?;
+        let inodes = txn.open_table(INODES)?;
+        let mut out = std::collections::BTreeSet::new();
+        let mut dirs = VecDeque::new();
+        for &ino in inos {
+            match record::read_inode_or_root(&inodes, ino)? {
+                Some(node) if node.kind == FileKind::Dir => dirs.push_back(ino),
+                Some(node) if node.kind == FileKind::File => {
+                    out.insert(ino);
+                }
+                Some(_) => {}
+                None => return Err(FsError::NotFound.into()),
+            }
+        }
+        while let Some(dir) = dirs.pop_front() {
+            for item in dirents.range((dir, "")..)? {
+                let (key, value) = item?;
+                if key.value().0 != dir {
+                    break;
+                }
+                let entry: DirentRecord = decode(value.value(), "dirent")?;
+                match entry.kind {
+                    FileKind::Dir => dirs.push_back(entry.ino),
+                    FileKind::File => {
+                        out.insert(entry.ino);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
     }
 
     /// Every regular file with extents reachable from the root, with its names, hot and
@@ -552,6 +596,12 @@ mod tests {
         assert_eq!(ids, [StripeId(40), StripeId(2)]);
         assert!(data.cold.is_empty());
         assert_eq!(kit.garbage_ids(), [1]);
+        let s = kit.store.tier_summary().expect("summary");
+        assert_eq!(
+            (s.cold_stripes, s.cold_bytes, s.objects),
+            (0, 0, 1),
+            "garbage is not cold data"
+        );
         // Warming it again finds it no longer live there.
         assert_eq!(kit.run(warm(f, 41)), Outcome::Conflict);
         kit.run(Command::StripesFreed {

@@ -17,12 +17,14 @@ use tokio::task::JoinSet;
 use super::handles::OpenHandles;
 use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
+use crate::tier::Tier;
 
 pub struct FsService {
     pub(super) group: Arc<Group>,
     pub(super) stripes: Arc<Stripes>,
     gossip: GossipHandle,
     handles: Arc<OpenHandles>,
+    tier: Option<Arc<Tier>>,
 }
 
 impl FsService {
@@ -31,12 +33,14 @@ impl FsService {
         stripes: Arc<Stripes>,
         gossip: GossipHandle,
         handles: Arc<OpenHandles>,
+        tier: Option<Arc<Tier>>,
     ) -> Self {
         FsService {
             group,
             stripes,
             gossip,
             handles,
+            tier,
         }
     }
 
@@ -265,26 +269,45 @@ impl FsService {
             out[..(inline_end - offset) as usize]
                 .copy_from_slice(&data.inline[offset as usize..inline_end as usize]);
         }
+        if let Some(tier) = &self.tier {
+            tier.note_read(ino);
+        }
         let mut reads = JoinSet::new();
         for e in data.extents {
             let (s, t) = (offset.max(e.offset), end.min(e.offset + e.len));
             if s >= t {
                 continue;
             }
-            let stripes = self.stripes.clone();
-            reads.spawn(async move {
-                let r = stripes
-                    .read(&e.stripe, e.stripe_offset + (s - e.offset), t - s)
-                    .await;
-                (s, r)
-            });
+            let at = e.stripe_offset + (s - e.offset);
+            match (data.cold.get(&e.stripe.id), &self.tier) {
+                (Some(&loc), Some(tier)) => {
+                    let tier = tier.clone();
+                    reads.spawn(async move {
+                        let r = tier.read_cold(ino, e.stripe.id, loc, at, t - s).await;
+                        (s, r)
+                    });
+                }
+                (Some(_), None) => {
+                    return Err(FsError::Io(
+                        "this file's data is in the cold tier and this agent has no [tiering] store"
+                            .into(),
+                    ));
+                }
+                (None, _) => {
+                    let stripes = self.stripes.clone();
+                    reads.spawn(async move {
+                        let r = stripes.read(&e.stripe, at, t - s).await;
+                        (s, r.map(|r| r.data).map_err(FsError::from))
+                    });
+                }
+            }
         }
         while let Some(joined) = reads.join_next().await {
             let (s, r) = joined.map_err(|e| FsError::Io(e.to_string()))?;
-            let r = r?;
+            let data = r?;
             let at = (s - offset) as usize;
-            let n = r.data.len().min(out.len() - at);
-            out[at..at + n].copy_from_slice(&r.data[..n]);
+            let n = data.len().min(out.len() - at);
+            out[at..at + n].copy_from_slice(&data[..n]);
         }
         Ok(out)
     }

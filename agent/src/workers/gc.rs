@@ -42,7 +42,8 @@ fn unexpected(outcome: Outcome) -> AgentError {
 ///   repair that stored a shard here and never committed it; a slot rebuilt elsewhere
 ///   while this node was out). They are disowned through Raft (refused for any slot that
 ///   names this node by then, fencing the rest against a late relocation here), and only
-///   the disowned ones are deleted.
+///   the disowned ones are deleted. Shards of a cold stripe (its bytes are in the
+///   bucket) are leftovers at once, without the grace.
 pub struct OrphanShards {
     group: Arc<Group>,
     stripes: Arc<Stripes>,
@@ -87,6 +88,12 @@ impl OrphanShards {
         for (stripe, index) in self.stripes.local_shards() {
             match self.group.store().shard_holder(stripe, index)? {
                 Some(holder) if holder == me => {}
+                // A cold stripe's bytes are in the bucket, committed: no grace to wait.
+                Some(_) if self.group.store().cold_location(stripe)?.is_some() => {
+                    if due.leftovers.len() < LEFTOVERS_PER_PASS {
+                        due.leftovers.push((stripe, index));
+                    }
+                }
                 Some(_) => {
                     let since = self
                         .leftover_since

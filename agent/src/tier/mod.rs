@@ -1,0 +1,154 @@
+//! The cold tier at work in the agent: uploads of cold stripes (`upload`), reads of cold
+//! data (`recall`), writing it back to NVMe (`warm`), and the workers that drive them —
+//! `tier-mover` (what the policy says goes cold, on the metadata leader), `tier-gc`
+//! (objects nothing uses, on the leader) and `tier-heat` (this node's reads, recorded
+//! coarsely through Raft). The store itself and the pure policy are in `shoal-tiering`.
+
+pub mod config;
+mod gc;
+mod heat;
+mod metrics;
+mod mover;
+mod recall;
+mod report;
+mod upload;
+mod warm;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use shoal_mesh::{GossipHandle, MemberState};
+use shoal_tiering::ColdStore;
+use shoal_tiering::policy::Policy;
+
+pub use config::TieringConfig;
+pub use gc::TierGc;
+pub use heat::TierHeat;
+pub use metrics::TierMetrics;
+pub use mover::TierMover;
+
+use crate::consensus::Group;
+use crate::data::Stripes;
+use crate::{AgentError, Resources};
+
+/// What status shows of this node's tier work.
+#[derive(Debug, Default)]
+struct TierState {
+    mover: &'static str,
+    store_ok: bool,
+    last_error: Option<(String, SystemTime)>,
+    moving_files: u64,
+    moving_bytes: u64,
+    uploaded_bytes: u64,
+    recall_requests: u64,
+    recall_bytes: u64,
+}
+
+/// The cold tier of this node: the store, the policy, and what the workers share.
+pub struct Tier {
+    pub config: TieringConfig,
+    pub store: Arc<dyn ColdStore>,
+    policy: Policy,
+    object_size: u64,
+    group: Arc<Group>,
+    stripes: Arc<Stripes>,
+    resources: Arc<Resources>,
+    gossip: GossipHandle,
+    state: Mutex<TierState>,
+    cache: recall::RecallCache,
+    heat: heat::HeatLog,
+    metrics: TierMetrics,
+    /// Stripes warmed in the background, one at a time.
+    warming: tokio::sync::Semaphore,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tier {
+    pub fn new(
+        config: TieringConfig,
+        group: Arc<Group>,
+        stripes: Arc<Stripes>,
+        resources: Arc<Resources>,
+        gossip: GossipHandle,
+        metrics: TierMetrics,
+    ) -> Result<Arc<Tier>, AgentError> {
+        let store = config.open_store()?;
+        let policy = config.policy()?;
+        let object_size = config.object_size_bytes()?;
+        let granularity = heat::granularity(policy.cold_after_ms);
+        Ok(Arc::new(Tier {
+            store,
+            policy,
+            object_size,
+            group,
+            stripes,
+            resources,
+            gossip,
+            state: Mutex::new(TierState {
+                mover: "idle",
+                store_ok: true,
+                ..TierState::default()
+            }),
+            cache: recall::RecallCache::new(recall::CACHE_BYTES),
+            heat: heat::HeatLog::new(granularity),
+            metrics,
+            warming: tokio::sync::Semaphore::new(1),
+            config,
+        }))
+    }
+
+    /// The store answered (or failed to); status and metrics follow.
+    fn store_answered(&self, result: Result<(), &shoal_tiering::TierError>) {
+        let mut s = lock(&self.state);
+        match result {
+            Ok(()) => s.store_ok = true,
+            Err(e) => {
+                s.store_ok = !e.is_retryable();
+                s.last_error = Some((e.to_string(), SystemTime::now()));
+            }
+        }
+        self.metrics.store_up.set(i64::from(s.store_ok));
+    }
+
+    /// Some other failure worth showing.
+    fn failed(&self, e: &AgentError) {
+        lock(&self.state).last_error = Some((e.to_string(), SystemTime::now()));
+    }
+
+    /// Whether every alive member runs this release: the tier's commands are new in the
+    /// log, and an agent of an older release could not apply them.
+    async fn cluster_on_this_release(&self) -> bool {
+        let Ok(members) = self.gossip.members().await else {
+            return false;
+        };
+        crate::drain::other_releases(
+            members
+                .iter()
+                .filter(|m| m.state == MemberState::Alive)
+                .filter_map(|m| m.facts.as_ref())
+                .map(|f| (f.name.as_str(), f.agent_version.as_str())),
+            crate::AGENT_VERSION,
+        )
+        .is_empty()
+    }
+
+    /// Runs `f` against the store within `limit`; a timeout is a retryable store error.
+    async fn timed<T>(
+        &self,
+        limit: Duration,
+        f: impl std::future::Future<Output = Result<T, shoal_tiering::TierError>>,
+    ) -> Result<T, shoal_tiering::TierError> {
+        let result = match tokio::time::timeout(limit, f).await {
+            Ok(r) => r,
+            Err(_) => Err(shoal_tiering::TierError::TimedOut(limit)),
+        };
+        self.store_answered(result.as_ref().map(|_| ()));
+        if result.is_err() {
+            self.metrics.errors.inc();
+        }
+        result
+    }
+}

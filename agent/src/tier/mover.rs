@@ -1,0 +1,176 @@
+//! The `tier-mover` worker (acts on the metadata leader): every `scan_interval` it asks
+//! the policy which files go cold (unused for `cold_after`, or the least recently used
+//! while the NVMe fill is above the high watermark; never pinned ones) and uploads them a
+//! few objects' worth at a time. While the store fails, it backs off (doubling, up to
+//! five minutes) and tries again; nothing is freed before an upload is checked and
+//! committed, so an outage costs time, never data.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_agent_api::Ino;
+use shoal_namespace::format::Timestamp;
+use shoal_tiering::policy::{self, Candidate, Fill};
+use tracing::{debug, warn};
+
+use super::{Tier, lock};
+use crate::AgentError;
+use crate::workers::{Step, Ticker, Worker};
+
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+impl Tier {
+    /// The files the policy sends to the bucket now, in order.
+    pub(super) async fn choose(&self) -> Result<Vec<(Ino, u64)>, AgentError> {
+        let store = self.group.store();
+        let files = store.tier_files()?;
+        let now_ms = self.group.cluster_now_ms()?;
+        let wall = Timestamp::now();
+        let ec = self.stripes.default_ec();
+        let overhead = f64::from(ec.total() as u32) / f64::from(ec.k);
+        let mut hot = std::collections::HashMap::new();
+        let candidates: Vec<Candidate> = files
+            .into_iter()
+            .filter(|f| f.hot_bytes > 0)
+            .map(|f| {
+                // Never used since heat was recorded: go by its mtime (wall clock).
+                let last_used_ms = f.heat_ms.unwrap_or_else(|| {
+                    let age_ms = (wall.secs - f.mtime.secs).max(0) as u64 * 1000;
+                    now_ms.saturating_sub(age_ms)
+                });
+                let pinned = f.pinned
+                    || f.paths
+                        .iter()
+                        .any(|p| policy::is_pinned(p, &self.config.pinned));
+                hot.insert(f.ino, f.hot_bytes);
+                Candidate {
+                    ino: f.ino,
+                    last_used_ms,
+                    stored_bytes: (f.hot_bytes as f64 * overhead) as u64,
+                    pinned,
+                }
+            })
+            .collect();
+        let fill = self.fill().await;
+        Ok(policy::choose(&self.policy, now_ms, fill, &candidates)
+            .into_iter()
+            .map(|(ino, _)| (ino, hot.get(&ino).copied().unwrap_or(0)))
+            .collect())
+    }
+
+    /// The NVMe fill across the alive nodes (their data filesystems).
+    pub(super) async fn fill(&self) -> Fill {
+        let members = self.gossip.members().await.unwrap_or_default();
+        let mut fill = Fill {
+            used: 0,
+            capacity: 0,
+        };
+        for f in members
+            .iter()
+            .filter(|m| m.state == shoal_mesh::MemberState::Alive)
+            .filter_map(|m| m.facts.as_ref())
+        {
+            fill.used += f.used_bytes;
+            fill.capacity += f.capacity_bytes;
+        }
+        fill
+    }
+
+    fn set_mover(&self, state: &'static str) {
+        lock(&self.state).mover = state;
+    }
+}
+
+/// The `tier-mover` worker.
+pub struct TierMover {
+    tier: Arc<Tier>,
+    ticker: Ticker,
+    backoff: Duration,
+    retry_at: Option<Instant>,
+}
+
+impl TierMover {
+    pub fn new(tier: Arc<Tier>) -> TierMover {
+        let every = tier.config.scan_interval;
+        TierMover {
+            tier,
+            ticker: Ticker::every(every),
+            backoff: BACKOFF_FIRST,
+            retry_at: None,
+        }
+    }
+}
+
+impl Worker for TierMover {
+    fn name(&self) -> &'static str {
+        "tier-mover"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        if !self.tier.group.is_leader() {
+            self.tier.set_mover("standby");
+            return Ok(Step::Idle);
+        }
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+            return Ok(Step::Idle);
+        }
+        let chosen = self.tier.choose().await?;
+        if chosen.is_empty() {
+            self.tier.set_mover("idle");
+            return Ok(Step::Idle);
+        }
+        // A few objects' worth per unit, so a stop or a leader change is never far off.
+        let budget = self.tier.object_size * 4;
+        let mut batch = Vec::new();
+        let mut bytes = 0u64;
+        for (ino, hot) in &chosen {
+            if !batch.is_empty() && bytes + hot > budget {
+                break;
+            }
+            batch.push(*ino);
+            bytes += hot;
+        }
+        let more = batch.len() < chosen.len();
+        self.tier.set_mover("moving");
+        match self.tier.upload_files(&batch).await {
+            Ok(moved) => {
+                debug!(files = moved.files, bytes = moved.bytes, "mover pass");
+                self.backoff = BACKOFF_FIRST;
+                self.retry_at = None;
+                self.tier.set_mover("idle");
+                Ok(if more { Step::Busy } else { Step::Idle })
+            }
+            Err(e) if e.is_retryable() => {
+                warn!(error = %e, retry_in = ?self.backoff, "cold-tier upload failed; backing off");
+                self.tier.failed(&e);
+                self.tier.set_mover("backing off");
+                self.retry_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                Ok(Step::Idle)
+            }
+            Err(e) => {
+                self.tier.failed(&e);
+                self.tier.set_mover("idle");
+                Err(e)
+            }
+        }
+    }
+
+    async fn wait_for_work(&mut self) {
+        match self.retry_at {
+            Some(at) => tokio::time::sleep_until(at.into()).await,
+            None => self.ticker.tick().await,
+        }
+    }
+
+    fn progress(&self) -> Option<String> {
+        let s = lock(&self.tier.state);
+        (s.moving_files > 0).then(|| {
+            format!(
+                "{} files, {} bytes to the cold tier",
+                s.moving_files, s.moving_bytes
+            )
+        })
+    }
+}

@@ -1,0 +1,115 @@
+//! `shoal tier status` and `shoal stat`'s cold extents, from the local replica and this
+//! node's mover.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use shoal_agent_api::{ColdExtent, Ino, TierReport};
+use shoal_tiering::pack::object_key;
+
+use super::{Tier, lock};
+use crate::AgentError;
+
+impl Tier {
+    pub async fn report(self: &Arc<Self>) -> Result<TierReport, AgentError> {
+        let store = self.group.store();
+        let summary = store.tier_summary()?;
+        let files = store.tier_files()?;
+        let fill = self.fill().await;
+        let s = lock(&self.state);
+        let mut r = TierReport {
+            store: self.store.describe(),
+            hot_bytes: summary.hot_bytes,
+            cold_bytes: summary.cold_bytes,
+            moving_files: s.moving_files,
+            moving_bytes: s.moving_bytes,
+            objects: summary.objects,
+            object_bytes: summary.object_bytes,
+            garbage_objects: summary.garbage_objects,
+            garbage_bytes: summary.garbage_bytes,
+            mover: s.mover.to_owned(),
+            store_ok: s.store_ok,
+            last_error: s.last_error.as_ref().map(|(e, _)| e.clone()),
+            last_error_unix_ms: s.last_error.as_ref().map(|(_, at)| {
+                at.duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64)
+            }),
+            uploaded_bytes: s.uploaded_bytes,
+            recall_requests: s.recall_requests,
+            recall_bytes: s.recall_bytes,
+            cold_after: self.config.cold_after.clone(),
+            high_watermark: self.policy.high_watermark,
+            low_watermark: self.policy.low_watermark,
+            fill: fill.share(),
+            ..TierReport::default()
+        };
+        for f in &files {
+            match (f.hot_bytes > 0, f.cold_bytes > 0) {
+                (true, false) => r.hot_files += 1,
+                (false, true) => r.cold_files += 1,
+                (true, true) => r.partly_cold_files += 1,
+                (false, false) => {}
+            }
+        }
+        Ok(r)
+    }
+
+    /// Where file `ino`'s cold extents are.
+    pub fn cold_extents(&self, ino: Ino) -> Result<Vec<ColdExtent>, AgentError> {
+        let data = self.group.store().file_data(ino)?;
+        Ok(data
+            .extents
+            .iter()
+            .filter_map(|e| {
+                data.cold.get(&e.stripe.id).map(|loc| ColdExtent {
+                    stripe: e.stripe.id,
+                    object: object_key(loc.object),
+                    offset: loc.offset + e.stripe_offset,
+                    len: e.len,
+                })
+            })
+            .collect())
+    }
+
+    /// `shoal tier release`: these files (and every file below these directories) to the
+    /// bucket now, whatever the policy says.
+    pub async fn release(
+        self: &Arc<Self>,
+        inos: &[Ino],
+    ) -> Result<shoal_agent_api::TierMoved, AgentError> {
+        let files = self.group.store().files_below(inos)?;
+        self.upload_files(&files).await
+    }
+}
+
+impl Tier {
+    /// `shoal tier pin` / `unpin`.
+    pub async fn pin(&self, ino: Ino, pinned: bool) -> Result<String, AgentError> {
+        if !self.cluster_on_this_release().await {
+            return Err(AgentError::Refused(
+                "pins need every node on this release; finish the upgrade first".into(),
+            ));
+        }
+        let outcome = self
+            .group
+            .propose_one(shoal_namespace::Proposal {
+                id: None,
+                now: shoal_namespace::format::Timestamp::now(),
+                command: shoal_namespace::Command::SetPin { ino, pinned },
+            })
+            .await?;
+        match outcome {
+            shoal_namespace::Outcome::Done => Ok(if pinned {
+                format!("inode {ino} pinned: it stays on NVMe")
+            } else {
+                format!("inode {ino} unpinned: the policy may send it to the cold tier")
+            }),
+            shoal_namespace::Outcome::Failed(e) => {
+                Err(AgentError::NoSuch(format!("inode {ino}: {e:?}")))
+            }
+            other => {
+                Err(crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into())
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Writing cold data back to NVMe: the stripe's bytes, recalled from the bucket, become a
+//! new erasure-coded stripe that replaces the cold one in the file (`WarmStripe`). Used by
+//! `shoal tier prefetch` and when a cold stripe is read repeatedly.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_agent_api::{Ino, TierMoved};
+use shoal_namespace::format::{ColdLocation, Timestamp};
+use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_placement::StripeId;
+use shoal_resource_guard::WorkClass;
+use tracing::{debug, info, warn};
+
+use super::Tier;
+use crate::AgentError;
+use crate::consensus::ConsensusError;
+
+impl Tier {
+    /// Warms a stripe in the background, one at a time on this node.
+    pub(super) fn warm_soon(self: &Arc<Self>, ino: Ino, stripe: StripeId, loc: ColdLocation) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let Ok(_one) = this.warming.acquire().await else {
+                return;
+            };
+            match this.warm(ino, stripe, loc).await {
+                Ok(true) => debug!(stripe = %stripe, "cold stripe read repeatedly is hot again"),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(stripe = %stripe, error = %e, "could not warm a cold stripe");
+                    this.failed(&e);
+                }
+            }
+        });
+    }
+
+    /// Writes cold stripe `stripe` of file `ino` back to NVMe. False when it was no
+    /// longer cold in that file (the new stripe is then an orphan the shard sweep
+    /// removes).
+    pub(super) async fn warm(
+        self: &Arc<Self>,
+        ino: Ino,
+        stripe: StripeId,
+        loc: ColdLocation,
+    ) -> Result<bool, AgentError> {
+        if !self.cluster_on_this_release().await {
+            return Err(AgentError::Refused(
+                "warming cold data needs every node on this release".into(),
+            ));
+        }
+        let Some(record) = self.group.store().live_stripe(stripe)? else {
+            return Ok(false);
+        };
+        let bytes = self.recall(None, stripe, loc).await?;
+        self.wait_for_budget(bytes.len() as u64).await;
+        let warm = self.stripes.write(bytes.to_vec(), Some(record.ec)).await?;
+        let outcome = self
+            .group
+            .propose_one(Proposal {
+                id: None,
+                now: Timestamp::now(),
+                command: Command::WarmStripe {
+                    ino,
+                    stripe,
+                    warm: warm.into(),
+                },
+            })
+            .await?;
+        match outcome {
+            Outcome::Done => {
+                self.cache.forget(stripe);
+                self.metrics.warmed_stripes.inc();
+                Ok(true)
+            }
+            Outcome::Conflict | Outcome::StripeAbandoned(_) => Ok(false),
+            Outcome::Failed(e) => Err(AgentError::Refused(format!("warming {stripe}: {e:?}"))),
+            other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+        }
+    }
+
+    /// Waits until the governor lets `bytes` of tiering work through.
+    pub(super) async fn wait_for_budget(&self, bytes: u64) {
+        while let Err(wait) = self.resources.take(WorkClass::Tiering, bytes, false) {
+            tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+        }
+    }
+
+    /// `shoal tier prefetch`: every cold stripe of these files (and of every file below
+    /// these directories) back on NVMe.
+    pub async fn prefetch(self: &Arc<Self>, inos: &[Ino]) -> Result<TierMoved, AgentError> {
+        let started = Instant::now();
+        let mut moved = TierMoved::default();
+        for ino in self.group.store().files_below(inos)? {
+            let data = self.group.store().file_data(ino)?;
+            let mut seen = BTreeSet::new();
+            let mut warmed_any = false;
+            for e in &data.extents {
+                let Some(loc) = data.cold.get(&e.stripe.id) else {
+                    continue;
+                };
+                if !seen.insert(e.stripe.id) {
+                    continue;
+                }
+                if self.warm(ino, e.stripe.id, *loc).await? {
+                    moved.stripes += 1;
+                    moved.bytes += loc.len;
+                    warmed_any = true;
+                }
+            }
+            moved.files += u64::from(warmed_any);
+        }
+        moved.millis = started.elapsed().as_millis() as u64;
+        if moved.stripes > 0 {
+            info!(
+                files = moved.files,
+                bytes = moved.bytes,
+                "prefetched cold data to NVMe"
+            );
+        }
+        Ok(moved)
+    }
+}

@@ -1,0 +1,233 @@
+//! `shoal tier ...`: the cold tier's state, and sending paths to it or bringing them back.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use shoal_agent_api::{
+    AgentClient, DEFAULT_SOCKET, Ino, Request, Response, SOCKET_ENV, TierMoved, TierReport,
+};
+
+use crate::stat::on_fuse;
+
+#[derive(Subcommand)]
+pub enum TierCmd {
+    /// Bytes and files hot and cold, objects in the bucket, garbage, the mover's state.
+    Status {
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring PATHs (files, or directories with everything below) back to NVMe before a
+    /// job reads them.
+    Prefetch {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Return once the data is on NVMe (otherwise it is warmed in the background).
+        #[arg(long)]
+        wait: bool,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Keep PATH (a file, or a directory with everything below) on NVMe whatever the
+    /// policy says.
+    Pin {
+        path: PathBuf,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Let PATH go cold again under the policy.
+    Unpin {
+        path: PathBuf,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Send PATHs (files, or directories with everything below) to the cold tier now.
+    Release {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+}
+
+impl TierCmd {
+    pub fn socket_and_json(&mut self) -> (&mut PathBuf, Option<&mut bool>) {
+        match self {
+            TierCmd::Status { socket, json } => (socket, Some(json)),
+            TierCmd::Prefetch { socket, .. }
+            | TierCmd::Pin { socket, .. }
+            | TierCmd::Unpin { socket, .. }
+            | TierCmd::Release { socket, .. } => (socket, None),
+        }
+    }
+}
+
+/// The inode of a path on a shoal mount.
+fn ino_of(path: &Path) -> anyhow::Result<Ino> {
+    let meta = std::fs::symlink_metadata(path)
+        .with_context(|| format!("cannot stat {}", path.display()))?;
+    if !on_fuse(path)? {
+        bail!("{} is not on a shoal mount", path.display());
+    }
+    Ok(meta.ino())
+}
+
+fn call(socket: &Path, request: Request) -> anyhow::Result<Response> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let response = rt.block_on(async {
+        let mut client = AgentClient::connect(socket).await?;
+        client.call(&request).await
+    })?;
+    match response {
+        Response::Error(e) => bail!("agent: {e}"),
+        other => Ok(other),
+    }
+}
+
+pub fn run(cmd: TierCmd) -> anyhow::Result<()> {
+    match cmd {
+        TierCmd::Status { socket, json } => match call(&socket, Request::TierStatus)? {
+            Response::Tier(r) if json => {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                Ok(())
+            }
+            Response::Tier(r) => {
+                print!("{}", render_status(&r));
+                Ok(())
+            }
+            other => bail!("unexpected answer from the agent: {other:?}"),
+        },
+        TierCmd::Prefetch {
+            paths,
+            wait,
+            socket,
+        } => {
+            let inos = paths.iter().map(|p| ino_of(p)).collect::<Result<_, _>>()?;
+            match call(&socket, Request::TierPrefetch { inos, wait })? {
+                Response::TierMoved(m) => {
+                    println!("{}", render_moved("warmed onto NVMe", &m));
+                    Ok(())
+                }
+                Response::Done(text) => {
+                    println!("{text}");
+                    Ok(())
+                }
+                other => bail!("unexpected answer from the agent: {other:?}"),
+            }
+        }
+        TierCmd::Release { paths, socket } => {
+            let inos = paths.iter().map(|p| ino_of(p)).collect::<Result<_, _>>()?;
+            match call(&socket, Request::TierRelease { inos })? {
+                Response::TierMoved(m) => {
+                    println!("{}", render_moved("sent to the cold tier", &m));
+                    Ok(())
+                }
+                other => bail!("unexpected answer from the agent: {other:?}"),
+            }
+        }
+        TierCmd::Pin { path, socket } => pin(&path, &socket, true),
+        TierCmd::Unpin { path, socket } => pin(&path, &socket, false),
+    }
+}
+
+fn pin(path: &Path, socket: &Path, pinned: bool) -> anyhow::Result<()> {
+    let ino = ino_of(path)?;
+    match call(socket, Request::TierPin { ino, pinned })? {
+        Response::Done(_) => {
+            let what = if pinned {
+                "pinned: it stays on NVMe"
+            } else {
+                "unpinned: the policy may send it to the cold tier"
+            };
+            println!("{} {what}", path.display());
+            Ok(())
+        }
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
+
+fn render_moved(what: &str, m: &TierMoved) -> String {
+    let secs = m.millis as f64 / 1000.0;
+    let rate = if secs > 0.0 {
+        format!(
+            ", {:.1} MiB/s",
+            m.bytes as f64 / f64::from(1u32 << 20) / secs
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{} files ({} stripes, {}) {what} in {secs:.1} s{rate}",
+        m.files,
+        m.stripes,
+        mib(m.bytes)
+    )
+}
+
+pub fn render_status(r: &TierReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "store     {}", r.store);
+    let _ = writeln!(
+        out,
+        "hot       {} in {} files",
+        mib(r.hot_bytes),
+        r.hot_files
+    );
+    let _ = writeln!(
+        out,
+        "cold      {} in {} files ({} partly cold)",
+        mib(r.cold_bytes),
+        r.cold_files,
+        r.partly_cold_files
+    );
+    let _ = writeln!(
+        out,
+        "moving    {} in {} files",
+        mib(r.moving_bytes),
+        r.moving_files
+    );
+    let _ = writeln!(
+        out,
+        "bucket    {} objects, {}; garbage {} objects, {}",
+        r.objects,
+        mib(r.object_bytes),
+        r.garbage_objects,
+        mib(r.garbage_bytes)
+    );
+    let store = if r.store_ok {
+        "answering"
+    } else {
+        "NOT ANSWERING"
+    };
+    let _ = writeln!(out, "mover     {} (store {store})", r.mover);
+    let _ = writeln!(
+        out,
+        "policy    cold after {}, watermarks {:.0}%/{:.0}%, NVMe fill {:.0}%",
+        r.cold_after,
+        r.high_watermark * 100.0,
+        r.low_watermark * 100.0,
+        r.fill * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "traffic   {} uploaded; {} recalls, {}",
+        mib(r.uploaded_bytes),
+        r.recall_requests,
+        mib(r.recall_bytes)
+    );
+    if let Some(e) = &r.last_error {
+        let _ = writeln!(out, "last error {e}");
+    }
+    out
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole shoal test suite, as CI runs it (.ci/run calls this script).
-#   formatting -> lints -> build -> unit, contract, multi-node and mount tests -> pjdfstest
+#   formatting -> lints -> build -> Garage (S3) -> unit, contract, multi-node, mount and
+#   tiering tests -> pjdfstest
 #   on a mount -> Ansible lab
 # Set CARGO_TARGET_DIR to keep build outputs between runs.
 set -euo pipefail
@@ -26,6 +27,9 @@ if [ "$(id -u)" = 0 ] && [ -n "$missing" ]; then
 fi
 echo "== cargo build (the multi-node tests run the built binaries)"
 cargo build --workspace --locked
+echo "== Garage, the S3 server of the tiering tests (built once into the tools cache)"
+SHOAL_GARAGE="$(tests/s3/install-garage.sh)"
+export SHOAL_GARAGE
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== pjdfstest (POSIX conformance) on a shoal mount (root only)"

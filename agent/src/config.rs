@@ -652,12 +652,16 @@ cluster_key = "/etc/shoal/tls/cluster.key"
     }
 
     #[test]
-    fn shipped_example_resources_section_parses_when_uncommented() {
+    fn shipped_example_resources_and_tiering_sections_parse_when_uncommented() {
         let text = include_str!("../agent.example.toml");
         let uncommented: String = text
             .lines()
             .map(|l| match l.strip_prefix('#') {
-                Some(rest) if rest.starts_with("[resources]") || rest.contains(" = ") => {
+                Some(rest)
+                    if rest.starts_with("[resources]")
+                        || rest.starts_with("[tiering")
+                        || rest.contains(" = ") =>
+                {
                     // Keep only one of the two CPU forms, as the agent requires.
                     if rest.starts_with("cpu_cores") {
                         String::new()
@@ -674,6 +678,10 @@ cluster_key = "/etc/shoal/tls/cluster.key"
         assert_eq!(r.cpus.as_deref(), Some("0-3"));
         assert_eq!(r.memory, "8GiB");
         assert_eq!(r.enforcement, shoal_resource_guard::Enforcement::Required);
+        let t = c.tiering.expect("tiering section");
+        t.validate().expect("the example's tiering values are valid");
+        assert_eq!(t.store, crate::tier::config::StoreKind::S3);
+        assert_eq!(t.s3.expect("s3").bucket, "shoal-cold");
     }
 
     #[test]

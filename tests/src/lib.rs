@@ -6,6 +6,7 @@
 //! (`cargo build --workspace`); `.ci/run` does that.
 
 pub mod fs_api;
+pub mod garage;
 pub mod netfault;
 
 use std::io::{Read, Write};

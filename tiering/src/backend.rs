@@ -13,7 +13,9 @@ use futures_util::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
 
 use crate::{ColdStore, TierError};
 
@@ -79,7 +81,19 @@ impl ObjectBackend {
             .with_allow_http(http)
             .with_timeout(REQUEST_TIMEOUT)
             .with_connect_timeout(CONNECT_TIMEOUT);
+        // A few quick retries of a failed request; longer outages are the caller's to
+        // back off from (the mover), and a reader's wait is bounded by its own timeout.
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(10),
+        };
         let mut b = AmazonS3Builder::new()
+            .with_retry(retry)
             .with_region(&s.region)
             .with_bucket_name(&s.bucket)
             .with_access_key_id(&s.access_key_id)

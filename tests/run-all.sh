@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The whole shoal test suite, as CI runs it (.ci/run calls this script).
 #   formatting -> lints -> build -> Garage (S3) -> unit, contract, multi-node, mount and
-#   tiering tests -> pjdfstest
-#   on a mount -> Ansible lab
+#   tiering tests -> pjdfstest on a mount -> Ansible lab
 # Set CARGO_TARGET_DIR to keep build outputs between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."

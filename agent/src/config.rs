@@ -679,7 +679,8 @@ cluster_key = "/etc/shoal/tls/cluster.key"
         assert_eq!(r.memory, "8GiB");
         assert_eq!(r.enforcement, shoal_resource_guard::Enforcement::Required);
         let t = c.tiering.expect("tiering section");
-        t.validate().expect("the example's tiering values are valid");
+        t.validate()
+            .expect("the example's tiering values are valid");
         assert_eq!(t.store, crate::tier::config::StoreKind::S3);
         assert_eq!(t.s3.expect("s3").bucket, "shoal-cold");
     }

@@ -45,7 +45,13 @@ fn cluster(s3: &Garage, subnet: u8, nodes: u8, tiering: &[&str]) -> DevCluster {
 /// `shoal tier status --json` on node `i`.
 fn tier(c: &DevCluster, i: u8) -> Value {
     let socket = c.socket(i);
-    let out = shoal(&["tier", "status", "--json", "--socket", socket.to_str().unwrap_or("")]);
+    let out = shoal(&[
+        "tier",
+        "status",
+        "--json",
+        "--socket",
+        socket.to_str().unwrap_or(""),
+    ]);
     assert!(
         out.status.success(),
         "tier status: {}",
@@ -118,7 +124,10 @@ fn cold_data_leaves_nvme_and_reads_back_identical_through_another_mount() {
 
     wait_cold(&c, 7, Duration::from_secs(120));
     let t = tier(&c, 1);
-    assert!(n(&t, "objects") >= 1 && n(&t, "cold_bytes") >= big as u64, "{t}");
+    assert!(
+        n(&t, "objects") >= 1 && n(&t, "cold_bytes") >= big as u64,
+        "{t}"
+    );
     // The shards are freed once the stripes are committed cold.
     wait_for(Duration::from_secs(30), "local shards freed", || {
         (shard_bytes(&c) < stored / 20).then_some(())
@@ -158,7 +167,11 @@ fn an_s3_outage_frees_nothing_early_and_the_mover_resumes() {
     assert!(t["last_error"].is_string(), "{t}");
     assert_eq!(n(&t, "cold_bytes"), 0, "{t}");
     assert!(shard_bytes(&c) >= stored, "shards freed during the outage");
-    let (ok, text) = tier_cmd(&c, 2, &["release", c.mnt(2).join("f0").to_str().unwrap_or("")]);
+    let (ok, text) = tier_cmd(
+        &c,
+        2,
+        &["release", c.mnt(2).join("f0").to_str().unwrap_or("")],
+    );
     assert!(!ok, "a release during the outage succeeded: {text}");
     // Hot data is untouched by the outage.
     check_files(&c, 3, &files);
@@ -184,10 +197,15 @@ fn reads_of_cold_data_fail_within_the_bound_during_an_outage_and_hot_data_works(
     let started = Instant::now();
     let mut f = std::fs::File::open(c.mnt(2).join("f0")).expect("open f0");
     let mut buf = Vec::new();
-    let err = f.read_to_end(&mut buf).expect_err("a cold read during the outage");
+    let err = f
+        .read_to_end(&mut buf)
+        .expect_err("a cold read during the outage");
     let took = started.elapsed();
     assert_eq!(err.raw_os_error(), Some(libc_eio()), "{err}");
-    assert!(took < Duration::from_secs(20), "the cold read took {took:?}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the cold read took {took:?}"
+    );
     check_files(&c, 2, &hot);
     let t = tier(&c, 2);
     assert_eq!(t["store_ok"], false, "{t}");
@@ -241,7 +259,15 @@ fn prefetch_warms_pins_hold_under_pressure_and_garbage_objects_go() {
     assert_eq!((n(&t, "cold_files"), n(&t, "hot_files")), (3, 1), "{t}");
 
     // Prefetch brings f0 back; reading it then makes no GET anywhere.
-    let (ok, text) = tier_cmd(&c, 2, &["prefetch", "--wait", c.mnt(2).join("f0").to_str().unwrap_or("")]);
+    let (ok, text) = tier_cmd(
+        &c,
+        2,
+        &[
+            "prefetch",
+            "--wait",
+            c.mnt(2).join("f0").to_str().unwrap_or(""),
+        ],
+    );
     assert!(ok && text.contains("warmed onto NVMe"), "prefetch: {text}");
     let gets = c.metric_everywhere("shoal_tier_get_requests_total");
     check_files(&c, 3, &files[..1]);
@@ -261,15 +287,22 @@ fn prefetch_warms_pins_hold_under_pressure_and_garbage_objects_go() {
     }
     let store = ObjectBackend::s3(&settings(&s3, "")).expect("store");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    wait_for(Duration::from_secs(90), "no object left in the bucket", || {
-        let t = tier(&c, 1);
-        let listed = rt
-            .block_on(shoal_tiering::ColdStore::list(&store, "objects"))
-            .expect("list");
-        (n(&t, "objects") == 0 && n(&t, "garbage_objects") == 0 && listed.is_empty())
-            .then_some(())
-    });
-    assert_eq!(std::fs::read(c.mnt(2).join("f1")).expect("f1"), b"small now");
+    wait_for(
+        Duration::from_secs(90),
+        "no object left in the bucket",
+        || {
+            let t = tier(&c, 1);
+            let listed = rt
+                .block_on(shoal_tiering::ColdStore::list(&store, "objects"))
+                .expect("list");
+            (n(&t, "objects") == 0 && n(&t, "garbage_objects") == 0 && listed.is_empty())
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        std::fs::read(c.mnt(2).join("f1")).expect("f1"),
+        b"small now"
+    );
 }
 
 #[test]
@@ -290,9 +323,8 @@ fn repair_and_drain_leave_tiered_stripes_to_the_bucket() {
         "--socket",
         socket.to_str().unwrap_or(""),
     ]);
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-        panic!("drain --dry-run: {}", String::from_utf8_lossy(&out.stderr))
-    });
+    let plan: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("drain --dry-run: {}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!((n(&plan, "stripes"), n(&plan, "bytes")), (0, 0), "{plan}");
     // A node lost: no stripe counts as degraded and nothing needs repair.
     let id4 = c.node_id(4);
@@ -304,7 +336,11 @@ fn repair_and_drain_leave_tiered_stripes_to_the_bucket() {
     std::thread::sleep(Duration::from_secs(4));
     let r = c.redundancy(1).expect("redundancy");
     assert_eq!(
-        (&r["stripes_degraded"], &r["stripes_unreadable"], &r["bytes_to_repair"]),
+        (
+            &r["stripes_degraded"],
+            &r["stripes_unreadable"],
+            &r["bytes_to_repair"]
+        ),
         (&Value::from(0), &Value::from(0), &Value::from(0)),
         "{r}"
     );

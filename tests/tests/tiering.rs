@@ -148,6 +148,26 @@ fn cold_data_leaves_nvme_and_reads_back_identical_through_another_mount() {
 
     // Everything reads back identical through another node's mount.
     check_files(&c, 2, &files);
+
+    // Read repeatedly, cold data comes back to NVMe: f0, read on node 3, is pushed out of
+    // its 64 MiB recall cache by all of big, then read (and fetched) again.
+    if shoal_tests::is_root() {
+        let f0 = std::slice::from_ref(&files[0]);
+        check_files(&c, 3, f0);
+        check_files(&c, 3, &files[6..]);
+        // The kernel's page cache must not answer the second read.
+        std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
+        check_files(&c, 3, f0);
+        wait_for(
+            Duration::from_secs(30),
+            "a stripe read repeatedly warmed",
+            || {
+                (metric_sum(&c.metrics(3), "shoal_tier_warmed_stripes_total", "") > 0.0)
+                    .then_some(())
+            },
+        );
+        check_files(&c, 1, f0);
+    }
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! GET: a stripe is a few MiB at most, its checksum covers exactly that range, and a
 //! sequential reader's next reads are then answered from memory — the read-ahead), checks
 //! it, and keeps it in a small cache. A stripe fetched twice within `cold_after` (the cache
-//! lost it in between: the data is being read repeatedly) is written back to NVMe in the
-//! background. A store that does not answer within `recall_timeout` fails the read with
+//! lost it in between: the data is being read repeatedly; at least ten minutes) is written
+//! back to NVMe in the background. A store that does not answer within `recall_timeout` fails the read with
 //! EIO; hot data never waits on it.
 
 use std::collections::{HashMap, VecDeque};
@@ -22,6 +22,11 @@ use super::{Tier, lock};
 
 /// Bytes of recalled stripes kept in memory.
 pub(super) const CACHE_BYTES: u64 = 64 << 20;
+/// A stripe fetched twice within `cold_after`, or within this when it is shorter, counts
+/// as read repeatedly.
+const REWARM_WINDOW_MIN: Duration = Duration::from_secs(600);
+/// Stripes whose last fetch is remembered, at most (a long cold scan forgets them all).
+const FETCHES_KEPT: usize = 100_000;
 
 /// Recently recalled stripes, least recently used first, and the fetches under way.
 pub(super) struct RecallCache {
@@ -91,6 +96,9 @@ impl RecallCache {
         let mut c = lock(&self.inner);
         let now = Instant::now();
         c.fetched.retain(|_, at| now.duration_since(*at) < window);
+        if c.fetched.len() >= FETCHES_KEPT {
+            c.fetched.clear();
+        }
         c.fetched.insert(id, now).is_some()
     }
 
@@ -146,7 +154,8 @@ impl Tier {
             }
             let bytes = self.fetch(stripe, loc).await?;
             self.cache.insert(stripe, bytes.clone());
-            let window = Duration::from_millis(self.policy.cold_after_ms.unwrap_or(3_600_000));
+            let window = Duration::from_millis(self.policy.cold_after_ms.unwrap_or(0))
+                .max(REWARM_WINDOW_MIN);
             if let Some(ino) = ino
                 && self.cache.fetched_again(stripe, window)
             {

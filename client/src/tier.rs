@@ -1,8 +1,10 @@
 //! `shoal tier ...`: the cold tier's state, and sending paths to it or bringing them back.
 
 use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
@@ -110,7 +112,13 @@ pub fn run(cmd: TierCmd) -> anyhow::Result<()> {
             socket,
         } => {
             let inos = paths.iter().map(|p| ino_of(p)).collect::<Result<_, _>>()?;
-            match call(&socket, Request::TierPrefetch { inos, wait })? {
+            let request = Request::TierPrefetch { inos, wait };
+            let answer = if wait {
+                prefetch_with_progress(&socket, request)?
+            } else {
+                call(&socket, request)?
+            };
+            match answer {
                 Response::TierMoved(m) => {
                     println!("{}", render_moved("warmed onto NVMe", &m));
                     Ok(())
@@ -135,6 +143,61 @@ pub fn run(cmd: TierCmd) -> anyhow::Result<()> {
         TierCmd::Pin { path, socket } => pin(&path, &socket, true),
         TierCmd::Unpin { path, socket } => pin(&path, &socket, false),
     }
+}
+
+/// Sends the prefetch and, until it answers, shows its progress from the agent's status:
+/// a bar redrawn in place on a terminal, a plain line every 5 s otherwise.
+fn prefetch_with_progress(socket: &Path, request: Request) -> anyhow::Result<Response> {
+    let sock = socket.to_owned();
+    let worker = std::thread::spawn(move || call(&sock, request));
+    let tty = std::io::stdout().is_terminal();
+    let mut last_line = Instant::now();
+    let mut drew = false;
+    while !worker.is_finished() {
+        std::thread::sleep(Duration::from_millis(500));
+        let Ok(Response::Tier(r)) = call(socket, Request::TierStatus) else {
+            continue;
+        };
+        if r.prefetch_bytes_total == 0 {
+            continue;
+        }
+        if tty {
+            print!("\r\x1b[2K{}", progress_line(&r));
+            std::io::stdout().flush()?;
+            drew = true;
+        } else if last_line.elapsed() >= Duration::from_secs(5) {
+            println!("{}", progress_line(&r));
+            last_line = Instant::now();
+        }
+    }
+    if drew {
+        println!();
+    }
+    worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("the prefetch request panicked"))?
+}
+
+/// `[#####.....] 3/10 files, 96.0 MiB/320.0 MiB warmed, 80.0 MiB/s, ETA 3s`.
+fn progress_line(r: &TierReport) -> String {
+    const WIDTH: usize = 24;
+    let share = r.prefetch_bytes_done as f64 / r.prefetch_bytes_total.max(1) as f64;
+    let done = ((share * WIDTH as f64) as usize).min(WIDTH);
+    let left = r.prefetch_bytes_total.saturating_sub(r.prefetch_bytes_done);
+    let eta = match r.prefetch_bytes_per_sec {
+        0 => "ETA -".to_owned(),
+        rate => format!("ETA {}s", left.div_ceil(rate)),
+    };
+    format!(
+        "[{}{}] {}/{} files, {}/{} warmed, {}/s, {eta}",
+        "#".repeat(done),
+        ".".repeat(WIDTH - done),
+        r.prefetch_files_done,
+        r.prefetch_files_total,
+        mib(r.prefetch_bytes_done),
+        mib(r.prefetch_bytes_total),
+        mib(r.prefetch_bytes_per_sec),
+    )
 }
 
 fn pin(path: &Path, socket: &Path, pinned: bool) -> anyhow::Result<()> {
@@ -230,4 +293,46 @@ pub fn render_status(r: &TierReport) -> String {
         let _ = writeln!(out, "last error {e}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_progress_shows_files_bytes_rate_and_eta() {
+        let r = TierReport {
+            prefetch_files_total: 10,
+            prefetch_files_done: 3,
+            prefetch_bytes_total: 320 << 20,
+            prefetch_bytes_done: 80 << 20,
+            prefetch_bytes_per_sec: 80 << 20,
+            ..TierReport::default()
+        };
+        let line = progress_line(&r);
+        assert!(line.starts_with("[######..................]"), "{line}");
+        assert!(line.contains("3/10 files"), "{line}");
+        assert!(line.contains("80.0 MiB/320.0 MiB warmed"), "{line}");
+        assert!(line.contains("80.0 MiB/s, ETA 3s"), "{line}");
+    }
+
+    #[test]
+    fn status_names_an_outage_and_the_last_error() {
+        let r = TierReport {
+            store: "s3 bucket b at http://x:9000".into(),
+            store_ok: false,
+            mover: "backing off".into(),
+            last_error: Some("the object store is unavailable: refused".into()),
+            ..TierReport::default()
+        };
+        let text = render_status(&r);
+        assert!(
+            text.contains("mover     backing off (store NOT ANSWERING)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last error the object store is unavailable"),
+            "{text}"
+        );
+    }
 }

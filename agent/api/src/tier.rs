@@ -43,6 +43,13 @@ pub struct TierReport {
     pub high_watermark: f64,
     pub low_watermark: f64,
     pub fill: f64,
+    /// The prefetch under way on this node: files and bytes to warm, warmed so far, and
+    /// the rate (all 0 when none runs).
+    pub prefetch_files_total: u64,
+    pub prefetch_files_done: u64,
+    pub prefetch_bytes_total: u64,
+    pub prefetch_bytes_done: u64,
+    pub prefetch_bytes_per_sec: u64,
 }
 
 /// Where one cold extent's bytes are: its stripe, the object key and the byte range in it.

@@ -42,6 +42,17 @@ struct TierState {
     uploaded_bytes: u64,
     recall_requests: u64,
     recall_bytes: u64,
+    /// The prefetch under way on this node (files and bytes to warm, and warmed).
+    prefetch: Option<PrefetchState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PrefetchState {
+    files_total: u64,
+    files_done: u64,
+    bytes_total: u64,
+    bytes_done: u64,
+    started: std::time::Instant,
 }
 
 /// The cold tier of this node: the store, the policy, and what the workers share.

@@ -43,6 +43,17 @@ impl Tier {
             fill: fill.share(),
             ..TierReport::default()
         };
+        if let Some(p) = s.prefetch {
+            r.prefetch_files_total = p.files_total;
+            r.prefetch_files_done = p.files_done;
+            r.prefetch_bytes_total = p.bytes_total;
+            r.prefetch_bytes_done = p.bytes_done;
+            let secs = p.started.elapsed().as_secs_f64();
+            if secs > 0.0 {
+                r.prefetch_bytes_per_sec = (p.bytes_done as f64 / secs) as u64;
+            }
+        }
+        drop(s);
         for f in &files {
             match (f.hot_bytes > 0, f.cold_bytes > 0) {
                 (true, false) => r.hot_files += 1,

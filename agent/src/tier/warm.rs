@@ -13,7 +13,7 @@ use shoal_placement::StripeId;
 use shoal_resource_guard::WorkClass;
 use tracing::{debug, info, warn};
 
-use super::Tier;
+use super::{PrefetchState, Tier, lock};
 use crate::AgentError;
 use crate::consensus::ConsensusError;
 
@@ -88,29 +88,36 @@ impl Tier {
     }
 
     /// `shoal tier prefetch`: every cold stripe of these files (and of every file below
-    /// these directories) back on NVMe.
+    /// these directories) back on NVMe. Status shows the progress meanwhile.
     pub async fn prefetch(self: &Arc<Self>, inos: &[Ino]) -> Result<TierMoved, AgentError> {
         let started = Instant::now();
-        let mut moved = TierMoved::default();
+        let mut work = Vec::new();
+        let (mut files_total, mut bytes_total) = (0u64, 0u64);
         for ino in self.group.store().files_below(inos)? {
             let data = self.group.store().file_data(ino)?;
             let mut seen = BTreeSet::new();
-            let mut warmed_any = false;
-            for e in &data.extents {
-                let Some(loc) = data.cold.get(&e.stripe.id) else {
-                    continue;
-                };
-                if !seen.insert(e.stripe.id) {
-                    continue;
-                }
-                if self.warm(ino, e.stripe.id, *loc).await? {
-                    moved.stripes += 1;
-                    moved.bytes += loc.len;
-                    warmed_any = true;
-                }
+            let cold: Vec<(StripeId, ColdLocation)> = data
+                .extents
+                .iter()
+                .filter_map(|e| data.cold.get(&e.stripe.id).map(|l| (e.stripe.id, *l)))
+                .filter(|(id, _)| seen.insert(*id))
+                .collect();
+            if !cold.is_empty() {
+                files_total += 1;
+                bytes_total += cold.iter().map(|(_, l)| l.len).sum::<u64>();
+                work.push((ino, cold));
             }
-            moved.files += u64::from(warmed_any);
         }
+        lock(&self.state).prefetch = Some(PrefetchState {
+            files_total,
+            files_done: 0,
+            bytes_total,
+            bytes_done: 0,
+            started,
+        });
+        let result = self.warm_all(&work).await;
+        lock(&self.state).prefetch = None;
+        let mut moved = result?;
         moved.millis = started.elapsed().as_millis() as u64;
         if moved.stripes > 0 {
             info!(
@@ -118,6 +125,31 @@ impl Tier {
                 bytes = moved.bytes,
                 "prefetched cold data to NVMe"
             );
+        }
+        Ok(moved)
+    }
+
+    async fn warm_all(
+        self: &Arc<Self>,
+        work: &[(Ino, Vec<(StripeId, ColdLocation)>)],
+    ) -> Result<TierMoved, AgentError> {
+        let mut moved = TierMoved::default();
+        for (ino, stripes) in work {
+            let mut warmed_any = false;
+            for &(id, loc) in stripes {
+                if self.warm(*ino, id, loc).await? {
+                    moved.stripes += 1;
+                    moved.bytes += loc.len;
+                    warmed_any = true;
+                }
+                if let Some(p) = lock(&self.state).prefetch.as_mut() {
+                    p.bytes_done += loc.len;
+                }
+            }
+            moved.files += u64::from(warmed_any);
+            if let Some(p) = lock(&self.state).prefetch.as_mut() {
+                p.files_done += 1;
+            }
         }
         Ok(moved)
     }

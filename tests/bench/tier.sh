@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "tier.sh: needs root (mounts)" >&2; exit 1; }
-mib=$(numfmt --from=iec "${size%B}" | awk '{printf "%d", $1 / 1048576}')
+mib=$(numfmt --from=iec-i "${size%B}" | awk '{printf "%d", $1 / 1048576}')
 garage="$("$here/tests/s3/install-garage.sh")"
 work=$(mktemp -d /var/tmp/shoal-bench-tier.XXXXXX)
 ip=127.0.95.250

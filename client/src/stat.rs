@@ -47,9 +47,18 @@ pub fn run(path: &Path, socket: &Path, json: bool) -> anyhow::Result<()> {
         _ => bail!("unexpected answer from the agent"),
     };
     if json {
-        let mut v = serde_json::to_value(&layout)?;
-        v["cold_extents"] = serde_json::to_value(&cold)?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        // The layout's fields, and where its cold extents are.
+        #[derive(serde::Serialize)]
+        struct Stat<'a> {
+            #[serde(flatten)]
+            layout: &'a FileLayout,
+            cold_extents: &'a [ColdExtent],
+        }
+        let stat = Stat {
+            layout: &layout,
+            cold_extents: &cold,
+        };
+        println!("{}", serde_json::to_string_pretty(&stat)?);
     } else {
         print!("{}", render(path, &layout, &cold));
     }

@@ -128,6 +128,28 @@ fn cold_data_leaves_nvme_and_reads_back_identical_through_another_mount() {
         n(&t, "objects") >= 1 && n(&t, "cold_bytes") >= big as u64,
         "{t}"
     );
+    // `shoal stat` names each cold extent's object and range.
+    let (path, socket) = (c.mnt(1).join("big"), c.socket(1));
+    let out = shoal(&[
+        "stat",
+        "--json",
+        path.to_str().unwrap_or(""),
+        "--socket",
+        socket.to_str().unwrap_or(""),
+    ]);
+    let stat: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("stat --json: {}", String::from_utf8_lossy(&out.stderr)));
+    let cold = stat["cold_extents"].as_array().expect("cold_extents");
+    assert_eq!(
+        cold.len(),
+        stat["extents"].as_array().map_or(0, Vec::len),
+        "{stat}"
+    );
+    assert!(cold.iter().all(|e| {
+        e["object"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("objects/"))
+    }));
     // The shards are freed once the stripes are committed cold.
     wait_for(Duration::from_secs(30), "local shards freed", || {
         (shard_bytes(&c) < stored / 20).then_some(())

@@ -255,7 +255,19 @@ pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan,
 }
 
 /// The alive members that run another release than `mine`, as "name runs version".
-pub(crate) fn other_releases<'a>(
+/// The alive members that run another release than this agent, in words.
+pub(crate) fn alive_on_other_releases(members: &[MemberView]) -> Vec<String> {
+    other_releases(
+        members
+            .iter()
+            .filter(|m| m.state == MemberState::Alive)
+            .filter_map(|m| m.facts.as_ref())
+            .map(|f| (f.name.as_str(), f.agent_version.as_str())),
+        crate::AGENT_VERSION,
+    )
+}
+
+fn other_releases<'a>(
     versions: impl IntoIterator<Item = (&'a str, &'a str)>,
     mine: &str,
 ) -> Vec<String> {
@@ -275,14 +287,7 @@ async fn change_node(
     id: NodeId,
     change: NodeChange,
 ) -> Result<(), AgentError> {
-    let others = other_releases(
-        members
-            .iter()
-            .filter(|m| m.state == MemberState::Alive)
-            .filter_map(|m| m.facts.as_ref())
-            .map(|f| (f.name.as_str(), f.agent_version.as_str())),
-        crate::AGENT_VERSION,
-    );
+    let others = alive_on_other_releases(members);
     if !others.is_empty() {
         return Err(AgentError::Refused(format!(
             "node changes need every node on this release ({}): {}; finish the upgrade first",

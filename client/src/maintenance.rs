@@ -12,7 +12,7 @@ use shoal_agent_api::{
 use crate::status::{bytes, span};
 
 /// One request to the local agent, on a runtime of its own.
-fn call(socket: &Path, request: Request) -> anyhow::Result<Response> {
+pub(crate) fn call(socket: &Path, request: Request) -> anyhow::Result<Response> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use shoal_agent_api::{
-    AgentClient, DEFAULT_SOCKET, Ino, Request, Response, SOCKET_ENV, TierMoved, TierReport,
-};
+use shoal_agent_api::{DEFAULT_SOCKET, Ino, Request, Response, SOCKET_ENV, TierMoved, TierReport};
 
+use crate::maintenance::call;
 use crate::stat::on_fuse;
 
 #[derive(Subcommand)]
@@ -77,20 +76,6 @@ fn ino_of(path: &Path) -> anyhow::Result<Ino> {
         bail!("{} is not on a shoal mount", path.display());
     }
     Ok(meta.ino())
-}
-
-fn call(socket: &Path, request: Request) -> anyhow::Result<Response> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let response = rt.block_on(async {
-        let mut client = AgentClient::connect(socket).await?;
-        client.call(&request).await
-    })?;
-    match response {
-        Response::Error(e) => bail!("agent: {e}"),
-        other => Ok(other),
-    }
 }
 
 pub fn run(cmd: TierCmd) -> anyhow::Result<()> {

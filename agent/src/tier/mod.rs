@@ -17,7 +17,7 @@ mod warm;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use shoal_mesh::{GossipHandle, MemberState};
+use shoal_mesh::GossipHandle;
 use shoal_tiering::ColdStore;
 use shoal_tiering::policy::Policy;
 
@@ -135,15 +135,7 @@ impl Tier {
         let Ok(members) = self.gossip.members().await else {
             return false;
         };
-        crate::drain::other_releases(
-            members
-                .iter()
-                .filter(|m| m.state == MemberState::Alive)
-                .filter_map(|m| m.facts.as_ref())
-                .map(|f| (f.name.as_str(), f.agent_version.as_str())),
-            crate::AGENT_VERSION,
-        )
-        .is_empty()
+        crate::drain::alive_on_other_releases(&members).is_empty()
     }
 
     /// Runs `f` against the store within `limit`; a timeout is a retryable store error.

@@ -156,8 +156,14 @@ impl Node {
         handles.serve(&transport);
         let tier = match &config.tiering {
             Some(t) => {
+                let ca_pem =
+                    std::fs::read(&config.tls.ca_cert).map_err(|e| AgentError::ConfigValue {
+                        key: "tls.ca_cert".into(),
+                        reason: format!("cannot read {}: {e}", config.tls.ca_cert.display()),
+                    })?;
                 let tier = Tier::new(
                     t.clone(),
+                    &ca_pem,
                     group.clone(),
                     stripes.clone(),
                     resources.clone(),
@@ -165,6 +171,13 @@ impl Node {
                     TierMetrics::register(&mut registry),
                 )?;
                 info!(store = %tier.store.describe(), cold_after = %t.cold_after, "cold tier");
+                // Another cluster's store is refused at start; an unreachable one only
+                // delays the tier's work until it answers.
+                match tier.claim().await {
+                    Ok(()) => {}
+                    Err(e @ AgentError::ConfigValue { .. }) => return Err(e),
+                    Err(e) => warn!(error = %e, "cold tier store not reachable yet"),
+                }
                 Some(tier)
             }
             None => None,

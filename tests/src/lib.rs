@@ -174,7 +174,8 @@ impl DevCluster {
         self.run_up().status.success()
     }
 
-    fn run_up(&self) -> Output {
+    /// Runs `dev-cluster up` and returns its output, succeeded or not.
+    pub fn run_up(&self) -> Output {
         let nodes = self.nodes.to_string();
         let base_ip = self.ip(1).to_string();
         let dir = self.path().to_string_lossy();

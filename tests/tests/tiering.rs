@@ -3,7 +3,7 @@
 //! uploads and during reads, prefetch, pins under watermark pressure, garbage objects,
 //! and repair and drain leaving tiered stripes alone.
 //!
-//! Subnets 64–69.
+//! Subnets 64–69, 80 and 81.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -151,7 +151,7 @@ fn cold_data_leaves_nvme_and_reads_back_identical_through_another_mount() {
             .is_some_and(|o| o.starts_with("objects/"))
     }));
     // The shards are freed once the stripes are committed cold.
-    wait_for(Duration::from_secs(30), "local shards freed", || {
+    wait_for(Duration::from_secs(90), "local shards freed", || {
         (shard_bytes(&c) < stored / 20).then_some(())
     });
 
@@ -387,4 +387,25 @@ fn repair_and_drain_leave_tiered_stripes_to_the_bucket() {
         "{r}"
     );
     check_files(&c, 2, &files);
+}
+
+#[test]
+fn a_bucket_claimed_by_another_cluster_is_refused() {
+    let s3 = Garage::start(80);
+    let a = cluster(&s3, 80, 3, &[]);
+    assert!(tier(&a, 1)["store"].as_str().is_some());
+    // Another cluster (its own CA) naming the same bucket and prefix: its agents refuse
+    // to start, naming the reason, rather than collect the first cluster's objects.
+    let mut args = s3.cluster_args();
+    args.extend(["--ec".into(), "2+1".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let b = DevCluster::prepare(3, 81, &args);
+    let out = b.run_up();
+    assert!(!out.status.success(), "the second cluster started");
+    let log = b.log(1);
+    assert!(
+        log.contains("belongs to another shoal cluster"),
+        "{}\n{log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

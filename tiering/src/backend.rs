@@ -124,10 +124,14 @@ impl ObjectBackend {
             key: "tiering.dir",
             message: format!("cannot create {}: {e}", path.display()),
         })?;
-        let inner = LocalFileSystem::new_with_prefix(path).map_err(|e| TierError::Config {
-            key: "tiering.dir",
-            message: format!("{}: {e}", path.display()),
-        })?;
+        // Durable before the put returns, as a bucket's put is: the shards are freed once
+        // the upload is committed.
+        let inner = LocalFileSystem::new_with_prefix(path)
+            .map_err(|e| TierError::Config {
+                key: "tiering.dir",
+                message: format!("{}: {e}", path.display()),
+            })?
+            .with_fsync(true);
         Ok(ObjectBackend {
             inner: Arc::new(inner),
             prefix: String::new(),

@@ -215,6 +215,14 @@ pub enum Command {
         stripe: StripeId,
         warm: StripeRecord,
     },
+    /// Objects found in the bucket that the metadata does not know (an upload whose commit
+    /// was lost), with their sizes: each one still unknown when this applies becomes
+    /// garbage, so a `TierStripes` naming it later is refused, and the collector may delete
+    /// it. Known ones are left alone (their commit came first). Answered with
+    /// [`Outcome::Orphaned`]: the objects now garbage.
+    ObjectsOrphaned {
+        objects: Vec<(u128, u64)>,
+    },
     /// Keeps inode `ino` (a file, or a directory with everything below it) out of the
     /// cold tier (`pinned`), or lets it go again. `NotFound` for an inode that is gone.
     SetPin {
@@ -300,6 +308,8 @@ pub enum Outcome {
     Refused(String),
     /// TierStripes: the stripes now cold.
     Tiered(Vec<StripeId>),
+    /// ObjectsOrphaned: the objects now garbage.
+    Orphaned(Vec<u128>),
 }
 
 #[cfg(test)]

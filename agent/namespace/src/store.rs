@@ -245,6 +245,7 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
         Command::ObjectsDeleted { objects } => crate::tier::objects_deleted(tx, objects),
         Command::RecordReads { inos } => crate::tier::record_reads(tx, inos),
         Command::SetPin { ino, pinned } => crate::tier::set_pin(tx, *ino, *pinned),
+        Command::ObjectsOrphaned { objects } => crate::tier::objects_orphaned(tx, objects),
         Command::WarmStripe { ino, stripe, warm } => {
             crate::tier::warm_stripe(tx, *ino, *stripe, warm)
         }

@@ -135,6 +135,21 @@ pub(crate) fn objects_deleted(
     Ok(Outcome::Done)
 }
 
+pub(crate) fn objects_orphaned(
+    tx: &mut Tx<'_>,
+    objects: &[(u128, u64)],
+) -> Result<Outcome, NamespaceError> {
+    let mut fenced = Vec::new();
+    for &(id, size) in objects {
+        if tx.objects.get(id)?.is_some() || tx.object_garbage.get(id)?.is_some() {
+            continue;
+        }
+        tx.object_garbage.insert(id, encode(&size)?.as_slice())?;
+        fenced.push(id);
+    }
+    Ok(Outcome::Orphaned(fenced))
+}
+
 pub(crate) fn record_reads(tx: &mut Tx<'_>, inos: &[Ino]) -> Result<Outcome, NamespaceError> {
     for &ino in inos {
         if tx.inode(ino)?.is_some() {
@@ -576,6 +591,25 @@ mod tests {
         tier(&mut kit, 63, vec![(2, loc(63, 16, 10))]);
         assert!(tier(&mut kit, 64, vec![(2, loc(64, 16, 10))]).is_empty());
         assert!(tier(&mut kit, 65, vec![(1, loc(65, 16, 11))]).is_empty());
+    }
+
+    #[test]
+    fn an_orphaned_object_is_fenced_against_a_late_commit_and_a_committed_one_is_kept() {
+        let (mut kit, _, _) = two_files();
+        tier(&mut kit, 50, vec![(1, loc(50, 16, 10))]);
+        let out = kit.run(Command::ObjectsOrphaned {
+            objects: vec![(50, 1000), (70, 300)],
+        });
+        assert_eq!(out, Outcome::Orphaned(vec![70]), "50 is in use");
+        assert_eq!(kit.store.object_garbage(10).expect("q"), [(70, 300)]);
+        // The lost upload's commit arrives late: refused, nothing cold.
+        let late = Command::TierStripes {
+            object: 70,
+            size: 300,
+            stripes: vec![(StripeId(2), loc(70, 16, 10))],
+        };
+        assert_eq!(kit.fail(late), crate::format::FsError::Invalid);
+        assert_eq!(kit.store.cold_location(StripeId(2)).expect("q"), None);
     }
 
     #[test]

@@ -301,7 +301,8 @@ impl Model {
             | Command::ObjectsDeleted { .. }
             | Command::RecordReads { .. }
             | Command::WarmStripe { .. }
-            | Command::SetPin { .. } => {
+            | Command::SetPin { .. }
+            | Command::ObjectsOrphaned { .. } => {
                 unreachable!("not generated (unit-tested beside their apply)")
             }
         }

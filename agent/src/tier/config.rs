@@ -180,6 +180,12 @@ impl TieringConfig {
         if self.recall_timeout.is_zero() {
             return Err(invalid("tiering.recall_timeout", "must be above 0"));
         }
+        if self.orphan_object_grace < Duration::from_secs(60) {
+            return Err(invalid(
+                "tiering.orphan_object_grace",
+                "must be at least 60s (an upload in progress is not an orphan)",
+            ));
+        }
         if self.scan_interval.is_zero() {
             return Err(invalid("tiering.scan_interval", "must be above 0"));
         }

@@ -1,15 +1,16 @@
 //! The `tier-gc` worker (acts on the metadata leader): deletes from the bucket the objects
 //! no cold stripe uses any more (their files were deleted, overwritten or warmed) and
 //! forgets them (`ObjectsDeleted`); and, less often, lists the bucket for objects the
-//! metadata never heard of (an upload whose commit was lost) and deletes those once they
-//! have been seen for `orphan_object_grace`.
+//! metadata never heard of (an upload whose commit was lost) and, once they have been
+//! seen for `orphan_object_grace`, fences them through Raft as garbage (then deleted like
+//! any other).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shoal_namespace::format::Timestamp;
-use shoal_namespace::{Command, Proposal};
+use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_tiering::pack::{object_id, object_key};
 use tracing::{debug, info};
 
@@ -84,7 +85,11 @@ impl TierGc {
         Ok(n == garbage.len() && n == PER_PASS)
     }
 
-    async fn delete_orphans(&mut self) -> Result<(), AgentError> {
+    /// Objects in the bucket the metadata does not know, seen for the grace, are fenced
+    /// through Raft (`ObjectsOrphaned`) and so become garbage for `delete_garbage`. The log
+    /// orders the fence after any commit of the same object already in it: a slow upload's
+    /// commit either lands first (and the object is kept) or is refused afterwards.
+    async fn fence_orphans(&mut self) -> Result<(), AgentError> {
         let listed = self
             .tier
             .timed(REQUEST_TIMEOUT, self.tier.store.list("objects"))
@@ -93,7 +98,8 @@ impl TierGc {
         let grace = self.tier.config.orphan_object_grace;
         let store = self.tier.group.store();
         let mut still = HashMap::new();
-        for (key, _) in listed {
+        let mut due = Vec::new();
+        for (key, size) in listed {
             let Some(id) = object_id(&key) else {
                 continue;
             };
@@ -101,17 +107,33 @@ impl TierGc {
                 continue;
             }
             let since = self.unknown_since.get(&id).copied().unwrap_or(now);
-            // Known by now? An upload commits within seconds; the grace is far longer.
-            if now.duration_since(since) >= grace && !store.object_known(id)? {
-                self.tier
-                    .timed(REQUEST_TIMEOUT, self.tier.store.delete(&key))
-                    .await?;
-                info!(object = %key, "deleted an object the metadata never knew (an upload whose commit was lost)");
+            if now.duration_since(since) >= grace {
+                due.push((id, size));
             } else {
                 still.insert(id, since);
             }
         }
         self.unknown_since = still;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let outcome = self
+            .tier
+            .group
+            .propose_one(Proposal {
+                id: None,
+                now: Timestamp::now(),
+                command: Command::ObjectsOrphaned { objects: due },
+            })
+            .await?;
+        if let Outcome::Orphaned(ids) = outcome
+            && !ids.is_empty()
+        {
+            info!(
+                objects = ids.len(),
+                "objects the metadata never knew (uploads whose commit was lost) are garbage now"
+            );
+        }
         Ok(())
     }
 }
@@ -125,10 +147,11 @@ impl Worker for TierGc {
         if !self.tier.group.is_leader() || !self.tier.cluster_on_this_release().await {
             return Ok(Step::Idle);
         }
+        self.tier.claim().await?;
         let more = self.delete_garbage().await?;
         if Instant::now() >= self.next_listing {
             self.next_listing = Instant::now() + self.listing_every();
-            self.delete_orphans().await?;
+            self.fence_orphans().await?;
         }
         Ok(if more { Step::Busy } else { Step::Idle })
     }

@@ -4,6 +4,7 @@
 //! (objects nothing uses, on the leader) and `tier-heat` (this node's reads, recorded
 //! coarsely through Raft). The store itself and the pure policy are in `shoal-tiering`.
 
+mod claim;
 pub mod config;
 mod gc;
 mod heat;
@@ -71,6 +72,9 @@ pub struct Tier {
     metrics: TierMetrics,
     /// Stripes warmed in the background, one at a time.
     warming: tokio::sync::Semaphore,
+    /// This cluster's claim on the store, and whether it was checked.
+    claim: String,
+    claimed: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -78,8 +82,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Tier {
+    /// `ca_pem`: the cluster CA certificate, which names the cluster in the store's claim.
     pub fn new(
         config: TieringConfig,
+        ca_pem: &[u8],
         group: Arc<Group>,
         stripes: Arc<Stripes>,
         resources: Arc<Resources>,
@@ -107,6 +113,8 @@ impl Tier {
             heat: heat::HeatLog::new(granularity),
             metrics,
             warming: tokio::sync::Semaphore::new(1),
+            claim: claim::claim_text(ca_pem),
+            claimed: std::sync::atomic::AtomicBool::new(false),
             config,
         }))
     }

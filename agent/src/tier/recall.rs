@@ -128,9 +128,14 @@ impl Tier {
             warn!(stripe = %stripe, error = %e, "read of cold data failed");
             FsError::Io(format!("cold tier: {e}"))
         })?;
-        let start = (offset as usize).min(bytes.len());
-        let end = (offset.saturating_add(len) as usize).min(bytes.len());
-        Ok(bytes[start..end].to_vec())
+        let end = offset.saturating_add(len);
+        if end > bytes.len() as u64 {
+            return Err(FsError::Io(format!(
+                "cold stripe {stripe} holds {} bytes; bytes {offset}..{end} were asked for",
+                bytes.len()
+            )));
+        }
+        Ok(bytes[offset as usize..end as usize].to_vec())
     }
 
     /// The whole stripe's bytes: from the cache, or fetched and checked. A stripe of file
@@ -187,7 +192,7 @@ impl Tier {
             s.recall_requests += 1;
             s.recall_bytes += bytes.len() as u64;
         }
-        if crc32c::crc32c(&bytes) != loc.crc32c {
+        if bytes.len() as u64 != loc.len || crc32c::crc32c(&bytes) != loc.crc32c {
             return Err(TierError::Damaged {
                 key,
                 what: format!("stripe {stripe} checksum mismatch"),

@@ -3,7 +3,8 @@
 //! stripe's checksum, and only then commit "this stripe lives at object O, range R"
 //! through Raft. The local shards are freed after the commit, by each holder's leftover
 //! sweep (the record names no node for them any more). A failed upload or check commits
-//! nothing; an object whose commit is lost is deleted by `tier-gc` as an orphan.
+//! nothing; an object whose commit is lost is fenced and deleted by `tier-gc` as an
+//! orphan.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ impl Tier {
                 "the cold tier needs every node on this release; finish the upgrade first".into(),
             ));
         }
+        self.claim().await?;
         let started = Instant::now();
         let mut files: Vec<(Ino, Vec<StripeRecord>)> = Vec::new();
         let mut seen = BTreeSet::new();
@@ -97,7 +99,15 @@ impl Tier {
         let mut batch_bytes = 0u64;
         for record in files.iter().flat_map(|(_, s)| s) {
             self.wait_for_budget(record.len).await;
-            let read = self.stripes.read(record, 0, record.len).await?;
+            // One stripe that cannot be read now (too few shards) must not hold up the
+            // rest: it stays hot, and a later pass tries it again.
+            let read = match self.stripes.read(record, 0, record.len).await {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(stripe = %record.id, error = %e, "stripe not readable; left on NVMe for now");
+                    continue;
+                }
+            };
             batch_bytes += read.data.len() as u64;
             batch.push((record.id.0, Bytes::from(read.data)));
             if batch_bytes >= self.object_size {
@@ -116,7 +126,6 @@ impl Tier {
         self: &Arc<Self>,
         stripes: Vec<(u128, Bytes)>,
     ) -> Result<Vec<StripeId>, AgentError> {
-        let started = Instant::now();
         let id: u128 = rand::random();
         let key = object_key(id);
         let (object, index) = pack::pack(&stripes);
@@ -143,12 +152,6 @@ impl Tier {
         }
         self.metrics.put_requests.inc();
         self.metrics.put_bytes.inc_by(size);
-        // `tier-gc` deletes objects the metadata does not know after their grace: a
-        // commit this late could name an object already gone.
-        if started.elapsed() > self.config.orphan_object_grace / 2 {
-            let _ = self.store.delete(&key).await;
-            return Err(shoal_tiering::TierError::TimedOut(started.elapsed()).into());
-        }
         let located = index
             .iter()
             .map(|p| {
@@ -174,13 +177,28 @@ impl Tier {
                     stripes: located,
                 },
             })
-            .await?;
+            .await;
+        let store = self.group.store();
         match outcome {
-            Outcome::Tiered(ids) => {
+            Ok(Outcome::Tiered(ids)) => {
                 lock(&self.state).uploaded_bytes += size;
                 Ok(ids)
             }
-            other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+            // A proposal sent again after a lost answer is refused when its first try
+            // applied: the object is known then, and its stripes are cold.
+            _ if store.object_known(id)? => {
+                lock(&self.state).uploaded_bytes += size;
+                let mut ids = Vec::new();
+                for p in &index {
+                    let s = StripeId(p.stripe);
+                    if store.cold_location(s)?.is_some_and(|l| l.object == id) {
+                        ids.push(s);
+                    }
+                }
+                Ok(ids)
+            }
+            Ok(other) => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -43,7 +43,7 @@ fn unexpected(outcome: Outcome) -> AgentError {
 ///   while this node was out). They are disowned through Raft (refused for any slot that
 ///   names this node by then, fencing the rest against a late relocation here), and only
 ///   the disowned ones are deleted. Shards of a cold stripe (its bytes are in the
-///   bucket) are leftovers at once, without the grace.
+///   bucket) are leftovers after a short grace of their own (30 s).
 pub struct OrphanShards {
     group: Arc<Group>,
     stripes: Arc<Stripes>,
@@ -51,6 +51,9 @@ pub struct OrphanShards {
     leftover_since: HashMap<(StripeId, u8), Instant>,
     ticker: Ticker,
 }
+
+/// How long a shard of a cold stripe is kept after the stripe went cold.
+const COLD_SHARD_GRACE: Duration = Duration::from_secs(30);
 
 /// Most leftovers disowned in one proposal.
 const LEFTOVERS_PER_PASS: usize = 1024;
@@ -88,9 +91,17 @@ impl OrphanShards {
         for (stripe, index) in self.stripes.local_shards() {
             match self.group.store().shard_holder(stripe, index)? {
                 Some(holder) if holder == me => {}
-                // A cold stripe's bytes are in the bucket, committed: no grace to wait.
+                // A cold stripe's bytes are in the bucket, committed: a short grace only,
+                // for readers whose replica has not applied the commit yet.
                 Some(_) if self.group.store().cold_location(stripe)?.is_some() => {
-                    if due.leftovers.len() < LEFTOVERS_PER_PASS {
+                    let since = self
+                        .leftover_since
+                        .get(&(stripe, index))
+                        .copied()
+                        .unwrap_or(now);
+                    if now.duration_since(since) < COLD_SHARD_GRACE.min(grace) {
+                        leftover.insert((stripe, index), since);
+                    } else if due.leftovers.len() < LEFTOVERS_PER_PASS {
                         due.leftovers.push((stripe, index));
                     }
                 }

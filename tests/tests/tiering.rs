@@ -351,6 +351,7 @@ fn prefetch_warms_pins_hold_under_pressure_and_garbage_objects_go() {
 fn repair_and_drain_leave_tiered_stripes_to_the_bucket() {
     let s3 = Garage::start(69);
     let c = cluster(&s3, 69, 4, &["cold_after=\"off\""]);
+    c.wait_layout(1);
     let mut files = Vec::new();
     write_files(&c, 1, 0..4, &mut files);
     let (ok, text) = tier_cmd(&c, 1, &["release", c.mnt(1).to_str().unwrap_or("")]);

@@ -67,14 +67,11 @@ impl Tier {
         let tiered = result?;
         let mut moved = TierMoved::default();
         for (_, stripes) in &files {
-            let n = stripes.iter().filter(|r| tiered.contains(&r.id)).count() as u64;
-            moved.files += u64::from(n > 0);
-            moved.stripes += n;
-            moved.bytes += stripes
-                .iter()
-                .filter(|r| tiered.contains(&r.id))
-                .map(|r| r.len)
-                .sum::<u64>();
+            let cold: Vec<&StripeRecord> =
+                stripes.iter().filter(|r| tiered.contains(&r.id)).collect();
+            moved.files += u64::from(!cold.is_empty());
+            moved.stripes += cold.len() as u64;
+            moved.bytes += cold.iter().map(|r| r.len).sum::<u64>();
         }
         moved.millis = started.elapsed().as_millis() as u64;
         if moved.stripes > 0 {

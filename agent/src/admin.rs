@@ -135,7 +135,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
             Ok(r) => Response::StripeRead(r),
             Err(e) => Response::Error(e.to_string()),
         },
-        Request::Fs(r) => Response::Fs(node.fs.handle(r, pid, version >= 6).await),
+        Request::Fs(r) => Response::Fs(node.fs.handle(r, pid, version).await),
         Request::JoinReservation { pid } => match &node.resources.guard {
             None => Response::Joined(None),
             Some(g) => match g.attach(pid) {

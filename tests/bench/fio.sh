@@ -18,6 +18,7 @@
 #   seq write 1M, 1 job and 4 jobs    a fresh file per job, end_fsync=1 (time includes fsync)
 #   seq read 1M, 1 job and 4 jobs     the files just written, page cache dropped first
 #   rand read 4K, 1 job and 4 jobs    the same files, every 4K block read once, in random order
+#   rand read 4K qd16                 the 1-job file, libaio with 16 in flight and O_DIRECT
 # Caches are dropped (sync; echo 3 > /proc/sys/vm/drop_caches) before each read test where
 # that is allowed (root); otherwise the table says they were not. Files are removed at the end.
 # Needs fio (installed with apt-get when missing, as root) and python3.
@@ -100,9 +101,12 @@ cleanup() {
 trap cleanup EXIT
 cleanup
 
-# run_fio TEST LABEL DIR RW BS JOBS SIZE_PER_JOB FILESET
+# run_fio TEST LABEL DIR RW BS JOBS SIZE_PER_JOB FILESET ENGINE DEPTH DIRECT
+# (DIRECT "-": the --direct option)
 run_fio() {
   local test="$1" label="$2" dir="$3" rw="$4" bs="$5" jobs="$6" per_job="$7" fileset="$8"
+  local engine="$9" depth="${10}" odirect="${11}"
+  [ "$odirect" = - ] && odirect="$direct"
   local extra=()
   case "$rw" in
     write) extra+=(--end_fsync=1) ;;
@@ -110,24 +114,28 @@ run_fio() {
   esac
   echo "== $test on $label ($dir)" >&2
   fio --name="$test" --directory="$dir" --filename_format="shoal-fio.$fileset.\$jobnum" \
-    --rw="$rw" --bs="$bs" --numjobs="$jobs" --size="$per_job" --ioengine=psync \
-    --direct="$direct" --fallocate=none --runtime="$runtime" --group_reporting \
+    --rw="$rw" --bs="$bs" --numjobs="$jobs" --size="$per_job" --ioengine="$engine" \
+    --iodepth="$depth" --direct="$odirect" --fallocate=none --runtime="$runtime" --group_reporting \
     ${extra[@]+"${extra[@]}"} --output-format=json --output="$raw/$label-$test.json" \
     || die "fio failed: $test on $dir (output in $raw/$label-$test.json)"
 }
 
+# name rw bs jobs size-per-job fileset engine iodepth direct
 tests=(
-  "seq-write-1M-1job write 1M 1 $size1 seq1"
-  "seq-read-1M-1job read 1M 1 $size1 seq1"
-  "seq-write-1M-4jobs write 1M 4 $size4 seq4"
-  "seq-read-1M-4jobs read 1M 4 $size4 seq4"
-  "rand-read-4K-1job randread 4K 1 $size1 seq1"
-  "rand-read-4K-4jobs randread 4K 4 $size4 seq4"
+  "seq-write-1M-1job write 1M 1 $size1 seq1 psync 1 -"
+  "seq-read-1M-1job read 1M 1 $size1 seq1 psync 1 -"
+  "seq-write-1M-4jobs write 1M 4 $size4 seq4 psync 1 -"
+  "seq-read-1M-4jobs read 1M 4 $size4 seq4 psync 1 -"
+  "rand-read-4K-1job randread 4K 1 $size1 seq1 psync 1 -"
+  "rand-read-4K-4jobs randread 4K 4 $size4 seq4 psync 1 -"
+  "rand-read-4K-qd16 randread 4K 1 $size1 seq1 libaio 16 1"
 )
 for t in "${tests[@]}"; do
-  read -r name rw bs jobs per_job fileset <<<"$t"
-  run_fio "$name" local "$local_dir" "$rw" "$bs" "$jobs" "$per_job" "$fileset"
-  run_fio "$name" shoal "$mount_dir" "$rw" "$bs" "$jobs" "$per_job" "$fileset"
+  read -r name rw bs jobs per_job fileset engine depth odirect <<<"$t"
+  for side in "local $local_dir" "shoal $mount_dir"; do
+    run_fio "$name" ${side%% *} "${side#* }" "$rw" "$bs" "$jobs" "$per_job" "$fileset" \
+      "$engine" "$depth" "$odirect"
+  done
 done
 
 python3 - "$raw" "$out" "$size" "$runtime" "$direct" "$dropped" "$mount_dir" "$local_dir" \

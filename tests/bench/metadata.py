@@ -24,9 +24,12 @@ import time
 PHASES = ("create", "stat", "delete")
 
 
-def worker(base, index, count, barrier, results, drop):
-    sub = os.path.join(base, f"t{index}")
-    paths = [os.path.join(sub, f"f{j:07d}") for j in range(count)]
+def worker(base, index, count, barrier, results, drop, one_dir):
+    if one_dir:
+        paths = [os.path.join(base, f"t{index}-f{j:07d}") for j in range(count)]
+    else:
+        sub = os.path.join(base, f"t{index}")
+        paths = [os.path.join(sub, f"f{j:07d}") for j in range(count)]
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
     clock = time.perf_counter_ns
     try:
@@ -87,17 +90,18 @@ def next_result(results, procs):
                 raise RuntimeError(f"a worker died (exit code {dead[0].exitcode})")
 
 
-def run(directory, files, threads, drop):
+def run(directory, files, threads, drop, one_dir):
     base = os.path.join(directory, f"shoal-meta.{os.getpid()}")
     os.mkdir(base)
     counts = [files // threads + (1 if i < files % threads else 0) for i in range(threads)]
     for i in range(threads):
-        os.mkdir(os.path.join(base, f"t{i}"))
+        if not one_dir:
+            os.mkdir(os.path.join(base, f"t{i}"))
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(threads + 1)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=worker, args=(base, i, counts[i], barrier, results, drop))
+        ctx.Process(target=worker, args=(base, i, counts[i], barrier, results, drop, one_dir))
         for i in range(threads)
     ]
     for p in procs:
@@ -146,7 +150,9 @@ def main():
     ap.add_argument("local_dir", metavar="LOCAL_DIR", help="a directory on a local filesystem")
     ap.add_argument("--files", type=int, default=10000, help="files in all (default 10000)")
     ap.add_argument("--threads", type=int, default=4,
-                    help="workers, one subdirectory each, files split evenly (default 4)")
+                    help="workers, files split evenly (default 4)")
+    ap.add_argument("--one-dir", action="store_true",
+                    help="all workers in one directory instead of one subdirectory each")
     ap.add_argument("--drop-caches", action="store_true",
                     help="sync and drop the kernel caches between phases (root)")
     ap.add_argument("--out", default="/var/tmp/shoal-bench/metadata.json",
@@ -163,7 +169,7 @@ def main():
     results, dropped = {}, True
     for label, d in (("local", a.local_dir), ("shoal", a.mount_dir)):
         print(f"== {label}: {a.files} files, {a.threads} workers in {d}", file=sys.stderr)
-        results[label], ok = run(d, a.files, a.threads, a.drop_caches)
+        results[label], ok = run(d, a.files, a.threads, a.drop_caches, a.one_dir)
         dropped = dropped and ok
 
     us = lambda r: f"{r['p50_us']:,.0f} / {r['p95_us']:,.0f} / {r['p99_us']:,.0f}"
@@ -176,7 +182,8 @@ def main():
     caches = ("dropped between phases" + ("" if dropped else " (FAILED: not root?)")
               if a.drop_caches else "kept")
     table = "\n".join([
-        f"metadata: {a.files} files, {a.threads} workers (one subdirectory each); caches {caches}",
+        f"metadata: {a.files} files, {a.threads} workers "
+        f"({'one directory' if a.one_dir else 'one subdirectory each'}); caches {caches}",
         f"local = {a.local_dir}, shoal = {a.mount_dir}",
         "",
         "| phase | local ops/s | shoal ops/s | shoal/local | local p50 / p95 / p99 µs "
@@ -187,6 +194,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"files": a.files, "threads": a.threads, "drop_caches": a.drop_caches,
+                   "one_dir": a.one_dir,
                    "shoal_dir": a.mount_dir, "local_dir": a.local_dir, "results": results},
                   f, indent=2)
     with open(a.out[: -len(".json")] + ".md", "w") as f:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Metadata benchmark side by side on a shoal mount and a local directory: create / stat /
-# delete N empty files with T worker processes (one subdirectory each, files split evenly),
+# delete N empty files with T worker processes (files split evenly; one subdirectory each unless --one-dir),
 # timed per phase; prints a markdown table of ops/s, the ratio shoal/local and p50/p95/p99
 # latency per operation.
 #
@@ -8,6 +8,7 @@
 #
 #   --files N        files in all (default 10000)
 #   --threads T      worker processes (default 4)
+#   --one-dir        all workers in one directory (default: one subdirectory each)
 #   --drop-caches    sync and drop the kernel caches between phases (root)
 #   --out FILE.json  summary (default /var/tmp/shoal-bench/metadata.json); table in FILE.md
 #

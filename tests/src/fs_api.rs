@@ -90,7 +90,7 @@ impl Fs {
                 synced: false,
             })
             .await;
-        assert!(matches!(r, FsResponse::Attr(_)), "{r:?}");
+        assert!(matches!(r, FsResponse::Opened { .. }), "{r:?}");
     }
 
     /// Announces handle 1 on `ino` again, as a mount does after reconnecting (the file may
@@ -103,7 +103,7 @@ impl Fs {
                 handle: 1,
             })
             .await;
-        assert!(matches!(r, FsResponse::Attr(_)), "{r:?}");
+        assert!(matches!(r, FsResponse::Opened { .. }), "{r:?}");
     }
 
     pub async fn lookup(&mut self, parent: u64, name: &str) -> Result<u64, FsError> {

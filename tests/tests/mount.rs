@@ -721,7 +721,7 @@ fn posix_permissions_are_enforced_for_other_users() {
 fn an_open_after_another_node_replaced_the_file_sees_the_new_one() {
     // The atomic-replace pattern of checkpoint writers: write a temporary file, rename it
     // over the old name. The reader's kernel still maps the name to the old inode for its
-    // entry TTL (1 s); close-to-open says an open after the rename's close sees the new
+    // entry TTL (60 s); close-to-open says an open after the rename's close sees the new
     // file all the same.
     let c = DevCluster::up_with(3, 76, &["--mount"]);
     let (m1, m3) = (c.mnt(1), c.mnt(3));

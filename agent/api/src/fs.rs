@@ -267,6 +267,41 @@ pub enum FsRequest {
         session: u64,
         handle: u64,
     },
+    /// The namespace changes this agent applied after change `after` of feed `epoch`
+    /// (`epoch` 0: from now on), but those `session`'s own requests made, waiting up to
+    /// `wait_ms` (at most [`MAX_WATCH_MS`]) for one. Protocol 8 on.
+    Watch {
+        epoch: u64,
+        after: u64,
+        session: u64,
+        wait_ms: u32,
+    },
+    /// Like `GetAttr`, read at the leader's commit point: a stat by path sees what another
+    /// node's close committed before it. Protocol 8 on.
+    GetAttrFresh {
+        ino: Ino,
+    },
+}
+
+/// Longest a [`FsRequest::Watch`] waits before it answers with no change.
+pub const MAX_WATCH_MS: u32 = 10_000;
+
+/// Names and inodes whose cached lookups and attributes a mount must drop, from the
+/// agent's change feed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeBatch {
+    /// The feed: random per agent process. A new one means every earlier change is
+    /// unknown (`reset`).
+    pub epoch: u64,
+    /// Ask for changes after this one next.
+    pub next: u64,
+    /// Changes were lost (the mount fell behind, the agent restarted, or a metadata
+    /// snapshot was installed): drop everything cached.
+    pub reset: bool,
+    /// `(parent, name)` pairs that now resolve differently.
+    pub names: Vec<(Ino, String)>,
+    /// Inodes whose attributes changed.
+    pub inodes: Vec<Ino>,
 }
 
 /// Why a filesystem request failed; each maps to one errno.
@@ -349,4 +384,13 @@ pub enum FsResponse {
     StatFs(FsStats),
     Layout(FileLayout),
     Error(FsError),
+    /// Watch.
+    Changes(ChangeBatch),
+    /// Open, to clients of protocol 8 on: the attributes, and the change feed's position
+    /// once the open's read barrier was passed (a mount drops what changed up to there
+    /// before it trusts the names the kernel resolved).
+    Opened {
+        attr: FileAttr,
+        changes: u64,
+    },
 }

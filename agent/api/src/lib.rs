@@ -17,9 +17,9 @@ pub mod units;
 pub use client::AgentClient;
 pub use error::ApiError;
 pub use fs::{
-    DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, FsRequest, FsResponse, FsStats, Ino,
-    MAX_DIR_PAGE, MAX_READ, NAME_MAX, Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime,
-    Timestamp,
+    ChangeBatch, DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, FsRequest, FsResponse,
+    FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX, Owner, ROOT_INO, RenameFlags,
+    RequestId, SetAttr, SetTime, Timestamp,
 };
 pub use maintenance::{DrainPlan, DrainProgress, DrainTarget, OkToStop};
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
@@ -35,9 +35,10 @@ use serde::{Deserialize, Serialize};
 /// Version of the admin/client protocol; carried in every frame. Versions 4, 5 and 6 added
 /// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
 /// version 4 added the `MetaDigest` request, 5 `OkToStop`, 6 the drain and maintenance
-/// requests, 7 the cold-tier requests. Every other message is as in version 3, so mounts
+/// requests, 7 the cold-tier requests, 8 the mount's change feed (`FsRequest::Watch`, and
+/// `FsResponse::Opened` for an open). Every other message is as in version 3, so mounts
 /// started with an earlier release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 7;
+pub const API_VERSION: u8 = 8;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";

@@ -20,6 +20,7 @@ mod shards;
 mod snapshot;
 mod store;
 mod tier;
+mod touched;
 mod tx;
 
 pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal, ShardMove};
@@ -28,6 +29,7 @@ pub use query::{FileData, NamespaceStats};
 pub use snapshot::snapshot_marker;
 pub use store::NamespaceStore;
 pub use tier::{TierFile, TierSummary};
+pub use touched::Touched;
 
 #[cfg(test)]
 mod golden;

@@ -42,6 +42,8 @@ pub struct Group {
     transport: Arc<Transport>,
     batcher: mpsc::Sender<Pending>,
     pub metrics: MetaMetrics,
+    /// What the local replica's applies changed, for the mounts' kernel caches.
+    pub changes: Arc<super::ChangeFeed>,
     /// When the last completed read-barrier round started (see [`Self::barrier`]).
     barrier_round: tokio::sync::Mutex<Option<Instant>>,
     /// Space the metadata log can always write.
@@ -98,7 +100,8 @@ impl Group {
             })?;
         let store =
             Arc::new(NamespaceStore::open(&dir.join("state.redb")).map_err(ConsensusError::from)?);
-        let sm = StateMachine::new(store.clone(), dir);
+        let changes = Arc::new(super::ChangeFeed::new());
+        let sm = StateMachine::new(store.clone(), dir, changes.clone());
         let raft_config = Config {
             cluster_name: "shoal-meta".into(),
             heartbeat_interval: config.heartbeat_ms,
@@ -128,6 +131,7 @@ impl Group {
             config,
             transport: transport.clone(),
             batcher: tx,
+            changes,
             metrics: metrics.clone(),
             barrier_round: tokio::sync::Mutex::new(None),
             ballast,

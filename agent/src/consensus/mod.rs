@@ -9,6 +9,7 @@
 
 pub mod ballast;
 mod batcher;
+pub mod changes;
 pub mod config;
 mod error;
 mod group;
@@ -22,6 +23,7 @@ mod types;
 pub mod voters;
 
 pub use batcher::Batcher;
+pub use changes::ChangeFeed;
 pub use config::MetaConfig;
 pub use error::{BoxError, ConsensusError};
 pub use group::{Group, GroupWorkers};

@@ -14,8 +14,9 @@ use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
 };
 use serde::{Deserialize, Serialize};
-use shoal_namespace::{Batch, NamespaceStore, Outcome, snapshot_marker};
+use shoal_namespace::{Batch, NamespaceStore, Outcome, Touched, snapshot_marker};
 
+use super::changes::ChangeFeed;
 use super::types::{AppliedMarker, Entry, Membership, MetaRaft, StorageError, storage_error};
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
@@ -33,6 +34,8 @@ pub struct StateMachine {
     dir: PathBuf,
     /// Applies since the last durable commit.
     unflushed: Arc<std::sync::atomic::AtomicU32>,
+    /// Where what each apply changed is published.
+    changes: Arc<ChangeFeed>,
     /// Runs right after a snapshot's export (tests: applies in the build's window).
     #[cfg(test)]
     after_export: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -55,11 +58,12 @@ fn snap_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
 }
 
 impl StateMachine {
-    pub fn new(store: Arc<NamespaceStore>, dir: &Path) -> StateMachine {
+    pub fn new(store: Arc<NamespaceStore>, dir: &Path, changes: Arc<ChangeFeed>) -> StateMachine {
         StateMachine {
             store,
             dir: dir.to_owned(),
             unflushed: Arc::default(),
+            changes,
             #[cfg(test)]
             after_export: None,
         }
@@ -195,16 +199,26 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
             self.unflushed
                 .store(0, std::sync::atomic::Ordering::Relaxed);
         }
-        let mut outcomes = tokio::task::spawn_blocking(move || {
-            if flush {
+        let (mut outcomes, touched) = tokio::task::spawn_blocking(move || {
+            let outcomes = if flush {
                 store.apply(&batches, &bytes)
             } else {
                 store.apply_unflushed(&batches, &bytes)
+            }?;
+            let mut touched = Touched::default();
+            for (batch, outcomes) in batches.iter().zip(&outcomes) {
+                for (p, o) in batch.proposals.iter().zip(outcomes) {
+                    touched.add(p, o);
+                }
             }
+            Ok::<_, shoal_namespace::NamespaceError>((outcomes, touched))
         })
         .await
         .map_err(|e| sm_err(ErrorVerb::Write, e))?
         .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        // Published before the apply returns: whoever sees this index applied finds its
+        // changes in the feed.
+        self.changes.publish(&touched);
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
             "state machine apply"
@@ -249,6 +263,7 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
                 meta,
                 data,
             })?;
+            this.changes.publish_reset();
             tracing::info!(index, "installed a metadata snapshot from the leader");
             Ok(())
         })
@@ -315,7 +330,7 @@ mod tests {
 
     fn machine(dir: &std::path::Path) -> (Arc<NamespaceStore>, StateMachine) {
         let store = Arc::new(NamespaceStore::open(&dir.join("state.redb")).expect("open"));
-        let sm = StateMachine::new(store.clone(), dir);
+        let sm = StateMachine::new(store.clone(), dir, Arc::default());
         (store, sm)
     }
 

@@ -3,10 +3,11 @@
 //! (`serve_change`); file data is in `write.rs` and below.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use shoal_agent_api::{
     FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ,
-    RequestId,
+    MAX_WATCH_MS, RequestId,
 };
 use shoal_mesh::{GossipHandle, MemberState};
 use shoal_namespace::format::Timestamp;
@@ -45,19 +46,19 @@ impl FsService {
     }
 
     /// Serves one request from the local client with process id `pid` (from the socket's
-    /// peer credentials).
-    /// `stale_ok`: the client understands [`FsError::Stale`] (protocol 6 on); an older
-    /// mount is served an open of an inode without names as before.
+    /// peer credentials), which speaks protocol `version`: from 6 on it understands
+    /// [`FsError::Stale`] (an older mount is served an open of an inode without names as
+    /// before), from 8 on [`FsResponse::Opened`].
     pub async fn handle(
         self: &Arc<Self>,
         req: FsRequest,
         pid: Option<i32>,
-        stale_ok: bool,
+        version: u8,
     ) -> FsResponse {
         let answer = if is_change(&req) {
             self.serve_change(req).await
         } else {
-            self.serve_query(req, pid, stale_ok).await
+            self.serve_query(req, pid, version).await
         };
         answer.unwrap_or_else(FsResponse::Error)
     }
@@ -68,11 +69,20 @@ impl FsService {
         &self,
         req: FsRequest,
         pid: Option<i32>,
-        stale_ok: bool,
+        version: u8,
     ) -> Result<FsResponse, FsError> {
         let store = self.group.store();
         Ok(match req {
             FsRequest::Lookup { parent, name } => {
+                // A mount of protocol 8 follows the change feed and checks the names an
+                // open was reached by after the open's barrier: a name found here is
+                // answered at once (if another node changed it meanwhile, the open that
+                // follows answers ESTALE and the kernel looks it up again).
+                if version >= 8
+                    && let Ok(attr) = store.lookup(parent, &name)
+                {
+                    return Ok(FsResponse::Entry(attr));
+                }
                 // At the leader's commit point: a name another node just created, removed
                 // or renamed over must resolve as it does there now (the kernel then caches
                 // the answer for the entry TTL). Concurrent lookups share one round.
@@ -80,6 +90,10 @@ impl FsService {
                 FsResponse::Entry(store.lookup(parent, &name)?)
             }
             FsRequest::GetAttr { ino } => FsResponse::Attr(self.getattr_fresh(ino).await?),
+            FsRequest::GetAttrFresh { ino } => {
+                self.group.barrier().await?;
+                FsResponse::Attr(store.getattr(ino)?)
+            }
             FsRequest::ReadLink { ino } => FsResponse::ReadLink(store.readlink(ino)?),
             FsRequest::ReadDir { ino, after, limit } => {
                 // A listing from the start is an open of the directory (close-to-open);
@@ -120,11 +134,16 @@ impl FsService {
                 // Close-to-open: an inode with no name left was replaced or removed since
                 // the kernel resolved the name (its entry cache is trusted for a second):
                 // ESTALE makes the kernel look the name up again and open that.
-                if stale_ok && attr.nlink == 0 {
+                if version >= 6 && attr.nlink == 0 {
                     return Err(FsError::Stale);
                 }
                 self.handles.hold(session, handle, ino, pid);
-                FsResponse::Attr(attr)
+                if version >= 8 {
+                    let changes = self.group.changes.position();
+                    FsResponse::Opened { attr, changes }
+                } else {
+                    FsResponse::Attr(attr)
+                }
             }
             FsRequest::Reopen {
                 ino,
@@ -147,6 +166,16 @@ impl FsService {
                 FsResponse::Data(self.read(ino, offset, len as u64).await?)
             }
             FsRequest::StatFs => FsResponse::StatFs(self.statfs().await?),
+            FsRequest::Watch {
+                epoch,
+                after,
+                session,
+                wait_ms,
+            } => {
+                let wait = Duration::from_millis(wait_ms.min(MAX_WATCH_MS) as u64);
+                let changes = &self.group.changes;
+                FsResponse::Changes(changes.wait(epoch, after, session, wait).await)
+            }
             // `handle` sends changes to `serve_change`.
             _ => return Err(FsError::Invalid),
         })

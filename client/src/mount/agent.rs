@@ -298,6 +298,8 @@ fn request_name(r: &FsRequest) -> &'static str {
         FsRequest::Read { .. } => "read",
         FsRequest::Write { .. } => "write",
         FsRequest::StatFs => "statfs",
+        FsRequest::Watch { .. } => "watch",
+        FsRequest::GetAttrFresh { .. } => "getattr",
         FsRequest::Layout { .. } => "layout",
     }
 }

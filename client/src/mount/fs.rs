@@ -76,11 +76,18 @@ fn empty(reply: ReplyEmpty, result: Result<(), Errno>) {
     }
 }
 
-fn entry_reply(state: &FsState, reply: ReplyEntry, result: Result<FileAttr, Errno>) {
+/// Answers a request that names `parent/name` (sent at feed position `since`) with its
+/// inode, recording the name for the open-time check (see `coherence`).
+fn entry_reply(
+    state: &FsState,
+    reply: ReplyEntry,
+    (parent, name, since): (INodeNo, String, u64),
+    result: Result<FileAttr, Errno>,
+) {
     match result {
         Ok(a) => reply.entry_with_ttls(
             &state.attr_ttl_of(&a),
-            &state.entry_ttl,
+            &state.entered(parent.0, &name, &a, since),
             &to_kernel(&a),
             Generation(0),
         ),
@@ -121,15 +128,22 @@ impl fuser::Filesystem for ShoalFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let since = self.state.coherence.position();
+        let key = (parent, name.clone(), since);
         self.spawn(
             move |s: Arc<FsState>| async move { s.lookup(parent.0, name).await },
-            move |s, r| entry_reply(s, reply, r),
+            move |s, r| entry_reply(s, reply, key, r),
         );
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    // fuser's batch_forget calls this for each inode.
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.state.coherence.forget(ino.0);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         self.spawn(
-            move |s: Arc<FsState>| async move { s.getattr(ino.0).await },
+            move |s: Arc<FsState>| async move { s.getattr(ino.0, fh.is_none()).await },
             move |s, r| attr_reply(s, reply, r),
         );
     }
@@ -198,9 +212,10 @@ impl fuser::Filesystem for ShoalFs {
             rdev,
             target: None,
         };
+        let key = (parent, name.clone(), self.state.coherence.position());
         self.spawn(
             move |s: Arc<FsState>| async move { s.mknode(parent.0, name, node).await },
-            move |s, r| entry_reply(s, reply, r),
+            move |s, r| entry_reply(s, reply, key, r),
         );
     }
 
@@ -224,9 +239,10 @@ impl fuser::Filesystem for ShoalFs {
             rdev: 0,
             target: None,
         };
+        let key = (parent, name.clone(), self.state.coherence.position());
         self.spawn(
             move |s: Arc<FsState>| async move { s.mknode(parent.0, name, node).await },
-            move |s, r| entry_reply(s, reply, r),
+            move |s, r| entry_reply(s, reply, key, r),
         );
     }
 
@@ -272,9 +288,10 @@ impl fuser::Filesystem for ShoalFs {
             rdev: 0,
             target: Some(target),
         };
+        let key = (parent, name.clone(), self.state.coherence.position());
         self.spawn(
             move |s: Arc<FsState>| async move { s.mknode(parent.0, name, node).await },
-            move |s, r| entry_reply(s, reply, r),
+            move |s, r| entry_reply(s, reply, key, r),
         );
     }
 
@@ -316,9 +333,10 @@ impl fuser::Filesystem for ShoalFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let key = (newparent, newname.clone(), self.state.coherence.position());
         self.spawn(
             move |s: Arc<FsState>| async move { s.link(ino.0, newparent.0, newname).await },
-            move |s, r| entry_reply(s, reply, r),
+            move |s, r| entry_reply(s, reply, key, r),
         );
     }
 
@@ -522,6 +540,7 @@ impl fuser::Filesystem for ShoalFs {
         };
         let exclusive = flags & O_EXCL != 0;
         let truncate = flags & O_TRUNC != 0;
+        let (key, since) = (name.clone(), self.state.coherence.position());
         self.spawn(
             move |s: Arc<FsState>| async move {
                 s.create(parent.0, name, node, exclusive, truncate).await
@@ -530,7 +549,7 @@ impl fuser::Filesystem for ShoalFs {
                 // One TTL for both the name and the attributes here: the file's (0 by
                 // default), so another node's write is seen at the next open.
                 Ok((a, fh)) => reply.created(
-                    &s.attr_ttl_of(&a),
+                    &s.entered(parent.0, &key, &a, since).min(s.attr_ttl_of(&a)),
                     &to_kernel(&a),
                     Generation(0),
                     FileHandle(fh),

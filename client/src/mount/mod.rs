@@ -9,6 +9,7 @@
 
 mod agent;
 mod attr;
+mod coherence;
 mod dir;
 mod files;
 mod fs;
@@ -57,16 +58,19 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
     /// How long the kernel may cache attributes of directories, symlinks and other
-    /// non-files, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    /// non-files, in milliseconds. The agent's change feed drops them when another node
+    /// changes them (without a feed, from an older agent, at most 1000 ms).
+    #[arg(long, default_value_t = 60_000)]
     pub attr_ttl_ms: u64,
     /// How long the kernel may cache a regular file's attributes, in milliseconds. 0 (the
     /// default) makes every open see the size another node committed before it
     /// (close-to-open); raise it only where files are not shared between nodes.
     #[arg(long, default_value_t = 0)]
     pub file_attr_ttl_ms: u64,
-    /// How long the kernel may cache a name → inode lookup, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    /// How long the kernel may cache a name → inode lookup, in milliseconds. The agent's
+    /// change feed drops a name when another node changes it, and an open reached by a
+    /// name changed meanwhile is retried (without a feed, at most 1000 ms).
+    #[arg(long, default_value_t = 60_000)]
     pub entry_ttl_ms: u64,
     /// Threads reading requests from the kernel.
     #[arg(long, default_value_t = 4)]
@@ -138,6 +142,15 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
     if let Some(fd) = ready {
         fstab::report(fd, Ok(()));
     }
+    let notifier = session.notifier();
+    let (coherence, watcher_agent, handle) = (
+        state.coherence.clone(),
+        state.agent.clone(),
+        rt.handle().clone(),
+    );
+    std::thread::Builder::new()
+        .name("shoal-watch".into())
+        .spawn(move || coherence.watch(watcher_agent, handle, notifier))?;
     let mut unmounter = session.unmount_callable();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     let serving = std::thread::Builder::new()
@@ -263,7 +276,10 @@ mod tests {
         assert_eq!(a.write_buffer, 256 << 20);
         assert_eq!(a.read_ahead, 8 << 20);
         assert_eq!(a.retry_for, Duration::from_secs(600));
-        assert_eq!((a.attr_ttl_ms, a.entry_ttl_ms, a.threads), (1000, 1000, 4));
+        assert_eq!(
+            (a.attr_ttl_ms, a.entry_ttl_ms, a.threads),
+            (60_000, 60_000, 4)
+        );
         assert!(!a.allow_other);
         a.validate().expect("defaults are valid");
         for bad in [

@@ -13,6 +13,7 @@ use shoal_agent_api::{
 
 use super::MountArgs;
 use super::agent::Agent;
+use super::coherence::Coherence;
 use super::dir::{Listed, Listing};
 use super::files::OpenFiles;
 use super::readahead::read_direct;
@@ -33,7 +34,9 @@ pub struct FsState {
     pub attr_ttl: Duration,
     /// Attribute TTL of regular files (0 by default: see `--file-attr-ttl-ms`).
     pub file_attr_ttl: Duration,
-    pub entry_ttl: Duration,
+    entry_ttl: Duration,
+    /// The change feed's side: which names the kernel was told, and the TTLs it allows.
+    pub coherence: Arc<Coherence>,
 }
 
 /// What a new node is.
@@ -56,6 +59,7 @@ impl FsState {
             attr_ttl: Duration::from_millis(args.attr_ttl_ms),
             file_attr_ttl: Duration::from_millis(args.file_attr_ttl_ms),
             entry_ttl: Duration::from_millis(args.entry_ttl_ms),
+            coherence: Arc::default(),
         }
     }
 
@@ -64,8 +68,13 @@ impl FsState {
         if attr.kind == FileKind::File {
             self.file_attr_ttl
         } else {
-            self.attr_ttl
+            self.coherence.ttl(self.attr_ttl)
         }
+    }
+
+    /// How long the kernel may keep a name → inode answer.
+    pub fn entry_ttl(&self) -> Duration {
+        self.coherence.ttl(self.entry_ttl)
     }
 
     pub async fn lookup(&self, parent: Ino, name: String) -> Result<FileAttr, Errno> {
@@ -73,11 +82,19 @@ impl FsState {
         self.with_own_writes(attr).await
     }
 
-    pub async fn getattr(&self, ino: Ino) -> Result<FileAttr, Errno> {
+    /// `by_path`: a stat of a name (the kernel names no open file), which must see what
+    /// another node's close committed before it; an open file's attributes come from the
+    /// local replica.
+    pub async fn getattr(&self, ino: Ino, by_path: bool) -> Result<FileAttr, Errno> {
         if self.files.has_pending(ino) {
             self.files.flush_inode(ino).await;
         }
-        attr_of(self.agent.fs(FsRequest::GetAttr { ino }).await?)
+        let request = if by_path && self.coherence.is_live() {
+            FsRequest::GetAttrFresh { ino }
+        } else {
+            FsRequest::GetAttr { ino }
+        };
+        attr_of(self.agent.fs(request).await?)
     }
 
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<FileAttr, Errno> {
@@ -139,16 +156,26 @@ impl FsState {
 
     pub async fn unlink(&self, parent: Ino, name: String) -> Result<(), Errno> {
         let id = self.agent.next_id();
-        done(
-            self.agent
-                .fs(FsRequest::Unlink { id, parent, name })
-                .await?,
-        )
+        let request = FsRequest::Unlink {
+            id,
+            parent,
+            name: name.clone(),
+        };
+        done(self.agent.fs(request).await?)?;
+        self.coherence.removed(parent, &name);
+        Ok(())
     }
 
     pub async fn rmdir(&self, parent: Ino, name: String) -> Result<(), Errno> {
         let id = self.agent.next_id();
-        done(self.agent.fs(FsRequest::Rmdir { id, parent, name }).await?)
+        let request = FsRequest::Rmdir {
+            id,
+            parent,
+            name: name.clone(),
+        };
+        done(self.agent.fs(request).await?)?;
+        self.coherence.removed(parent, &name);
+        Ok(())
     }
 
     pub async fn rename(
@@ -160,12 +187,21 @@ impl FsState {
         let request = FsRequest::Rename {
             id: self.agent.next_id(),
             parent,
-            name,
+            name: name.clone(),
             new_parent,
-            new_name,
+            new_name: new_name.clone(),
             flags,
         };
-        done(self.agent.fs(request).await?)
+        done(self.agent.fs(request).await?)?;
+        if flags.exchange {
+            // Both names now name the other inode: let the kernel ask again.
+            self.coherence.removed(parent, &name);
+            self.coherence.removed(new_parent, &new_name);
+        } else {
+            self.coherence
+                .renamed((parent, &name), (new_parent, &new_name));
+        }
+        Ok(())
     }
 
     /// Opens a file on the agent; the new handle.
@@ -186,7 +222,15 @@ impl FsState {
             synced,
         };
         match self.agent.fs(request).await {
-            Ok(_) => {
+            Ok(answer) => {
+                if let FsResponse::Opened { changes, .. } = answer
+                    && self.coherence.open_is_stale(ino, changes).await
+                {
+                    // The kernel reached the inode by a name that changed on another
+                    // node: it looks the path up again.
+                    self.release_on_agent(fh).await;
+                    return Err(Errno::ESTALE);
+                }
                 self.files.open(fh, ino);
                 Ok(fh)
             }
@@ -267,19 +311,32 @@ impl FsState {
     pub async fn release(&self, fh: u64) -> Result<(), Errno> {
         let result = self.flush(fh).await;
         self.files.close(fh);
+        self.release_on_agent(fh).await;
+        result
+    }
+
+    /// The agent no longer keeps `fh`'s inode alive for this mount.
+    async fn release_on_agent(&self, fh: u64) {
         self.agent.forget_handle(fh).await;
         let session = self.agent.session();
-        if let Err(e) = self
-            .agent
-            .fs(FsRequest::Release {
-                session,
-                handle: fh,
-            })
-            .await
-        {
+        let request = FsRequest::Release {
+            session,
+            handle: fh,
+        };
+        if let Err(e) = self.agent.fs(request).await {
             tracing::debug!(handle = fh, "release: {e:?}");
         }
-        result
+    }
+
+    /// The kernel is about to be told `parent/name` is `attr`, answering a request sent
+    /// at feed position `since`: the entry TTL to give it (0 when the name changed on
+    /// another node meanwhile).
+    pub fn entered(&self, parent: Ino, name: &str, attr: &FileAttr, since: u64) -> Duration {
+        if self.coherence.entered(parent, name, attr.ino, since) {
+            self.entry_ttl()
+        } else {
+            Duration::ZERO
+        }
     }
 
     /// Opens a directory with its first page of entries (read at the leader's commit
@@ -338,7 +395,7 @@ impl FsState {
         if !self.files.has_pending(attr.ino) {
             return Ok(attr);
         }
-        self.getattr(attr.ino).await
+        self.getattr(attr.ino, false).await
     }
 }
 
@@ -377,5 +434,7 @@ pub fn kind(r: &FsResponse) -> &'static str {
         FsResponse::StatFs(_) => "StatFs",
         FsResponse::Layout(_) => "Layout",
         FsResponse::Error(_) => "Error",
+        FsResponse::Changes(_) => "Changes",
+        FsResponse::Opened { .. } => "Opened",
     }
 }

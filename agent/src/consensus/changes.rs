@@ -1,0 +1,255 @@
+//! [`ChangeFeed`]: the names and inodes this agent's replica changed, in apply order, for
+//! its mounts to drop from their kernels' caches (`FsRequest::Watch`). The state machine
+//! publishes every applied entry's [`Touched`]; a mount reads from where it stopped.
+//!
+//! Each change carries its origin (the request id's client: a mount's session); a mount
+//! is not sent its own, which its kernel has seen happen. The feed keeps the last
+//! [`CAPACITY`] changes. A mount that asks for older ones, or for
+//! another process's feed (the agent restarted), or anything across a snapshot install,
+//! is told to reset: drop everything it has cached.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use shoal_agent_api::{ChangeBatch, Ino};
+use shoal_namespace::Touched;
+use tokio::sync::watch;
+
+/// Changes kept for mounts that are behind.
+const CAPACITY: usize = 1 << 16;
+/// Most changes handed out in one batch.
+const MAX_BATCH: usize = 4096;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Change {
+    Name(u64, Ino, String),
+    Inode(u64, Ino),
+    /// A snapshot was installed: anything may have changed.
+    Everything,
+}
+
+struct Ring {
+    /// Sequence number of `changes[0]`; numbers start at 1.
+    first: u64,
+    changes: VecDeque<Change>,
+}
+
+impl Ring {
+    fn next(&self) -> u64 {
+        self.first + self.changes.len() as u64
+    }
+
+    fn push(&mut self, change: Change) {
+        if self.changes.len() == CAPACITY {
+            self.changes.pop_front();
+            self.first += 1;
+        }
+        self.changes.push_back(change);
+    }
+}
+
+pub struct ChangeFeed {
+    epoch: u64,
+    ring: Mutex<Ring>,
+    /// The next sequence number, for waiters.
+    next: watch::Sender<u64>,
+}
+
+impl Default for ChangeFeed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChangeFeed {
+    pub fn new() -> Self {
+        ChangeFeed {
+            epoch: rand::random::<u64>() | 1,
+            ring: Mutex::new(Ring {
+                first: 1,
+                changes: VecDeque::new(),
+            }),
+            next: watch::Sender::new(1),
+        }
+    }
+
+    /// The position after the last change published so far.
+    pub fn position(&self) -> u64 {
+        self.lock().next()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn publish(&self, touched: &Touched) {
+        if touched.is_empty() {
+            return;
+        }
+        let next = {
+            let mut ring = self.lock();
+            for (origin, parent, name) in &touched.names {
+                ring.push(Change::Name(*origin, *parent, name.clone()));
+            }
+            for (origin, ino) in &touched.inodes {
+                ring.push(Change::Inode(*origin, *ino));
+            }
+            ring.next()
+        };
+        self.next.send_replace(next);
+    }
+
+    /// Everything may have changed (a snapshot replaced the replica).
+    pub fn publish_reset(&self) {
+        let next = {
+            let mut ring = self.lock();
+            ring.push(Change::Everything);
+            ring.next()
+        };
+        self.next.send_replace(next);
+    }
+
+    /// The changes after `after` of feed `epoch`, but those of `session`, without waiting.
+    pub fn read(&self, epoch: u64, after: u64, session: u64) -> ChangeBatch {
+        let ring = self.lock();
+        let mut batch = ChangeBatch {
+            epoch: self.epoch,
+            next: ring.next(),
+            ..ChangeBatch::default()
+        };
+        if epoch == 0 {
+            // A new reader starts from now.
+            return batch;
+        }
+        if epoch != self.epoch || after < ring.first || after > ring.next() {
+            batch.reset = true;
+            return batch;
+        }
+        let start = (after - ring.first) as usize;
+        let end = (start + MAX_BATCH).min(ring.changes.len());
+        for change in ring.changes.range(start..end) {
+            match change {
+                Change::Name(origin, _, _) | Change::Inode(origin, _)
+                    if session != 0 && *origin == session => {}
+                Change::Name(_, parent, name) => batch.names.push((*parent, name.clone())),
+                Change::Inode(_, ino) => batch.inodes.push(*ino),
+                Change::Everything => batch.reset = true,
+            }
+        }
+        batch.next = ring.first + end as u64;
+        batch
+    }
+
+    /// Like [`Self::read`], waiting up to `wait` for a change when there is none yet.
+    pub async fn wait(&self, epoch: u64, after: u64, session: u64, wait: Duration) -> ChangeBatch {
+        let mut next = self.next.subscribe();
+        let batch = self.read(epoch, after, session);
+        if epoch == 0 || batch.reset || batch.next > after {
+            return batch;
+        }
+        let _ = tokio::time::timeout(wait, next.wait_for(|&n| n > after)).await;
+        self.read(epoch, after, session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touched(names: &[(Ino, &str)], inodes: &[Ino]) -> Touched {
+        Touched {
+            names: names.iter().map(|(p, n)| (7, *p, n.to_string())).collect(),
+            inodes: inodes.iter().map(|i| (7, *i)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_reader_gets_what_was_published_after_its_position_in_order() {
+        let feed = ChangeFeed::new();
+        let start = feed.read(0, 0, 0);
+        assert!(!start.reset && start.names.is_empty());
+        feed.publish(&touched(&[(1, "a")], &[1]));
+        feed.publish(&touched(&[(2, "b")], &[]));
+        let b = feed.read(start.epoch, start.next, 0);
+        assert_eq!(b.names, vec![(1, "a".into()), (2, "b".into())]);
+        assert_eq!(b.inodes, vec![1]);
+        assert!(!b.reset);
+        let again = feed.read(b.epoch, b.next, 0);
+        assert!(again.names.is_empty() && again.inodes.is_empty() && !again.reset);
+        assert_eq!(again.next, b.next);
+    }
+
+    #[test]
+    fn another_epoch_a_lost_position_or_a_snapshot_means_reset() {
+        let feed = ChangeFeed::new();
+        let start = feed.read(0, 0, 0);
+        assert!(
+            feed.read(start.epoch ^ 2, start.next, 0).reset,
+            "another process's feed"
+        );
+        assert!(
+            feed.read(start.epoch, start.next + 5, 0).reset,
+            "a position never given"
+        );
+        for i in 0..CAPACITY as u64 + 10 {
+            feed.publish(&touched(&[], &[i]));
+        }
+        assert!(
+            feed.read(start.epoch, start.next, 0).reset,
+            "fell out of the ring"
+        );
+        let now = feed.position();
+        feed.publish_reset();
+        let b = feed.read(start.epoch, now, 0);
+        assert!(b.reset);
+        assert_eq!(b.next, now + 1);
+    }
+
+    #[test]
+    fn a_session_is_not_sent_its_own_changes() {
+        let feed = ChangeFeed::new();
+        let start = feed.read(0, 0, 0);
+        feed.publish(&touched(&[(1, "mine")], &[1]));
+        let own = feed.read(start.epoch, start.next, 7);
+        assert!(own.names.is_empty() && own.inodes.is_empty());
+        assert_eq!(own.next, feed.position(), "skipped, not pending");
+        let other = feed.read(start.epoch, start.next, 8);
+        assert_eq!(other.names, vec![(1, "mine".into())]);
+    }
+
+    #[test]
+    fn a_batch_is_bounded_and_the_rest_follows() {
+        let feed = ChangeFeed::new();
+        let start = feed.read(0, 0, 0);
+        for i in 0..(MAX_BATCH as u64 + 3) {
+            feed.publish(&touched(&[], &[i]));
+        }
+        let first = feed.read(start.epoch, start.next, 0);
+        assert_eq!(first.inodes.len(), MAX_BATCH);
+        let rest = feed.read(first.epoch, first.next, 0);
+        assert_eq!(rest.inodes, vec![4096, 4097, 4098]);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_wakes_on_a_change_and_times_out_without_one() {
+        let feed = std::sync::Arc::new(ChangeFeed::new());
+        let start = feed.read(0, 0, 0);
+        let quiet = feed
+            .wait(start.epoch, start.next, 0, Duration::from_millis(20))
+            .await;
+        assert!(quiet.inodes.is_empty() && !quiet.reset);
+        let f = feed.clone();
+        let waiter = tokio::spawn(async move {
+            f.wait(start.epoch, start.next, 0, Duration::from_secs(10))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        feed.publish(&touched(&[], &[42]));
+        let got = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("woken")
+            .expect("joined");
+        assert_eq!(got.inodes, vec![42]);
+    }
+}

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The whole mount benchmark in one command: a fresh 6-node 4+2 dev cluster with mounts (node 1's
+# mount measured), a local directory and, with --moosefs, a MooseFS 3 reference cluster (master +
+# 3 chunkservers, goal 2) on the same machine, side by side in one run. Prints one table:
+# fio (seq 1M write with end_fsync and read, 1 and 4 jobs; 4K random read, libaio qd16, O_DIRECT)
+# and metadata (create / stat / delete of N empty files in one directory, T workers, with
+# p50/p99 per operation).
+#
+#   tests/bench/suite.sh [options]
+#
+#   --bin DIR        where shoal and shoal-agent are (default: target/release, or
+#                    $CARGO_TARGET_DIR/release when set)
+#   --dir DIR        the cluster's directory, wiped first (default /var/tmp/shoal-suite)
+#   --local DIR      the local reference directory (default /var/tmp/shoal-suite-local)
+#   --size SIZE      fio data set per test (default 1G)
+#   --runtime SECS   fio cap per test and directory (default 20)
+#   --files N        metadata files (default 10000)
+#   --threads T      metadata workers (default 4)
+#   --moosefs        also measure MooseFS (Debian packages, installed when missing; root)
+#   --keep           leave the clusters running at the end
+#   --out DIR        results: suite.md, suite.json and each part's files (default
+#                    /var/tmp/shoal-bench/suite)
+#
+# The cluster runs on 127.0.96.1-6 with the embedded defaults. Root (fio drops caches, FUSE).
+# Exit status: 0 with the table on stdout; 1 a step failed; 2 usage.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+
+bin="${CARGO_TARGET_DIR:-$repo/target}/release"
+dir=/var/tmp/shoal-suite
+local_dir=/var/tmp/shoal-suite-local
+size=1G
+runtime=20
+files=10000
+threads=4
+moosefs=no
+keep=no
+out=/var/tmp/shoal-bench/suite
+
+usage() {
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2
+  exit 2
+}
+die() { echo "suite.sh: $*" >&2; exit 1; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin|--dir|--local|--size|--runtime|--files|--threads|--out)
+      [ $# -ge 2 ] || usage
+      opt="${1#--}"; val="$2"; shift 2
+      case "$opt" in
+        bin) bin="$val" ;; dir) dir="$val" ;; local) local_dir="$val" ;; size) size="$val" ;;
+        runtime) runtime="$val" ;; files) files="$val" ;; threads) threads="$val" ;; out) out="$val" ;;
+      esac ;;
+    --moosefs) moosefs=yes; shift ;;
+    --keep) keep=yes; shift ;;
+    -h|--help) usage ;;
+    *) echo "suite.sh: unknown argument $1" >&2; usage ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || die "run as root (FUSE mounts, dropping caches)"
+for b in shoal shoal-agent; do
+  [ -x "$bin/$b" ] || die "$bin/$b is missing: cargo build --release -p shoal-agent -p shoal-client, or --bin DIR"
+done
+
+mfs_dir="$dir-moosefs"
+mfs_mnt="$dir-moosefs-mnt"
+cleanup() {
+  [ "$keep" = yes ] && return 0
+  "$bin/shoal" dev-cluster down --dir "$dir" >/dev/null 2>&1 || true
+  [ "$moosefs" = yes ] && "$here/moosefs.sh" down "$mfs_dir" "$mfs_mnt" >/dev/null 2>&1 || true
+  return 0
+}
+trap cleanup EXIT
+
+"$bin/shoal" dev-cluster down --dir "$dir" >/dev/null 2>&1 || true
+rm -rf "$dir" "$local_dir"
+mkdir -p "$local_dir" "$out"
+echo "== dev cluster: 6 nodes, 4+2, mounts (127.0.96.1-6)" >&2
+"$bin/shoal" dev-cluster up --nodes 6 --ec 4+2 --mount --dir "$dir" --base-ip 127.0.96.1 \
+  --gossip-port 7846 --rpc-port 7847 --bulk-port 7848 --metrics-port 9364 >"$out/cluster.log" 2>&1 \
+  || die "dev-cluster up failed (see $out/cluster.log)"
+mnt="$dir/node1/mnt"
+if [ "$moosefs" = yes ]; then
+  "$here/moosefs.sh" up "$mfs_dir" "$mfs_mnt" || die "MooseFS did not start"
+fi
+
+targets=("shoal $mnt")
+[ "$moosefs" = yes ] && targets+=("moosefs $mfs_mnt")
+for t in "${targets[@]}"; do
+  name="${t%% *}"; path="${t#* }"
+  mkdir -p "$path/suite"
+  echo "== fio: $name beside local" >&2
+  "$here/fio.sh" --size "$size" --runtime "$runtime" --out "$out/fio-$name.json" \
+    "$path/suite" "$local_dir" >/dev/null
+  echo "== metadata: $name beside local" >&2
+  "$here/metadata.sh" --one-dir --files "$files" --threads "$threads" \
+    --out "$out/metadata-$name.json" "$path/suite" "$local_dir" >/dev/null
+done
+
+python3 - "$out" "$moosefs" "$size" "$files" "$threads" <<'PY'
+import json, os, sys
+
+out, moosefs, size, files, threads = sys.argv[1:6]
+names = ["shoal"] + (["moosefs"] if moosefs == "yes" else [])
+fio = {n: json.load(open(os.path.join(out, f"fio-{n}.json")))["tests"] for n in names}
+meta = {n: json.load(open(os.path.join(out, f"metadata-{n}.json")))["results"] for n in names}
+
+rows = [
+    ("seq write 1M, 1 job (MiB/s)", "fio", "seq-write-1M-1job", "mib_s"),
+    ("seq write 1M, 4 jobs (MiB/s)", "fio", "seq-write-1M-4jobs", "mib_s"),
+    ("seq read 1M, 1 job (MiB/s)", "fio", "seq-read-1M-1job", "mib_s"),
+    ("seq read 1M, 4 jobs (MiB/s)", "fio", "seq-read-1M-4jobs", "mib_s"),
+    ("4K random read qd16 (IOPS)", "fio", "rand-read-4K-qd16", "iops"),
+    ("create (ops/s)", "meta", "create", "ops_per_s"),
+    ("stat (ops/s)", "meta", "stat", "ops_per_s"),
+    ("delete (ops/s)", "meta", "delete", "ops_per_s"),
+]
+
+def value(name, kind, test, key, side):
+    if kind == "fio":
+        return fio[name][test][side][key]
+    return meta[name][side][test][key]
+
+head = "| workload | local | " + ("MooseFS 3 | " if len(names) > 1 else "") + "shoal | shoal/local |"
+head += " shoal/MooseFS |" if len(names) > 1 else ""
+lines = [
+    f"suite: 6-node 4+2 dev cluster, node 1's mount; fio {size} per test; metadata {files} files "
+    f"in one directory, {threads} workers (local measured beside each system; first run shown)",
+    "",
+    head,
+    "|---|" + "---:|" * (head.count("|") - 2),
+]
+summary = {"rows": {}}
+for label, kind, test, key in rows:
+    local = value("shoal", kind, test, key, "local")
+    shoal = value("shoal", kind, test, key, "shoal")
+    cells = [f"{local:,.0f}"]
+    entry = {"local": local, "shoal": shoal}
+    if len(names) > 1:
+        mfs = value("moosefs", kind, test, key, "shoal")
+        cells.append(f"{mfs:,.0f}")
+        entry["moosefs"] = mfs
+    cells += [f"{shoal:,.0f}", f"{shoal / local:.2f}" if local else "-"]
+    if len(names) > 1:
+        cells.append(f"{shoal / entry['moosefs']:.2f}" if entry["moosefs"] else "-")
+    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    summary["rows"][label] = entry
+lines += ["", "metadata latency, µs (p50 / p99):", "", "| op | local | "
+          + ("MooseFS 3 | " if len(names) > 1 else "") + "shoal |", "|---|" + "---:|" * (len(names) + 1)]
+for op in ("create", "stat", "delete"):
+    cell = lambda r: f"{r['p50_us']:,.0f} / {r['p99_us']:,.0f}"
+    cells = [cell(meta["shoal"]["local"][op])] + [cell(meta[n]["shoal"][op]) for n in names[::-1]]
+    lines.append(f"| {op} | " + " | ".join(cells) + " |")
+table = "\n".join(lines)
+with open(os.path.join(out, "suite.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+with open(os.path.join(out, "suite.md"), "w") as f:
+    f.write(table + "\n")
+print(table)
+PY
+echo "suite.sh: table in $out/suite.md, every part's output in $out/" >&2

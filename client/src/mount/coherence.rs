@@ -288,9 +288,9 @@ impl Coherence {
         }
     }
 
-    /// The watcher: reads the feed and delivers it until the process ends. Runs on a
-    /// thread of its own (an invalidation can wait for a directory lock).
-    pub fn watch(self: Arc<Self>, agent: Arc<Agent>, rt: tokio::runtime::Handle, kernel: Notifier) {
+    /// The watcher: reads the feed and delivers it until the runtime ends. The kernel is
+    /// told on a blocking thread (an invalidation can wait for a directory lock).
+    pub async fn watch(self: Arc<Self>, agent: Arc<Agent>, kernel: Notifier) {
         let (mut epoch, mut after) = (0u64, 0u64);
         loop {
             let request = FsRequest::Watch {
@@ -299,16 +299,21 @@ impl Coherence {
                 session: agent.session(),
                 wait_ms: MAX_WATCH_MS,
             };
-            match rt.block_on(agent.fs(request)) {
+            match agent.fs(request).await {
                 Ok(FsResponse::Changes(batch)) => {
                     // A new epoch (the agent restarted): what happened meanwhile is
                     // unknown.
                     let renewed = epoch != 0 && batch.epoch != epoch;
-                    self.deliver(&batch, renewed, &kernel);
+                    (epoch, after) = (batch.epoch, batch.next);
+                    let (me, k) = (self.clone(), kernel.clone());
+                    let delivered =
+                        tokio::task::spawn_blocking(move || me.deliver(&batch, renewed, &k));
+                    if delivered.await.is_err() {
+                        return;
+                    }
                     if !self.live.swap(true, Ordering::Relaxed) {
                         tracing::info!("kernel caches follow the agent's change feed");
                     }
-                    (epoch, after) = (batch.epoch, batch.next);
                 }
                 other => {
                     if self.live.swap(false, Ordering::Relaxed) || epoch == 0 {
@@ -318,7 +323,7 @@ impl Coherence {
                         );
                     }
                     (epoch, after) = (0, 0);
-                    std::thread::sleep(Duration::from_secs(5));
+                    tokio::time::sleep(Duration::from_secs(5)).await;
                 }
             }
         }

@@ -143,14 +143,7 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
         fstab::report(fd, Ok(()));
     }
     let notifier = session.notifier();
-    let (coherence, watcher_agent, handle) = (
-        state.coherence.clone(),
-        state.agent.clone(),
-        rt.handle().clone(),
-    );
-    std::thread::Builder::new()
-        .name("shoal-watch".into())
-        .spawn(move || coherence.watch(watcher_agent, handle, notifier))?;
+    rt.spawn(state.coherence.clone().watch(state.agent.clone(), notifier));
     let mut unmounter = session.unmount_callable();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     let serving = std::thread::Builder::new()

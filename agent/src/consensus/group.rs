@@ -19,6 +19,7 @@ use super::ballast::Ballast;
 use super::batcher::{Batcher, MAX_BATCH_BYTES, Pending, encoded_len};
 use super::config::MetaConfig;
 use super::error::ConsensusError;
+use super::lease::ReadLease;
 use super::log_store::LogStore;
 use super::metrics::MetaMetrics;
 use super::net::{
@@ -46,6 +47,8 @@ pub struct Group {
     pub changes: Arc<super::ChangeFeed>,
     /// When the last completed read-barrier round started (see [`Self::barrier`]).
     barrier_round: tokio::sync::Mutex<Option<Instant>>,
+    /// While held, the leader answers read index without a round (see `lease.rs`).
+    lease: std::sync::Mutex<ReadLease>,
     /// Space the metadata log can always write.
     pub ballast: Arc<Ballast>,
     /// Set while this node's Raft state was reset (a stale data dir) and the leader has
@@ -124,6 +127,7 @@ impl Group {
             .await
             .map_err(setup)?;
         let (tx, rx) = mpsc::channel(4096);
+        let lease = std::sync::Mutex::new(ReadLease::new(config.election_ms[0]));
         let group = Arc::new(Group {
             raft: raft.clone(),
             store,
@@ -132,6 +136,7 @@ impl Group {
             transport: transport.clone(),
             batcher: tx,
             changes,
+            lease,
             metrics: metrics.clone(),
             barrier_round: tokio::sync::Mutex::new(None),
             ballast,
@@ -257,13 +262,7 @@ impl Group {
                         "this agent is stopping".into(),
                     )));
                 }
-                Ok(match this.raft.get_read_log_id().await {
-                    Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
-                    Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                        Err(ForwardRefused::NotLeader(f.leader_id))
-                    }
-                    Err(e) => Err(ForwardRefused::Unavailable(e.to_string())),
-                })
+                Ok(this.leader_read_index().await)
             }
         });
         let this = self.clone();
@@ -510,10 +509,7 @@ impl Group {
         let mut pause = Duration::from_millis(20);
         loop {
             let index = match self.leader() {
-                Some(l) if l == self.me => match self.raft.ensure_linearizable().await {
-                    Ok(_) => return Ok(()),
-                    Err(e) => Err(ForwardRefused::Unavailable(e.to_string())),
-                },
+                Some(l) if l == self.me => self.leader_read_index().await,
                 Some(l) => self.ask_leader(l, &ReadIndex).await,
                 None => Err(ForwardRefused::NotLeader(None)),
             };
@@ -545,6 +541,36 @@ impl Group {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// The read index this node serves as the leader: its last log index while it holds
+    /// the read lease (everything committed is in its log), otherwise the outcome of a
+    /// heartbeat round to a quorum, which renews the lease.
+    async fn leader_read_index(&self) -> Result<u64, ForwardRefused> {
+        let (term, leader, last) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.current_leader, m.last_log_index)
+        };
+        let lease = || self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        if leader == Some(self.me) && lease().valid(term, Instant::now()) {
+            self.metrics.lease_reads.inc();
+            return Ok(last.unwrap_or(0));
+        }
+        let started = Instant::now();
+        match self.raft.get_read_log_id().await {
+            Ok((read, _)) => {
+                // Leader all along in `term` when the term did not move meanwhile.
+                if self.raft.metrics().borrow().current_term == term {
+                    lease().renew(term, started);
+                }
+                Ok(read.map_or(0, |l| l.index))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(ForwardRefused::NotLeader(f.leader_id))
+            }
+            Err(e) => Err(ForwardRefused::Unavailable(e.to_string())),
         }
     }
 

@@ -16,6 +16,8 @@ pub struct MetaMetrics {
     /// Proposals committed through this node's batcher, and the entries that carried them.
     pub proposals: Counter,
     pub entries: Counter,
+    /// Read indexes this node answered as leader from its read lease (no round).
+    pub lease_reads: Counter,
 }
 
 impl MetaMetrics {
@@ -48,6 +50,11 @@ impl MetaMetrics {
             "entries",
             "Log entries this node proposed as leader (proposals are batched into them)",
             m.entries.clone(),
+        );
+        r.register(
+            "lease_reads",
+            "Read indexes answered as leader within the read lease, without a heartbeat round",
+            m.lease_reads.clone(),
         );
         m
     }

@@ -13,6 +13,7 @@ pub mod changes;
 pub mod config;
 mod error;
 mod group;
+mod lease;
 mod log_store;
 pub mod metrics;
 pub mod net;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole mount benchmark in one command: a fresh 6-node 4+2 dev cluster with mounts (node 1's
 # mount measured), a local directory and, with --moosefs, a MooseFS 3 reference cluster (master +
-# 3 chunkservers, goal 2) on the same machine, side by side in one run. Prints one table:
+# 3 chunkservers, goal 2) on the same machine, side by side in one run (one system up at a
+# time). Prints one table:
 # fio (seq 1M write with end_fsync and read, 1 and 4 jobs; 4K random read, libaio qd16, O_DIRECT)
 # and metadata (create / stat / delete of N empty files in one directory, T workers, with
 # p50/p99 per operation).
@@ -82,14 +83,10 @@ echo "== dev cluster: 6 nodes, 4+2, mounts (127.0.96.1-6)" >&2
   --gossip-port 7846 --rpc-port 7847 --bulk-port 7848 --metrics-port 9364 >"$out/cluster.log" 2>&1 \
   || die "dev-cluster up failed (see $out/cluster.log)"
 mnt="$dir/node1/mnt"
-if [ "$moosefs" = yes ]; then
-  "$here/moosefs.sh" up "$mfs_dir" "$mfs_mnt" || die "MooseFS did not start"
-fi
 
-targets=("shoal $mnt")
-[ "$moosefs" = yes ] && targets+=("moosefs $mfs_mnt")
-for t in "${targets[@]}"; do
-  name="${t%% *}"; path="${t#* }"
+# measure NAME PATH: fio and the metadata benchmark on PATH, each beside the local directory.
+measure() {
+  local name="$1" path="$2"
   mkdir -p "$path/suite"
   echo "== fio: $name beside local" >&2
   "$here/fio.sh" --size "$size" --runtime "$runtime" --out "$out/fio-$name.json" \
@@ -97,7 +94,16 @@ for t in "${targets[@]}"; do
   echo "== metadata: $name beside local" >&2
   "$here/metadata.sh" --one-dir --files "$files" --threads "$threads" \
     --out "$out/metadata-$name.json" "$path/suite" "$local_dir" >/dev/null
-done
+}
+
+# One system runs at a time: on a small machine the idle one's processes would take CPU
+# from the one measured.
+measure shoal "$mnt"
+if [ "$moosefs" = yes ]; then
+  [ "$keep" = yes ] || "$bin/shoal" dev-cluster down --dir "$dir" >/dev/null 2>&1 || true
+  "$here/moosefs.sh" up "$mfs_dir" "$mfs_mnt" || die "MooseFS did not start"
+  measure moosefs "$mfs_mnt"
+fi
 
 python3 - "$out" "$moosefs" "$size" "$files" "$threads" <<'PY'
 import json, os, sys

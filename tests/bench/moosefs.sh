@@ -92,9 +92,12 @@ done
 
 mfsmount "$mnt" -H $host -P "${master_ports[2]}" >"$dir/mount.log" 2>&1 \
   || die "mfsmount failed: $(tail -5 "$dir/mount.log")"
-# Writes wait for the chunkservers to register: give them up to 30 s.
+# Writes and free space wait for the chunkservers to register: give them up to 30 s.
 for _ in $(seq 1 60); do
-  if mfssetgoal -r 2 "$mnt" >/dev/null 2>&1 && echo probe > "$mnt/.probe" 2>/dev/null; then
+  # Free space shows once the chunkservers have reported theirs.
+  free_kb="$(df -Pk "$mnt" 2>/dev/null | awk 'NR == 2 { print $4 }')"
+  if [ "${free_kb:-0}" -gt 0 ] && mfssetgoal -r 2 "$mnt" >/dev/null 2>&1 \
+     && echo probe > "$mnt/.probe" 2>/dev/null; then
     rm -f "$mnt/.probe"
     echo "moosefs.sh: MooseFS up, goal 2, $chunkservers chunkservers, mounted on $mnt" >&2
     exit 0

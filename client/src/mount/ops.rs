@@ -161,9 +161,7 @@ impl FsState {
             parent,
             name: name.clone(),
         };
-        done(self.agent.fs(request).await?)?;
-        self.coherence.removed(parent, &name);
-        Ok(())
+        self.remove(request, parent, &name).await
     }
 
     pub async fn rmdir(&self, parent: Ino, name: String) -> Result<(), Errno> {
@@ -173,8 +171,14 @@ impl FsState {
             parent,
             name: name.clone(),
         };
+        self.remove(request, parent, &name).await
+    }
+
+    /// Sends an unlink or rmdir of `parent/name`; once done, the name is no longer one
+    /// the kernel was told.
+    async fn remove(&self, request: FsRequest, parent: Ino, name: &str) -> Result<(), Errno> {
         done(self.agent.fs(request).await?)?;
-        self.coherence.removed(parent, &name);
+        self.coherence.removed(parent, name);
         Ok(())
     }
 

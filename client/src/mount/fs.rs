@@ -53,6 +53,12 @@ impl ShoalFs {
         ShoalFs { state, rt }
     }
 
+    /// `parent/name` with the change feed's position now, for the answer's
+    /// [`FsState::entered`] once the request is served.
+    fn named(&self, parent: INodeNo, name: &str) -> (INodeNo, String, u64) {
+        (parent, name.to_owned(), self.state.coherence.position())
+    }
+
     /// Runs `work` on the runtime; its result goes to `answer` together with the state.
     fn spawn<T, F, Fut, A>(&self, work: F, answer: A)
     where
@@ -128,8 +134,7 @@ impl fuser::Filesystem for ShoalFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let since = self.state.coherence.position();
-        let key = (parent, name.clone(), since);
+        let key = self.named(parent, &name);
         self.spawn(
             move |s: Arc<FsState>| async move { s.lookup(parent.0, name).await },
             move |s, r| entry_reply(s, reply, key, r),
@@ -212,7 +217,7 @@ impl fuser::Filesystem for ShoalFs {
             rdev,
             target: None,
         };
-        let key = (parent, name.clone(), self.state.coherence.position());
+        let key = self.named(parent, &name);
         self.spawn(
             move |s: Arc<FsState>| async move { s.mknode(parent.0, name, node).await },
             move |s, r| entry_reply(s, reply, key, r),
@@ -239,7 +244,7 @@ impl fuser::Filesystem for ShoalFs {
             rdev: 0,
             target: None,
         };
-        let key = (parent, name.clone(), self.state.coherence.position());
+        let key = self.named(parent, &name);
         self.spawn(
             move |s: Arc<FsState>| async move { s.mknode(parent.0, name, node).await },
             move |s, r| entry_reply(s, reply, key, r),
@@ -288,7 +293,7 @@ impl fuser::Filesystem for ShoalFs {
             rdev: 0,
             target: Some(target),
         };
-        let key = (parent, name.clone(), self.state.coherence.position());
+        let key = self.named(parent, &name);
         self.spawn(
             move |s: Arc<FsState>| async move { s.mknode(parent.0, name, node).await },
             move |s, r| entry_reply(s, reply, key, r),
@@ -333,7 +338,7 @@ impl fuser::Filesystem for ShoalFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let key = (newparent, newname.clone(), self.state.coherence.position());
+        let key = self.named(newparent, &newname);
         self.spawn(
             move |s: Arc<FsState>| async move { s.link(ino.0, newparent.0, newname).await },
             move |s, r| entry_reply(s, reply, key, r),
@@ -540,7 +545,7 @@ impl fuser::Filesystem for ShoalFs {
         };
         let exclusive = flags & O_EXCL != 0;
         let truncate = flags & O_TRUNC != 0;
-        let (key, since) = (name.clone(), self.state.coherence.position());
+        let (_, key, since) = self.named(parent, &name);
         self.spawn(
             move |s: Arc<FsState>| async move {
                 s.create(parent.0, name, node, exclusive, truncate).await

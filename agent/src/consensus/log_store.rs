@@ -1,8 +1,12 @@
 //! The Raft log, vote and commit index in a redb file.
 //!
-//! Every call commits one redb transaction with immediate durability before it returns
-//! (and before the flush callback of `append` fires), as openraft's contract requires.
-//! redb work runs on the blocking pool, never on the Raft core's async thread.
+//! Every call that openraft needs durable commits one redb transaction with immediate
+//! durability before it returns (and before the flush callback of `append` fires), as
+//! openraft's contract requires. The commit index is the exception: openraft does not need
+//! it durable (a restarted member learns it from the leader again), so it is kept in memory
+//! and written by the next transaction that commits anyway, not by one of its own (that
+//! was one fsync per entry on every member). redb work runs on the blocking pool, never on
+//! the Raft core's async thread.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -34,6 +38,16 @@ pub struct LogStore {
     db: Arc<Database>,
     /// Space the log can always write (given up before a write on a nearly full disk).
     ballast: Arc<Ballast>,
+    /// The commit index openraft last saved, not yet written (see the module doc).
+    committed: Arc<std::sync::Mutex<Pending>>,
+}
+
+/// The commit index as openraft last saved it, and whether the file has it yet.
+#[derive(Default)]
+struct Pending {
+    /// `None` until openraft saves one in this process.
+    latest: Option<Option<LogId<u64>>>,
+    written: bool,
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
@@ -110,6 +124,7 @@ impl LogStore {
         Ok(LogStore {
             db: Arc::new(db),
             ballast,
+            committed: Arc::default(),
         })
     }
 
@@ -129,6 +144,43 @@ impl LogStore {
         .map_err(|e| e.to_string())?
     }
 
+    /// Runs `f` in a write transaction on the blocking pool and commits it durably, with
+    /// the commit index openraft saved since the last write.
+    async fn write<F>(&self, f: F) -> Result<(), String>
+    where
+        F: FnOnce(&redb::WriteTransaction) -> Result<(), String> + Send + 'static,
+    {
+        let committed = self.committed.clone();
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(|e| e.to_string())?;
+            f(&txn)?;
+            let carried = {
+                let pending = committed.lock().unwrap_or_else(|p| p.into_inner());
+                match (pending.written, pending.latest) {
+                    (false, Some(c)) => Some(c),
+                    _ => None,
+                }
+            };
+            if let Some(c) = carried {
+                let bytes = encode(&c)?;
+                let mut state = txn.open_table(STATE).map_err(|e| e.to_string())?;
+                state
+                    .insert(COMMITTED, bytes.as_slice())
+                    .map_err(|e| e.to_string())?;
+            }
+            txn.commit().map_err(|e| e.to_string())?;
+            if let Some(c) = carried {
+                let mut pending = committed.lock().unwrap_or_else(|p| p.into_inner());
+                // A newer index may have been saved meanwhile: that one is still to write.
+                if pending.latest == Some(c) {
+                    pending.written = true;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
     fn get_state<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>, String> {
         let txn = db.begin_read().map_err(|e| e.to_string())?;
         let table = txn.open_table(STATE).map_err(|e| e.to_string())?;
@@ -138,16 +190,17 @@ impl LogStore {
         }
     }
 
-    fn put_state<T: Serialize>(db: &Database, key: &str, value: &T) -> Result<(), String> {
+    fn put_state<T: Serialize>(
+        txn: &redb::WriteTransaction,
+        key: &str,
+        value: &T,
+    ) -> Result<(), String> {
         let bytes = encode(value)?;
-        let txn = db.begin_write().map_err(|e| e.to_string())?;
-        {
-            let mut table = txn.open_table(STATE).map_err(|e| e.to_string())?;
-            table
-                .insert(key, bytes.as_slice())
-                .map_err(|e| e.to_string())?;
-        }
-        txn.commit().map_err(|e| e.to_string())
+        let mut table = txn.open_table(STATE).map_err(|e| e.to_string())?;
+        table
+            .insert(key, bytes.as_slice())
+            .map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     fn entries(db: &Database, start: Bound<u64>, end: Bound<u64>) -> Result<Vec<Entry>, String> {
@@ -209,7 +262,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
         let vote = *vote;
-        self.blocking(move |db| LogStore::put_state(db, VOTE, &vote))
+        self.write(move |txn| LogStore::put_state(txn, VOTE, &vote))
             .await
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
@@ -220,13 +273,27 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Read, e))
     }
 
+    /// Kept for the next write (see the module doc): never a transaction of its own.
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
-        self.blocking(move |db| LogStore::put_state(db, COMMITTED, &committed))
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))
+        let mut pending = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.latest != Some(committed) {
+            *pending = Pending {
+                latest: Some(committed),
+                written: false,
+            };
+        }
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
+        if let Some(c) = self
+            .committed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .latest
+        {
+            return Ok(c);
+        }
         self.blocking(|db| Ok(LogStore::get_state::<Option<LogId<u64>>>(db, COMMITTED)?.flatten()))
             .await
             .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Read, e))
@@ -248,17 +315,14 @@ impl RaftLogStorage<MetaRaft> for LogStore {
         let rows = rows.map_err(|e| log_err(ErrorVerb::Write, e))?;
         let started = std::time::Instant::now();
         let res = self
-            .blocking(move |db| {
-                let txn = db.begin_write().map_err(|e| e.to_string())?;
-                {
-                    let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                    for (index, bytes) in &rows {
-                        table
-                            .insert(*index, bytes.as_slice())
-                            .map_err(|e| e.to_string())?;
-                    }
+            .write(move |txn| {
+                let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+                for (index, bytes) in &rows {
+                    table
+                        .insert(*index, bytes.as_slice())
+                        .map_err(|e| e.to_string())?;
                 }
-                txn.commit().map_err(|e| e.to_string())
+                Ok(())
             })
             .await;
         tracing::debug!(
@@ -278,35 +342,23 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(|e| e.to_string())?;
-            {
-                let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                table
-                    .retain_in(log_id.index.., |_, _| false)
-                    .map_err(|e| e.to_string())?;
-            }
-            txn.commit().map_err(|e| e.to_string())
+        self.write(move |txn| {
+            let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+            table
+                .retain_in(log_id.index.., |_, _| false)
+                .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| log_err(ErrorVerb::Delete, e))
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.blocking(move |db| {
-            let bytes = encode(&log_id)?;
-            let txn = db.begin_write().map_err(|e| e.to_string())?;
-            {
-                let mut state = txn.open_table(STATE).map_err(|e| e.to_string())?;
-                state
-                    .insert(PURGED, bytes.as_slice())
-                    .map_err(|e| e.to_string())?;
-                let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                table
-                    .retain_in(..=log_id.index, |_, _| false)
-                    .map_err(|e| e.to_string())?;
-            }
-            txn.commit().map_err(|e| e.to_string())
+        self.write(move |txn| {
+            LogStore::put_state(txn, PURGED, &log_id)?;
+            let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+            table
+                .retain_in(..=log_id.index, |_, _| false)
+                .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| log_err(ErrorVerb::Delete, e))
@@ -356,6 +408,36 @@ mod tests {
         0, // rdev
         0, // target: None
     ];
+
+    /// The commit index rides on the next durable write, never in a write of its own.
+    #[tokio::test]
+    async fn commit_index_is_written_with_the_next_write() {
+        use openraft::storage::RaftLogStorage;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log.redb");
+        let ballast = || Arc::new(super::Ballast::open(dir.path()));
+        let first = LogId::new(CommittedLeaderId::new(1, 1), 3);
+        let second = LogId::new(CommittedLeaderId::new(1, 1), 4);
+        {
+            let mut log = super::LogStore::open(&path, ballast()).expect("open");
+            log.save_committed(Some(first)).await.expect("save");
+            assert_eq!(log.read_committed().await.expect("read"), Some(first));
+            log.save_vote(&openraft::Vote::new(1, 1))
+                .await
+                .expect("vote");
+            // Saved after the last write: only in memory.
+            log.save_committed(Some(second)).await.expect("save");
+            assert_eq!(log.read_committed().await.expect("read"), Some(second));
+        }
+        let mut log = super::LogStore::open(&path, ballast()).expect("reopen");
+        assert_eq!(log.read_committed().await.expect("read"), Some(first));
+        assert_eq!(
+            log.read_vote().await.expect("vote"),
+            Some(openraft::Vote::new(1, 1))
+        );
+    }
 
     #[test]
     fn version_1_entries_still_decode() {

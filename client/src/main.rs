@@ -21,6 +21,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use shoal_agent_api::{AgentClient, DEFAULT_SOCKET, Request, Response, SOCKET_ENV};
 
+/// Multi-MiB buffers are reused instead of mapped afresh (see the workspace Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "shoal",

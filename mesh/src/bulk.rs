@@ -83,8 +83,10 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>>
             format!("bulk frame of {len} bytes"),
         ));
     }
-    // Grow with the bytes that arrive, not with the length a peer claims.
-    let mut payload = Vec::with_capacity(len.min(1 << 20));
+    // The peer proved its cluster certificate at connect, so its length (at most
+    // MAX_FRAME) is reserved at once: a shard arrives into one buffer, not through a
+    // growing one that copies it at every doubling.
+    let mut payload = Vec::with_capacity(len);
     if r.take(len as u64).read_to_end(&mut payload).await? < len {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }

@@ -15,6 +15,9 @@ use crate::{API_VERSION, ApiError};
 /// Largest frame accepted (room for a few stripes of file data in later versions).
 pub const MAX_FRAME: usize = 64 << 20;
 
+/// Most bytes reserved for a frame before they arrive.
+const INITIAL_READ_BUFFER: usize = 16 << 20;
+
 /// The oldest protocol version the agent still serves (its answers are encoded for the
 /// version each request came in; see [`read_any_frame`]).
 pub const OLDEST_API_VERSION: u8 = 3;
@@ -34,15 +37,18 @@ where
     W: AsyncWrite + Unpin,
     T: Serialize,
 {
-    let body = postcard::to_allocvec(msg).map_err(|e| ApiError::Decode(e.to_string()))?;
-    let len = body.len() + 1;
+    // Sized first, then encoded once into the frame: a stripe's data is copied once here,
+    // not again for every doubling of a growing buffer and once more into the frame.
+    let size = postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
+        .map_err(|e| ApiError::Decode(e.to_string()))?;
+    let len = size + 1;
     if len > MAX_FRAME {
         return Err(ApiError::TooLarge(len));
     }
     let mut frame = Vec::with_capacity(len + 4);
     frame.extend_from_slice(&(len as u32).to_be_bytes());
     frame.push(version);
-    frame.extend_from_slice(&body);
+    let frame = postcard::to_extend(msg, frame).map_err(|e| ApiError::Decode(e.to_string()))?;
     w.write_all(&frame).await?;
     w.flush().await?;
     Ok(())
@@ -90,8 +96,9 @@ where
     if len == 0 || len > MAX_FRAME {
         return Err(ApiError::TooLarge(len));
     }
-    // Grow with the bytes that arrive, not with the length a peer claims.
-    let mut buf = Vec::with_capacity(len.min(1 << 20));
+    // Room for a few stripes at once (a 4 MiB read is one allocation, not three); past that
+    // the buffer grows with the bytes that arrive, not with the length a peer claims.
+    let mut buf = Vec::with_capacity(len.min(INITIAL_READ_BUFFER));
     let got = r.take(len as u64).read_to_end(&mut buf).await?;
     if got < len {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());

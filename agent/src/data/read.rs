@@ -96,7 +96,11 @@ impl Stripes {
             }
         }
         if bad.is_empty() {
-            let data = parts.into_iter().flatten().flatten().collect();
+            // One copy per part (a byte-wise `flatten` here took 70% of a reader's CPU).
+            let mut data = Vec::with_capacity(len as usize);
+            for part in parts.into_iter().flatten() {
+                data.extend_from_slice(&part);
+            }
             return Ok(StripeRead {
                 data,
                 decoded: false,

@@ -292,11 +292,14 @@ impl FsService {
         if offset >= end {
             return Ok(Vec::new());
         }
-        let mut out = vec![0u8; (end - offset) as usize];
+        // Pieces of the answer: (file offset, bytes), assembled in order at the end.
+        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
         let inline_end = (data.inline.len() as u64).min(end);
         if offset < inline_end {
-            out[..(inline_end - offset) as usize]
-                .copy_from_slice(&data.inline[offset as usize..inline_end as usize]);
+            pieces.push((
+                offset,
+                data.inline[offset as usize..inline_end as usize].to_vec(),
+            ));
         }
         if let Some(tier) = &self.tier {
             tier.note_read(ino);
@@ -313,7 +316,7 @@ impl FsService {
                     let tier = tier.clone();
                     reads.spawn(async move {
                         let r = tier.read_cold(ino, e.stripe.id, loc, at, t - s).await;
-                        (s, r)
+                        (s, t, r)
                     });
                 }
                 (Some(_), None) => {
@@ -326,19 +329,18 @@ impl FsService {
                     let stripes = self.stripes.clone();
                     reads.spawn(async move {
                         let r = stripes.read(&e.stripe, at, t - s).await;
-                        (s, r.map(|r| r.data).map_err(FsError::from))
+                        (s, t, r.map(|r| r.data).map_err(FsError::from))
                     });
                 }
             }
         }
         while let Some(joined) = reads.join_next().await {
-            let (s, r) = joined.map_err(|e| FsError::Io(e.to_string()))?;
-            let data = r?;
-            let at = (s - offset) as usize;
-            let n = data.len().min(out.len() - at);
-            out[at..at + n].copy_from_slice(&data[..n]);
+            let (s, t, r) = joined.map_err(|e| FsError::Io(e.to_string()))?;
+            let mut bytes = r?;
+            bytes.truncate((t - s) as usize);
+            pieces.push((s, bytes));
         }
-        Ok(out)
+        Ok(assemble(offset, end, pieces))
     }
 
     async fn statfs(&self) -> Result<FsStats, FsError> {
@@ -365,6 +367,33 @@ impl FsService {
             block_size: (ec.k as u64 * DEFAULT_SHARD_SIZE) as u32,
         })
     }
+}
+
+/// The bytes of `[offset, end)` from pieces at file offsets within it (holes and short
+/// pieces read as zeros). One piece that covers the range is the answer as it is: a
+/// stripe's bytes are not copied again (nor a zeroed buffer made for them).
+fn assemble(offset: u64, end: u64, mut pieces: Vec<(u64, Vec<u8>)>) -> Vec<u8> {
+    let len = (end - offset) as usize;
+    if pieces.len() == 1 && pieces[0].0 == offset {
+        let (_, mut bytes) = pieces.remove(0);
+        bytes.resize(len, 0);
+        return bytes;
+    }
+    pieces.sort_by_key(|(at, _)| *at);
+    let mut out = Vec::with_capacity(len);
+    for (at, bytes) in pieces {
+        let at = (at - offset) as usize;
+        if at > out.len() {
+            out.resize(at, 0);
+        }
+        // Extents do not overlap; should two, the earlier one's bytes stay.
+        let skip = out.len() - at;
+        if skip < bytes.len() {
+            out.extend_from_slice(&bytes[skip..]);
+        }
+    }
+    out.resize(len, 0);
+    out
 }
 
 /// Whether `req` changes the namespace or file data.
@@ -394,5 +423,25 @@ fn entry(r: FsResponse) -> FsResponse {
     match r {
         FsResponse::Attr(a) => FsResponse::Entry(a),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assemble;
+
+    #[test]
+    fn one_piece_covering_the_range_is_the_answer() {
+        assert_eq!(assemble(10, 14, vec![(10, vec![1, 2, 3, 4])]), [1, 2, 3, 4]);
+        // Short: the rest reads as zeros.
+        assert_eq!(assemble(10, 14, vec![(10, vec![1, 2])]), [1, 2, 0, 0]);
+    }
+
+    #[test]
+    fn pieces_in_any_order_with_holes_between_them() {
+        let pieces = vec![(16, vec![7, 8]), (10, vec![1, 2]), (13, vec![4])];
+        assert_eq!(assemble(10, 18, pieces), [1, 2, 0, 4, 0, 0, 7, 8]);
+        assert_eq!(assemble(10, 13, vec![]), [0, 0, 0]);
+        assert_eq!(assemble(10, 13, vec![(12, vec![9])]), [0, 0, 9]);
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    BsdFileFlags, Config, Errno, FileHandle, FopenFlags, Generation, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    BsdFileFlags, Config, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
@@ -126,6 +126,13 @@ impl fuser::Filesystem for ShoalFs {
         }
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        // Several O_DIRECT requests of one file in flight at once (libaio at a queue depth
+        // above one; without it the kernel sends them one at a time), and lookups and
+        // listings in one directory in parallel (without it each takes the directory's
+        // lock). Older kernels lack them: the mount works without, only slower.
+        for flag in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS] {
+            let _ = config.add_capabilities(flag);
+        }
         Ok(())
     }
 

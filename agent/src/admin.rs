@@ -1,6 +1,6 @@
 //! The local admin socket: `shoal` (and later `shoal mount`) talk to the agent here.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 
 use shoal_agent_api::frame::{read_any_frame, write_frame, write_frame_as};
@@ -13,27 +13,43 @@ use shoal_namespace::nodes::NodeChange;
 use crate::{AdminConfig, AgentError, Node, status};
 
 /// Binds the socket, replacing a stale one left by a crashed agent but never one that a
-/// running agent still serves.
+/// running agent still serves. The socket never exists at its path with looser permissions
+/// than `socket_mode`: it is bound inside a fresh directory only the agent can enter, given
+/// its mode there, and then renamed into place.
 pub(crate) fn bind(config: &AdminConfig) -> Result<UnixListener, AgentError> {
     let path = &config.socket;
     let err = |reason: String| AgentError::AdminSocket {
         path: path.clone(),
         reason,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| err(format!("cannot create its directory: {e}")))?;
-    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .ok_or_else(|| err("has no directory".into()))?;
+    std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create its directory: {e}")))?;
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(AgentError::AdminSocketInUse { path: path.clone() });
         }
         std::fs::remove_file(path).map_err(|e| err(format!("cannot remove stale socket: {e}")))?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode))
-        .map_err(|e| err(format!("cannot set permissions: {e}")))?;
-    Ok(listener)
+    let private = dir.join(format!(".agent.sock.{}", std::process::id()));
+    // A leftover of a crashed start with the same pid.
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| err(format!("cannot create {}: {e}", private.display())))?;
+    let staged = private.join("agent.sock");
+    let bound = (|| {
+        let listener = UnixListener::bind(&staged).map_err(|e| err(e.to_string()))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(config.socket_mode))
+            .map_err(|e| err(format!("cannot set permissions: {e}")))?;
+        std::fs::rename(&staged, path).map_err(|e| err(format!("cannot move into place: {e}")))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }
 
 /// Local clients served at once, at most; more wait in the listen backlog. Each mount
@@ -136,6 +152,16 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
             Err(e) => Response::Error(e.to_string()),
         },
         Request::Fs(r) => Response::Fs(node.fs.handle(r, pid, version).await),
+        // Only a process's own pid: moving another process into the storage cgroup would
+        // let any client confine (or starve) processes it does not own.
+        Request::JoinReservation { pid: asked }
+            if Some(asked) != pid.and_then(|p| u32::try_from(p).ok()) =>
+        {
+            Response::Error(format!(
+                "refused: a process may only move itself into the reservation (asked for pid {asked}, the caller is {})",
+                pid.map_or("unknown".to_owned(), |p| format!("pid {p}"))
+            ))
+        }
         Request::JoinReservation { pid } => match &node.resources.guard {
             None => Response::Joined(None),
             Some(g) => match g.attach(pid) {

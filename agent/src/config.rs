@@ -297,9 +297,16 @@ pub struct AdminConfig {
     /// Path of the Unix socket.
     #[serde(default = "default_socket")]
     pub socket: PathBuf,
-    /// Permission bits of the socket; 0o600 keeps it root-only.
+    /// Permission bits of the socket; 0o600 keeps it root-only. Whoever can connect can
+    /// read and write every file of the cluster (the socket does not check POSIX
+    /// permissions: the mount's kernel does), so bits for the group or others are refused
+    /// unless `allow_other_users` is set.
     #[serde(default = "default_socket_mode")]
     pub socket_mode: u32,
+    /// Lets `socket_mode` open the socket to the socket's group or to other users: each of
+    /// them can then read and write every file of the cluster through the socket.
+    #[serde(default)]
+    pub allow_other_users: bool,
 }
 
 /// `[metrics]`: Prometheus text exposition.
@@ -348,6 +355,7 @@ impl Default for AdminConfig {
         AdminConfig {
             socket: default_socket(),
             socket_mode: default_socket_mode(),
+            allow_other_users: false,
         }
     }
 }
@@ -442,6 +450,15 @@ impl AgentConfig {
                 "must be permission bits (at most 0o777)",
             ));
         }
+        if self.admin.socket_mode & 0o077 != 0 && !self.admin.allow_other_users {
+            return Err(invalid(
+                "admin.socket_mode",
+                format!(
+                    "{:#o} lets other users connect, and whoever connects can read and write every file of the cluster; use 0o600, or set admin.allow_other_users = true to mean it",
+                    self.admin.socket_mode
+                ),
+            ));
+        }
         self.storage.limit_bytes(u64::MAX / 4)?;
         self.storage.reserve_bytes()?;
         let ec = self.storage.ec;
@@ -530,6 +547,25 @@ cluster_key = "/etc/shoal/tls/cluster.key"
         assert_eq!(c.scrub.max_rate_bytes().ok(), Some(32 << 20));
         let ec = shoal_placement::EcProfile { k: 4, m: 2 };
         assert_eq!(c.storage.min_write_shards(ec), 5, "k+1");
+        assert!(c.validate_values().is_ok());
+    }
+
+    #[test]
+    fn a_socket_open_to_other_users_takes_an_explicit_setting() {
+        let mut c = AgentConfig::parse(MINIMAL).expect("parse");
+        for open in [0o660, 0o606, 0o666] {
+            c.admin.socket_mode = open;
+            c.admin.allow_other_users = false;
+            assert_eq!(
+                key_of(c.validate_values()).as_deref(),
+                Some("admin.socket_mode"),
+                "{open:#o}"
+            );
+            c.admin.allow_other_users = true;
+            assert!(c.validate_values().is_ok(), "{open:#o} allowed");
+        }
+        c.admin.socket_mode = 0o600;
+        c.admin.allow_other_users = false;
         assert!(c.validate_values().is_ok());
     }
 

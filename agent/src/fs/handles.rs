@@ -16,6 +16,8 @@ use shoal_mesh::{Rpc, Transport};
 /// (they ping the agent every 5 s while files are open: three chances).
 const REANNOUNCE_GRACE: Duration = Duration::from_secs(15);
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sessions remembered before those of exited processes are swept.
+const MAX_SESSIONS: usize = 4096;
 
 /// Asks an agent which of these inodes a local mount holds open.
 #[derive(Serialize, Deserialize)]
@@ -33,6 +35,8 @@ type Holds = HashMap<(u64, u64), (Ino, Option<i32>)>;
 /// Open handles of local mounts.
 pub struct OpenHandles {
     held: Mutex<Holds>,
+    /// Mount session → the pid of the process that uses it (see [`Self::claim`]).
+    owners: Mutex<HashMap<u64, i32>>,
     started: Instant,
 }
 
@@ -40,14 +44,42 @@ impl Default for OpenHandles {
     fn default() -> Self {
         OpenHandles {
             held: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
 }
 
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 impl OpenHandles {
     fn lock(&self) -> std::sync::MutexGuard<'_, Holds> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the client process `pid` may act for mount `session`: a session belongs to
+    /// the first live process that uses it, so one local client can neither release
+    /// another mount's handles (letting its unlinked files be purged) nor spend its
+    /// request ids. A session whose process has exited is free again.
+    pub fn claim(&self, session: u64, pid: Option<i32>) -> bool {
+        let Some(pid) = pid else {
+            // No peer credentials (not a Unix socket client): nothing to check against.
+            return true;
+        };
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        match owners.get(&session) {
+            Some(&owner) if owner == pid => true,
+            Some(&owner) if alive(owner) => false,
+            _ => {
+                if owners.len() >= MAX_SESSIONS {
+                    owners.retain(|_, p| alive(*p));
+                }
+                owners.insert(session, pid);
+                true
+            }
+        }
     }
 
     /// Records an open handle (idempotent: a mount re-announces its handles after
@@ -69,7 +101,7 @@ impl OpenHandles {
             return inos.to_vec();
         }
         let mut held = self.lock();
-        held.retain(|_, (_, pid)| pid.is_none_or(|p| Path::new(&format!("/proc/{p}")).exists()));
+        held.retain(|_, (_, pid)| pid.is_none_or(alive));
         inos.iter()
             .copied()
             .filter(|i| held.values().any(|(h, _)| h == i))
@@ -106,5 +138,30 @@ impl OpenHandles {
         held.sort_unstable();
         held.dedup();
         held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpenHandles;
+
+    #[test]
+    fn a_session_belongs_to_the_live_process_that_used_it_first() {
+        let handles = OpenHandles::default();
+        let me = std::process::id() as i32;
+        assert!(handles.claim(7, Some(me)));
+        assert!(handles.claim(7, Some(me)), "its owner again");
+        // pid 1 is alive and is not the owner.
+        assert!(!handles.claim(7, Some(1)), "another live process");
+        assert!(handles.claim(8, Some(1)), "another session");
+        // An owner that has exited frees its session.
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let gone = child.id() as i32;
+        child.wait().expect("wait");
+        assert!(handles.claim(9, Some(gone)));
+        assert!(
+            handles.claim(9, Some(me)),
+            "taken over from an exited process"
+        );
     }
 }

@@ -55,6 +55,11 @@ impl FsService {
         pid: Option<i32>,
         version: u8,
     ) -> FsResponse {
+        if let Some(session) = session_of(&req)
+            && !self.handles.claim(session, pid)
+        {
+            return FsResponse::Error(FsError::NotPermitted);
+        }
         let answer = if is_change(&req) {
             self.serve_change(req).await
         } else {
@@ -394,6 +399,23 @@ fn assemble(offset: u64, end: u64, mut pieces: Vec<(u64, Vec<u8>)>) -> Vec<u8> {
     }
     out.resize(len, 0);
     out
+}
+
+/// The mount session a request acts for: its handles' or its request id's.
+fn session_of(req: &FsRequest) -> Option<u64> {
+    match req {
+        FsRequest::Open { session, .. }
+        | FsRequest::Reopen { session, .. }
+        | FsRequest::Release { session, .. } => Some(*session),
+        FsRequest::SetAttr { id, .. }
+        | FsRequest::MkNode { id, .. }
+        | FsRequest::Link { id, .. }
+        | FsRequest::Unlink { id, .. }
+        | FsRequest::Rmdir { id, .. }
+        | FsRequest::Rename { id, .. }
+        | FsRequest::Write { id, .. } => Some(id.client),
+        _ => None,
+    }
 }
 
 /// Whether `req` changes the namespace or file data.

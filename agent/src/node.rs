@@ -453,7 +453,14 @@ async fn start_membership(
     };
     let (membership, _) =
         Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;
-    Ok(GossipDriver::start(membership, key, config.mesh.seeds.clone(), metrics).await?)
+    Ok(GossipDriver::start(
+        membership,
+        key,
+        config.mesh.seeds.clone(),
+        metrics,
+        config.mesh.legacy_gossip,
+    )
+    .await?)
 }
 
 /// Opens (and recovers) this node's shard store.

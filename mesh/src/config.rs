@@ -43,6 +43,30 @@ pub struct MeshConfig {
     /// How long a suspected member has to refute before it is declared down, in milliseconds.
     #[serde(default = "default_suspect_to_down_ms")]
     pub suspect_to_down_ms: u64,
+    /// Gossip of the previous release (envelope version 1, without replay protection),
+    /// for a rolling upgrade: `speak` (send it, accept both: the first pass over the nodes),
+    /// `accept` (send version 2, accept both: the second pass), `off` (version 2 only).
+    #[serde(default)]
+    pub legacy_gossip: LegacyGossip,
+}
+
+/// Whether this node speaks or accepts the previous release's gossip envelope.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LegacyGossip {
+    /// Version 2 only: every packet is checked for replays.
+    #[default]
+    Off,
+    /// Sends version 2; accepts version 1 too.
+    Accept,
+    /// Sends version 1 (understood by the previous release); accepts both.
+    Speak,
+}
+
+impl LegacyGossip {
+    pub fn accepts_v1(self) -> bool {
+        self != LegacyGossip::Off
+    }
 }
 
 /// `[tls]`: the node's credentials, created by `shoal cert init` / `shoal cert issue`.
@@ -101,6 +125,7 @@ impl MeshConfig {
             probe_period_ms: default_probe_period_ms(),
             probe_rtt_ms: default_probe_rtt_ms(),
             suspect_to_down_ms: default_suspect_to_down_ms(),
+            legacy_gossip: LegacyGossip::Off,
         }
     }
 

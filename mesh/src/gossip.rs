@@ -11,13 +11,13 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::MeshError;
-use crate::envelope;
+use crate::envelope::{self, ReplayGuard, Sender};
 use crate::facts::NodeFacts;
 use crate::identity::MemberId;
 use crate::membership::{Effect, MemberEvent, MemberState, MemberView, Membership};
 use crate::metrics::{MeshMetrics, ReasonLabel, StateLabel};
 use crate::tls::ClusterKey;
+use crate::{LegacyGossip, MeshError};
 
 type FactsUpdate = Box<dyn FnOnce(&mut NodeFacts) + Send>;
 
@@ -86,6 +86,11 @@ pub struct GossipDriver {
     pending: HashMap<u64, Timer<MemberId>>,
     next_timer: u64,
     logged_sources: HashSet<IpAddr>,
+    /// This node in its packets' envelopes; the counter grows with every packet.
+    sender: Sender,
+    /// Which senders' packets were seen, to refuse replays.
+    replays: ReplayGuard,
+    legacy: LegacyGossip,
 }
 
 impl GossipDriver {
@@ -95,8 +100,17 @@ impl GossipDriver {
         key: ClusterKey,
         seeds: Vec<SocketAddr>,
         metrics: MeshMetrics,
+        legacy: LegacyGossip,
     ) -> Result<(GossipHandle, tokio::task::JoinHandle<()>), MeshError> {
-        let addr = membership.me().addr;
+        let me = membership.me();
+        let addr = me.addr;
+        // The epoch is the generation this process started with: it grows with every
+        // start, so a receiver refuses packets of this node's earlier lives.
+        let sender = Sender {
+            node: me.node.0,
+            epoch: me.generation,
+            counter: 0,
+        };
         let socket = UdpSocket::bind(addr)
             .await
             .map_err(|source| MeshError::Bind { addr, source })?;
@@ -113,6 +127,9 @@ impl GossipDriver {
             pending: HashMap::new(),
             next_timer: 0,
             logged_sources: HashSet::new(),
+            sender,
+            replays: ReplayGuard::default(),
+            legacy,
         };
         let task = tokio::spawn(driver.run(cmd_rx));
         Ok((
@@ -160,7 +177,13 @@ impl GossipDriver {
 
     fn on_packet(&mut self, from: SocketAddr, len: usize, buf: &[u8]) {
         let packet = &buf[..len];
-        match envelope::open(&self.key.0, packet) {
+        let opened = envelope::open(&self.key.0, packet, self.legacy.accepts_v1()).and_then(|o| {
+            match o.sender {
+                Some(s) if !self.replays.admit(&s) => Err(envelope::Rejection::Replayed),
+                _ => Ok(o.payload),
+            }
+        });
+        match opened {
             Ok(payload) => {
                 self.metrics.gossip_packets_received.inc();
                 let res = self
@@ -175,7 +198,11 @@ impl GossipDriver {
                         reason: rejection.label(),
                     })
                     .inc();
-                if self.logged_sources.len() < MAX_LOGGED_SOURCES
+                if rejection == envelope::Rejection::Replayed {
+                    // Sealed with the cluster's key, sent before: a replay (or, rarely, a
+                    // datagram the network duplicated). Counted; not worth a warning each.
+                    debug!(%from, "refused a replayed gossip packet");
+                } else if self.logged_sources.len() < MAX_LOGGED_SOURCES
                     && self.logged_sources.insert(from.ip())
                 {
                     warn!(%from, reason = rejection.label(),
@@ -237,7 +264,12 @@ impl GossipDriver {
         for effect in effects {
             match effect {
                 Effect::Send { to, payload } => {
-                    let packet = envelope::seal(&self.key.0, &payload);
+                    let packet = if self.legacy == LegacyGossip::Speak {
+                        envelope::seal_v1(&self.key.0, &payload)
+                    } else {
+                        self.sender.counter += 1;
+                        envelope::seal(&self.key.0, &self.sender, &payload)
+                    };
                     // UDP send on a non-full socket completes at once; a full one drops the
                     // packet, which SWIM tolerates.
                     if let Err(e) = self.socket.try_send_to(&packet, to) {

@@ -24,7 +24,7 @@ mod rpc;
 mod tls;
 
 pub use bulk::BulkMode;
-pub use config::{MeshConfig, TlsConfig};
+pub use config::{LegacyGossip, MeshConfig, TlsConfig};
 pub use error::MeshError;
 pub use facts::{NodeFacts, NodeRole};
 pub use gossip::{GossipDriver, GossipHandle};

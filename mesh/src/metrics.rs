@@ -63,7 +63,7 @@ impl MeshMetrics {
         );
         r.register(
             "gossip_packets_rejected",
-            "Gossip packets dropped before decoding (wrong cluster key, bad magic or version, truncated)",
+            "Gossip packets dropped before decoding (wrong cluster key, bad magic or version, truncated, a legacy envelope, or a replay)",
             m.gossip_packets_rejected.clone(),
         );
         r.register(

@@ -159,3 +159,82 @@ fn agent_with_certificate_of_another_ca_refuses_to_start() {
         "{stderr}"
     );
 }
+
+/// Copies one gossip packet node 1 sends node 2 off the loopback interface (a packet
+/// socket, as anyone on the network could) and sends it to node 2 again `times` times.
+/// Prints how many bytes the captured packet had.
+const REPLAY: &str = r#"
+import socket, struct, sys
+src, dst, times = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sniff = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+sniff.bind(("lo", 0))
+sniff.settimeout(20)
+while True:
+    ip = sniff.recv(70000)
+    if ip[9] != 17:
+        continue
+    ihl = (ip[0] & 0x0f) * 4
+    sport, dport, ulen = struct.unpack(">HHH", ip[ihl:ihl + 6])
+    if socket.inet_ntoa(ip[12:16]) == src and socket.inet_ntoa(ip[16:20]) == dst and dport == 7946:
+        payload = ip[ihl + 8:ihl + ulen]
+        break
+out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(times):
+    out.sendto(payload, (dst, 7946))
+print(len(payload))
+"#;
+
+#[test]
+fn a_replayed_gossip_packet_is_refused_and_counted() {
+    if !shoal_tests::is_root() {
+        eprintln!("SKIPPED: needs root (captures packets on the loopback interface)");
+        return;
+    }
+    let c = DevCluster::up(2, 38);
+    let replayed = |c: &DevCluster| {
+        metric_sum(
+            &c.metrics(2),
+            "shoal_mesh_gossip_packets_rejected_total",
+            "replayed",
+        )
+    };
+    let before = replayed(&c);
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            REPLAY,
+            &c.ip(1).to_string(),
+            &c.ip(2).to_string(),
+            "5",
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "capture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Authentic (sealed with the cluster key), so only its freshness can refuse it.
+    wait_for(
+        Duration::from_secs(10),
+        "five replays counted on node2",
+        || (replayed(&c) >= before + 5.0).then_some(()),
+    );
+    assert_eq!(
+        metric_sum(
+            &c.metrics(2),
+            "shoal_mesh_gossip_packets_rejected_total",
+            "bad_mac"
+        ),
+        0.0
+    );
+    // The members still see each other.
+    for i in 1..=2 {
+        let status = c.status(i).expect("status");
+        let alive = status["nodes"]
+            .as_array()
+            .map(|n| n.iter().filter(|m| m["state"] == "alive").count());
+        assert_eq!(alive, Some(2), "{status}");
+    }
+    c.down();
+}

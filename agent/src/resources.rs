@@ -223,8 +223,11 @@ impl Resources {
     pub fn shutdown(&self) {
         if let Some(g) = &self.guard {
             match g.release() {
-                Ok(()) => info!("left and removed the agent's cgroup"),
-                Err(e) => warn!(error = %e, "could not remove the agent's cgroup"),
+                Ok(true) => info!("left and removed the agent's cgroup"),
+                Ok(false) => info!(
+                    "left the agent's cgroup; it stays for the processes still in it (mounts), which the next agent takes over"
+                ),
+                Err(e) => warn!(error = %e, "could not leave the agent's cgroup"),
             }
         }
     }

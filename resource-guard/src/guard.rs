@@ -12,6 +12,8 @@ pub struct AppliedGuard {
     reservation: Reservation,
     /// `None` when running unconfined under `enforcement = "best-effort"`.
     fs: Option<Box<dyn CgroupFs>>,
+    /// The confined process (the agent).
+    pid: u32,
     /// Why the reservation is not enforced, when it is not.
     pub unenforced_reason: Option<String>,
 }
@@ -46,6 +48,7 @@ pub fn apply(
                 Ok(AppliedGuard {
                     reservation: reservation.clone(),
                     fs: None,
+                    pid,
                     unenforced_reason: Some(reason),
                 })
             }
@@ -56,28 +59,36 @@ pub fn apply(
         Err(e) => return unenforced(e.to_string()),
     };
     let name = reservation.cgroup.as_str();
+    let mut join = vec![pid];
     if fs.exists(name) {
         // Busy only when another live instance of the same program (another agent) holds
         // it. Other members, such as a `shoal mount` that joined the reservation of an agent
-        // that crashed, are moved out with the stale group and join again later.
+        // that crashed or stopped, move into the new group with us: under v2 the stale
+        // group's processes land in the parent when it is removed, and a parent holding a
+        // process cannot enable controllers for the new group.
         let mine = program_of(pid);
-        let others: Vec<u32> = fs
+        let members: Vec<u32> = fs
             .procs(name)
             .unwrap_or_default()
             .into_iter()
-            .filter(|p| *p != pid && mine.is_some() && program_of(*p) == mine)
+            .filter(|p| *p != pid)
             .collect();
-        if let Some(busy) = others.first() {
+        if let Some(busy) = members
+            .iter()
+            .find(|p| mine.is_some() && program_of(**p) == mine)
+        {
             return Err(GuardError::CgroupBusy {
                 group: fs.describe(name),
                 pid: *busy,
             });
         }
         fs.remove(name)?;
-        info!(group = %fs.describe(name), "removed a stale cgroup left by an earlier run");
+        // Those that exited meanwhile are gone from the parent too.
+        join.extend(members.iter().filter(|p| program_of(**p).is_some()));
+        info!(group = %fs.describe(name), taken_over = ?&join[1..], "replaced a stale cgroup left by an earlier run");
     }
     let limits = reservation.limits(Some(&machine.mems));
-    if let Err(e) = fs.create(name, &limits, &[pid]) {
+    if let Err(e) = fs.create(name, &limits, &join) {
         return unenforced(e.to_string());
     }
     info!(
@@ -92,6 +103,7 @@ pub fn apply(
     Ok(AppliedGuard {
         reservation,
         fs: Some(fs),
+        pid,
         unenforced_reason: None,
     })
 }
@@ -132,11 +144,13 @@ impl AppliedGuard {
         }
     }
 
-    /// Moves every confined process back to the parent and removes the cgroup.
-    pub fn release(&self) -> Result<(), GuardError> {
+    /// Moves the agent back to the parent and removes the cgroup, or keeps it while other
+    /// processes (mounts) are still in it: the next agent takes them over (see
+    /// [`CgroupFs::leave`]). Returns whether the group is gone.
+    pub fn release(&self) -> Result<bool, GuardError> {
         match &self.fs {
-            Some(fs) => fs.remove(&self.reservation.cgroup),
-            None => Ok(()),
+            Some(fs) => fs.leave(&self.reservation.cgroup, self.pid),
+            None => Ok(true),
         }
     }
 }
@@ -177,7 +191,7 @@ mod tests {
         let limits = fs.limits("shoal").expect("limits");
         assert_eq!(limits.cpus.as_deref(), Some("0-1"));
         assert_eq!(limits.memory_max, Some(8 << 30));
-        g.release().expect("release");
+        assert!(g.release().expect("release"), "the group is gone");
         assert!(!g.fs.as_ref().expect("fs").exists("shoal"));
     }
 

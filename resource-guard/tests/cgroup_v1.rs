@@ -2,6 +2,7 @@
 //! cpuacct, cpuset and memory hierarchies; CI runs as root on such a machine).
 
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 use shoal_resource_guard::contract::{Subject, run_all};
 use shoal_resource_guard::{CgroupFs, CgroupV1, MachineInventory};
@@ -12,7 +13,7 @@ fn real_cgroup_v1_keeps_the_contract() {
         eprintln!("SKIPPED: needs root and cgroup v1 controllers");
         return;
     }
-    let fs = CgroupV1::for_current_process().expect("v1 available");
+    let fs = Arc::new(CgroupV1::for_current_process().expect("v1 available"));
     let inv = MachineInventory::probe().expect("inventory");
     let first_cpu = *inv.cpus.0.iter().next().expect("a cpu");
     let mut child = Command::new("sleep")
@@ -22,11 +23,14 @@ fn real_cgroup_v1_keeps_the_contract() {
         .expect("spawn sleep");
     let name = format!("shoal-contract-{}", std::process::id());
     let subject = Subject {
-        fs: &fs,
+        fs: fs.clone(),
         name: name.clone(),
         pid: child.id(),
         cpus: first_cpu.to_string(),
         mems: inv.mems.clone(),
+        machine: inv.clone(),
+        // v1 has no rule against processes in a parent with child groups.
+        park: &|_| {},
     };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_all(&subject)));
     let _ = fs.remove(&name);

@@ -2,7 +2,9 @@
 //! controllers (like the build machines). It enforces the rules that bite in production:
 //! controller files exist only where the parent enables the controller, a cgroup with
 //! processes cannot enable controllers for its children (and vice versa), a non-empty
-//! cgroup cannot be removed, and a cpuset must be a subset of the parent's.
+//! cgroup cannot be removed, and a cpuset must be a subset of the parent's. With
+//! [`FakeCgroupV2::with_host_processes`] its pids are this machine's processes, and one that
+//! exited drops out of its group as on the kernel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -24,6 +26,8 @@ struct Node {
 pub struct MemTree {
     nodes: Mutex<BTreeMap<String, Node>>,
     root_cpus: String,
+    /// Pids are real processes: those without `/proc/PID` have exited and are not listed.
+    host_processes: bool,
 }
 
 /// cgroup v2 over [`MemTree`]: the fake half of the [`super::CgroupFs`] contract.
@@ -33,9 +37,21 @@ impl FakeCgroupV2 {
     /// A fake where this process sits at `parent` (created, holding `procs`) on a machine
     /// with CPUs `cpus`.
     pub fn new(parent: &str, procs: &[u32], cpus: &str) -> Self {
+        Self::build(parent, procs, cpus, false)
+    }
+
+    /// As [`FakeCgroupV2::new`], with pids that are this machine's processes: one that
+    /// exited is no longer a member of any group (as on the kernel, where a crashed agent
+    /// leaves its group at once).
+    pub fn with_host_processes(parent: &str, procs: &[u32], cpus: &str) -> Self {
+        Self::build(parent, procs, cpus, true)
+    }
+
+    fn build(parent: &str, procs: &[u32], cpus: &str, host_processes: bool) -> Self {
         let tree = MemTree {
             nodes: Mutex::new(BTreeMap::from([(String::new(), Node::default())])),
             root_cpus: cpus.to_owned(),
+            host_processes,
         };
         let parent = parent.trim_matches('/');
         let mut path = String::new();
@@ -92,8 +108,16 @@ fn parent_of(dir: &str) -> Option<String> {
 }
 
 impl MemTree {
+    /// The tree, with every process that exited dropped from its group.
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Node>> {
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if self.host_processes {
+            for n in nodes.values_mut() {
+                n.procs
+                    .retain(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            }
+        }
+        nodes
     }
 
     /// Controllers available in `dir`: all at the root, else what the parent enables.

@@ -58,6 +58,45 @@ pub trait CgroupFs: Send + Sync {
     /// Moves remaining processes back to the parent and deletes the group. Removing a group
     /// that does not exist is not an error.
     fn remove(&self, name: &str) -> Result<(), GuardError>;
+    /// Moves process `pid` out of the group, back to the parent, and deletes the group when
+    /// no process is left in it (then `true`). Other members (mounts) stay in the group, for
+    /// the next agent to take over. Under v2 the parent first stops enabling controllers for
+    /// its children, since only then may it hold a process again (systemd starts the unit's
+    /// next process there): members left behind are unconfined until the next agent.
+    fn leave(&self, name: &str, pid: u32) -> Result<bool, GuardError>;
+}
+
+impl<F: CgroupFs + ?Sized> CgroupFs for std::sync::Arc<F> {
+    fn version(&self) -> CgroupVersion {
+        (**self).version()
+    }
+    fn describe(&self, name: &str) -> String {
+        (**self).describe(name)
+    }
+    fn exists(&self, name: &str) -> bool {
+        (**self).exists(name)
+    }
+    fn create(&self, name: &str, limits: &CgroupLimits, join: &[u32]) -> Result<(), GuardError> {
+        (**self).create(name, limits, join)
+    }
+    fn limits(&self, name: &str) -> Result<CgroupLimits, GuardError> {
+        (**self).limits(name)
+    }
+    fn attach(&self, name: &str, pid: u32) -> Result<(), GuardError> {
+        (**self).attach(name, pid)
+    }
+    fn procs(&self, name: &str) -> Result<Vec<u32>, GuardError> {
+        (**self).procs(name)
+    }
+    fn usage(&self, name: &str) -> Result<CgroupUsage, GuardError> {
+        (**self).usage(name)
+    }
+    fn remove(&self, name: &str) -> Result<(), GuardError> {
+        (**self).remove(name)
+    }
+    fn leave(&self, name: &str, pid: u32) -> Result<bool, GuardError> {
+        (**self).leave(name, pid)
+    }
 }
 
 /// The cgroup implementation for this machine: v2 when the unified hierarchy is mounted at

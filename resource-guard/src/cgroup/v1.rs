@@ -238,4 +238,16 @@ impl CgroupFs for CgroupV1 {
         }
         Ok(())
     }
+
+    fn leave(&self, name: &str, pid: u32) -> Result<bool, GuardError> {
+        for (_, g) in self.present(name) {
+            // Not a member (any more) is fine.
+            let _ = g.move_task_to_parent_by_tgid(CgroupPid::from(pid as u64));
+        }
+        if self.exists(name) && !self.procs(name)?.is_empty() {
+            return Ok(false);
+        }
+        self.remove(name)?;
+        Ok(true)
+    }
 }

@@ -71,12 +71,18 @@ impl CgroupV2<SysTree> {
             .ok_or_else(|| {
                 GuardError::Unenforceable("this process has no cgroup v2 path".into())
             })?;
-        Ok(Self::with_tree(
+        Ok(Self::below(&parent))
+    }
+
+    /// Groups below `parent` (a path in the kernel's tree, e.g.
+    /// "/system.slice/shoal-agent.service"), whatever cgroup this process is in.
+    pub fn below(parent: &str) -> Self {
+        Self::with_tree(
             SysTree {
                 root: PathBuf::from("/sys/fs/cgroup"),
             },
-            &parent,
-        ))
+            parent,
+        )
     }
 }
 
@@ -161,6 +167,16 @@ impl<T: V2Tree> CgroupV2<T> {
                 .map_err(|e| self.err(name, "memory.max", e))?;
         }
         Ok(())
+    }
+
+    /// Turns off the controllers `apply` enabled for the parent's children: a cgroup that
+    /// enables them may hold no process. We are the parent's only user under Delegate=yes.
+    fn stop_enabling_controllers(&self) {
+        for c in ["-cpuset", "-cpu", "-memory"] {
+            let _ = self
+                .tree
+                .write(&self.parent_file("cgroup.subtree_control"), c);
+        }
     }
 
     fn read_u64(&self, name: &str, file: &str) -> Option<u64> {
@@ -260,13 +276,7 @@ impl<T: V2Tree> CgroupFs for CgroupV2<T> {
         }
         let pids = self.procs(name).unwrap_or_default();
         if !pids.is_empty() {
-            // A cgroup that enables controllers for its children may hold no processes; we
-            // are the parent's only child under Delegate=yes, so turn them off first.
-            for c in ["-cpuset", "-cpu", "-memory"] {
-                let _ = self
-                    .tree
-                    .write(&self.parent_file("cgroup.subtree_control"), c);
-            }
+            self.stop_enabling_controllers();
         }
         for pid in pids {
             // Back to the parent; a process that exited meanwhile is fine.
@@ -277,5 +287,22 @@ impl<T: V2Tree> CgroupFs for CgroupV2<T> {
         self.tree
             .rmdir(&self.path(name))
             .map_err(|e| self.err(name, "rmdir", e))
+    }
+
+    fn leave(&self, name: &str, pid: u32) -> Result<bool, GuardError> {
+        if !self.exists(name) {
+            return Ok(true);
+        }
+        self.stop_enabling_controllers();
+        self.tree
+            .write(&self.parent_file("cgroup.procs"), &pid.to_string())
+            .map_err(|e| self.err(name, &format!("moving pid {pid} to the parent"), e))?;
+        if !self.procs(name)?.is_empty() {
+            return Ok(false);
+        }
+        self.tree
+            .rmdir(&self.path(name))
+            .map_err(|e| self.err(name, "rmdir", e))?;
+        Ok(true)
     }
 }

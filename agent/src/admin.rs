@@ -129,6 +129,7 @@ fn oldest_version_for(request: &Request) -> u8 {
         | Request::TierPrefetch { .. }
         | Request::TierPin { .. }
         | Request::ColdExtents { .. } => 7,
+        Request::RevokeCertificate { .. } => 8,
         _ => 3,
     }
 }
@@ -213,6 +214,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
         | Request::TierPrefetch { .. }
         | Request::TierPin { .. }
         | Request::ColdExtents { .. } => tier_request(node, request).await,
+        Request::RevokeCertificate { name } => done(crate::revoke::revoke(node, &name).await),
     }
 }
 

@@ -21,6 +21,16 @@ pub enum AgentError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The node certificate names another node than the data dir holds.
+    #[error(
+        "{} belongs to node {data}, but the node certificate ([tls] node_cert) is node {certified}'s: issue this node's certificate with `shoal cert issue --node-id {data}`",
+        data_dir.display()
+    )]
+    CertificateOfAnotherNode {
+        data_dir: PathBuf,
+        data: shoal_mesh::NodeId,
+        certified: shoal_mesh::NodeId,
+    },
     /// A file in the data dir is damaged.
     #[error("{path} is damaged: {reason}")]
     Corrupt { path: PathBuf, reason: String },

@@ -1,9 +1,9 @@
-//! The node's stable identity in its data dir: a random node id created once, and a
-//! generation counter bumped at every start so peers can tell a restart from a stale packet.
+//! The node's stable identity in its data dir: the node id its certificate names, kept once
+//! the data dir holds anything, and a generation counter bumped at every start so peers can
+//! tell a restart from a stale packet.
 
 use std::path::Path;
 
-use rand::RngExt;
 use shoal_mesh::NodeId;
 
 use crate::AgentError;
@@ -22,8 +22,11 @@ pub struct NodeIdentity {
 }
 
 impl NodeIdentity {
-    /// Loads the node id (creating it on first start) and records a new generation.
-    pub fn load_or_create(data_dir: &Path) -> Result<Self, AgentError> {
+    /// Loads the node id and records a new generation. The id is the one this node's
+    /// certificate names (`certified`): a new data dir takes it, an existing one must
+    /// already have it (a certificate of another node, or a data dir of another node, is
+    /// refused, naming both ids).
+    pub fn load_or_create(data_dir: &Path, certified: NodeId) -> Result<Self, AgentError> {
         let id_path = data_dir.join(NODE_ID_FILE);
         let node = match read_text(&id_path)? {
             Some(text) => text.parse::<NodeId>().map_err(|e| AgentError::Corrupt {
@@ -31,12 +34,17 @@ impl NodeIdentity {
                 reason: format!("not a node id: {e}"),
             })?,
             None => {
-                // 0 is reserved; a random u64 is never expected to collide in a cluster.
-                let node = NodeId(rand::rng().random_range(1..=u64::MAX));
-                write_atomically(&id_path, &format!("{node}\n"))?;
-                node
+                write_atomically(&id_path, &format!("{certified}\n"))?;
+                certified
             }
         };
+        if node != certified {
+            return Err(AgentError::CertificateOfAnotherNode {
+                data_dir: data_dir.to_owned(),
+                data: node,
+                certified,
+            });
+        }
         let gen_path = data_dir.join(GENERATION_FILE);
         let previous = match read_text(&gen_path)? {
             Some(text) => text
@@ -93,27 +101,43 @@ fn write_atomically(path: &Path, text: &str) -> Result<(), AgentError> {
 mod tests {
     use super::*;
 
+    const ID: NodeId = NodeId(0x0123_4567_89ab_cdef);
+
     #[test]
-    fn id_is_stable_and_generation_grows_across_restarts() {
+    fn id_is_the_certificates_and_generation_grows_across_restarts() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let first = NodeIdentity::load_or_create(dir.path()).expect("first");
-        let second = NodeIdentity::load_or_create(dir.path()).expect("second");
-        assert_eq!(first.node, second.node);
-        assert_ne!(first.node, NodeId(0));
+        let first = NodeIdentity::load_or_create(dir.path(), ID).expect("first");
+        let second = NodeIdentity::load_or_create(dir.path(), ID).expect("second");
+        assert_eq!((first.node, second.node), (ID, ID));
         assert_eq!(second.generation, first.generation + 1);
         assert_eq!(second.previous_generation, first.generation);
-        let mut third = NodeIdentity::load_or_create(dir.path()).expect("third");
+        let mut third = NodeIdentity::load_or_create(dir.path(), ID).expect("third");
         third.raise_generation(dir.path(), 10).expect("raise");
         assert_eq!(third.generation, 10);
-        let fourth = NodeIdentity::load_or_create(dir.path()).expect("fourth");
+        let fourth = NodeIdentity::load_or_create(dir.path(), ID).expect("fourth");
         assert_eq!((fourth.previous_generation, fourth.generation), (10, 11));
+    }
+
+    #[test]
+    fn a_certificate_of_another_node_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        NodeIdentity::load_or_create(dir.path(), ID).expect("first");
+        let err = NodeIdentity::load_or_create(dir.path(), NodeId(7)).expect_err("other");
+        assert!(
+            matches!(err, AgentError::CertificateOfAnotherNode { .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("--node-id 0123456789abcdef"),
+            "{err}"
+        );
     }
 
     #[test]
     fn damaged_id_file_is_reported_not_replaced() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join(NODE_ID_FILE), "zz-not-hex").expect("write");
-        let err = NodeIdentity::load_or_create(dir.path()).expect_err("must fail");
+        let err = NodeIdentity::load_or_create(dir.path(), ID).expect_err("must fail");
         assert!(matches!(err, AgentError::Corrupt { .. }), "{err}");
         assert_eq!(
             std::fs::read_to_string(dir.path().join(NODE_ID_FILE)).expect("read"),

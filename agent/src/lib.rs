@@ -20,6 +20,7 @@ mod metrics_http;
 mod node;
 mod ok_to_stop;
 mod resources;
+mod revoke;
 mod status;
 mod system_rpc;
 pub mod tier;

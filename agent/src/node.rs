@@ -11,8 +11,8 @@ use prometheus_client::registry::Registry;
 use rand::RngExt;
 use shoal_agent_api::NODE_TLS_NAME;
 use shoal_mesh::{
-    ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MeshMetrics, NodeFacts, NodeRole,
-    Transport,
+    ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MeshMetrics, NodeCert, NodeFacts,
+    NodeRole, Revocations, Transport,
 };
 use shoal_store::{DiskStore, Recovery, Ring, StoreMetrics};
 use tokio::task::JoinHandle;
@@ -36,6 +36,8 @@ pub struct Node {
     pub config: AgentConfig,
     /// Stable node id and this run's generation.
     pub identity: NodeIdentity,
+    /// What this node's certificate says of it (id, name, when issued).
+    pub certified: NodeCert,
     /// Membership: handle to the gossip task (SWIM over the authenticated UDP envelope).
     pub gossip: GossipHandle,
     /// QUIC endpoint (mutual TLS) for RPC to and from peers.
@@ -81,8 +83,27 @@ struct Listeners {
 
 impl Node {
     /// Builds every subsystem from `config` and starts serving.
-    pub async fn start(config: AgentConfig) -> Result<Arc<Node>, AgentError> {
-        let identity = NodeIdentity::load_or_create(&config.node.data_dir)?;
+    pub async fn start(mut config: AgentConfig) -> Result<Arc<Node>, AgentError> {
+        // The node this node's certificate names: its id is the node id, its name the
+        // node's name (a config naming another is refused).
+        let certified = config.tls.files().node_identity()?;
+        if config
+            .node
+            .name
+            .as_ref()
+            .is_some_and(|n| *n != certified.name)
+        {
+            return Err(crate::config::invalid(
+                "node.name",
+                format!(
+                    "{:?} is not the name the node certificate carries ({:?}); leave it out, or issue the certificate for that name",
+                    config.node.name.as_deref().unwrap_or_default(),
+                    certified.name
+                ),
+            ));
+        }
+        config.node.name = Some(certified.name.clone());
+        let identity = NodeIdentity::load_or_create(&config.node.data_dir, certified.node)?;
         let mut registry = Registry::default();
         // First: everything after this runs inside the reservation.
         let resources =
@@ -92,7 +113,7 @@ impl Node {
                     other => other,
                 })?;
         // A start that fails from here on must not leave the cgroup behind.
-        match Self::start_confined(config, identity, registry, resources.clone()).await {
+        match Self::start_confined(config, identity, certified, registry, resources.clone()).await {
             Ok(node) => Ok(node),
             Err(e) => {
                 resources.shutdown();
@@ -104,6 +125,7 @@ impl Node {
     async fn start_confined(
         config: AgentConfig,
         mut identity: NodeIdentity,
+        certified: NodeCert,
         mut registry: Registry,
         resources: Arc<Resources>,
     ) -> Result<Arc<Node>, AgentError> {
@@ -115,7 +137,13 @@ impl Node {
         // Before this node takes part in membership or Raft: is its metadata state as
         // new as the cluster's record of it, and which generation must it start above?
         let rejoin = check_against_cluster(&config, &transport, &mut identity).await?;
-        let (gossip, gossip_task) = start_membership(&config, &identity, mesh_metrics).await?;
+        let (gossip, gossip_task) = start_membership(
+            &config,
+            &identity,
+            mesh_metrics,
+            transport.revocations().clone(),
+        )
+        .await?;
         let store = open_store(&config, &mut registry).await?;
         let (group, group_workers) = Group::start(
             &config.node.data_dir.join("meta"),
@@ -145,6 +173,8 @@ impl Node {
             let handler = handler.clone();
             async move { Ok(handler.serve_shard(req).await) }
         });
+        // The bulk lane carries shard payloads only: puts and gets, never deletes.
+        transport.serve_on_bulk::<ShardRequest>(crate::data::carries_payload);
         let repair = RepairShared::new(&mut registry);
         let scrub = ScrubShared::new(
             &config.node.data_dir,
@@ -201,6 +231,7 @@ impl Node {
             admin_socket: config.admin.socket.clone(),
             config,
             identity,
+            certified,
             gossip,
             transport: transport.clone(),
             store,
@@ -240,6 +271,11 @@ impl Node {
             Resources::gpu_probe(),
         ));
         w.spawn(metrics::MetricsRefresh::new(self.group.clone()));
+        w.spawn(crate::revoke::RevocationsRefresh::new(
+            self.group.clone(),
+            self.transport.clone(),
+            self.certified.clone(),
+        ));
         w.spawn(steward::Steward::new(
             self.group.clone(),
             self.gossip.clone(),
@@ -425,6 +461,7 @@ async fn start_membership(
     config: &AgentConfig,
     identity: &NodeIdentity,
     metrics: MeshMetrics,
+    revocations: Arc<Revocations>,
 ) -> Result<(GossipHandle, JoinHandle<()>), AgentError> {
     let key = ClusterKey::load(&config.tls.cluster_key, &config.tls.ca_cert)?;
     let me = MemberId {
@@ -459,6 +496,7 @@ async fn start_membership(
         config.mesh.seeds.clone(),
         metrics,
         config.mesh.legacy_gossip,
+        revocations,
     )
     .await?)
 }

@@ -2,6 +2,11 @@
 //!
 //! Layout written by `init`: `ca.pem`, `ca.key` (0600), `cluster.key` (0600). `issue`
 //! writes `node.pem` and `node.key` (0600). The agent's `[tls]` section names these files.
+//!
+//! A node certificate names its node: the common name is the node's name, and a URI
+//! subject alternative name `shoal://node/<id, 16 hex digits>/<issued, unix ms>` its id and
+//! issue time. Agents bind every connection to that identity and refuse certificates the
+//! cluster revoked (`shoal cert revoke`, by name and issue time).
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -69,9 +74,40 @@ pub fn init(dir: &Path, cluster_name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Issues a certificate for node `name`, reachable at `ips`, signed by the CA in `ca_dir`;
-/// writes it to `out`.
-pub fn issue(ca_dir: &Path, name: &str, ips: &[IpAddr], out: &Path) -> anyhow::Result<()> {
+/// The subject alternative name that names node `id`, issued at `issued_ms` (unix
+/// milliseconds): what the agents read a peer's identity from (`shoal_mesh::NodeCert`).
+fn node_uri(id: u64, issued_ms: u64) -> String {
+    format!("{NODE_URI_PREFIX}{id:016x}/{issued_ms}")
+}
+
+const NODE_URI_PREFIX: &str = "shoal://node/";
+
+/// A node id as `shoal status` shows it: 16 hex digits, not 0.
+pub fn parse_node_id(text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    match u64::from_str_radix(t, 16) {
+        Ok(id) if t.len() == 16 && id != 0 => Ok(id),
+        _ => bail!(
+            "--node-id {text:?}: expected 16 hexadecimal digits (not all zero), as `shoal status` shows node ids"
+        ),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Issues a certificate for node `name` (id `node`, or a new one), reachable at `ips`,
+/// signed by the CA in `ca_dir`; writes it to `out`. Returns the node id.
+pub fn issue(
+    ca_dir: &Path,
+    name: &str,
+    ips: &[IpAddr],
+    node: Option<u64>,
+    out: &Path,
+) -> anyhow::Result<u64> {
     if name.is_empty()
         || !name
             .chars()
@@ -86,10 +122,17 @@ pub fn issue(ca_dir: &Path, name: &str, ips: &[IpAddr], out: &Path) -> anyhow::R
     let ca_key = KeyPair::from_pem(&read(CA_KEY)?).context("CA key")?;
     let issuer = Issuer::from_ca_cert_pem(&read(CA_CERT)?, ca_key).context("CA certificate")?;
 
+    // 0 is reserved; a random u64 is never expected to collide in a cluster.
+    let id = node.unwrap_or_else(|| rand::rng().random_range(1..=u64::MAX));
     let mut params = CertificateParams::new(vec![NODE_TLS_NAME.to_owned(), name.to_owned()])?;
     params
         .subject_alt_names
         .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+    params.subject_alt_names.push(SanType::URI(
+        node_uri(id, now_ms())
+            .try_into()
+            .context("the node URI is not an IA5 string")?,
+    ));
     params.distinguished_name.push(DnType::CommonName, name);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![
@@ -107,6 +150,88 @@ pub fn issue(ca_dir: &Path, name: &str, ips: &[IpAddr], out: &Path) -> anyhow::R
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     write_file(&out.join(NODE_KEY), key.serialize_pem().as_bytes(), 0o600)?;
     write_file(&out.join(NODE_CERT), cert.pem().as_bytes(), 0o644)?;
+    Ok(id)
+}
+
+/// What a node certificate says of its node.
+#[derive(Debug, PartialEq, Eq, serde::Serialize)]
+pub struct CertInfo {
+    pub name: String,
+    /// 16 hex digits; `None` for a certificate of the release before certificates named
+    /// their node (agents refuse those: issue it again with `--node-id`).
+    pub node_id: Option<String>,
+    pub issued_ms: Option<u64>,
+    pub not_after: String,
+    pub ips: Vec<IpAddr>,
+}
+
+/// Reads the node certificate at `path`.
+pub fn info(path: &Path) -> anyhow::Result<CertInfo> {
+    use x509_parser::extensions::GeneralName;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
+        .map_err(|e| anyhow::anyhow!("{}: not a PEM certificate: {e}", path.display()))?;
+    let (_, cert) = X509Certificate::from_der(&pem.contents)
+        .map_err(|e| anyhow::anyhow!("{}: not a certificate: {e}", path.display()))?;
+    let name = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let (mut node_id, mut issued_ms, mut ips) = (None, None, Vec::new());
+    if let Ok(Some(sans)) = cert.subject_alternative_name() {
+        for n in &sans.value.general_names {
+            match n {
+                GeneralName::URI(u) => {
+                    if let Some((id, at)) = u
+                        .strip_prefix(NODE_URI_PREFIX)
+                        .and_then(|rest| rest.split_once('/'))
+                    {
+                        node_id = Some(id.to_owned());
+                        issued_ms = at.parse().ok();
+                    }
+                }
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default())),
+                    16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default())),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    Ok(CertInfo {
+        name,
+        node_id,
+        issued_ms,
+        not_after: cert.validity().not_after.to_string(),
+        ips,
+    })
+}
+
+/// `shoal cert show`.
+pub fn show(path: &Path, json: bool) -> anyhow::Result<()> {
+    let i = info(path)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&i)?);
+        return Ok(());
+    }
+    println!("name:      {}", i.name);
+    match &i.node_id {
+        Some(id) => println!("node id:   {id}"),
+        None => println!(
+            "node id:   none (a certificate of the previous release: agents refuse it; issue it again with --node-id)"
+        ),
+    }
+    if let Some(at) = i.issued_ms {
+        println!("issued:    {at} ms since the epoch");
+    }
+    println!("valid to:  {}", i.not_after);
+    let ips: Vec<String> = i.ips.iter().map(ToString::to_string).collect();
+    println!("addresses: {}", ips.join(", "));
     Ok(())
 }
 

@@ -256,14 +256,7 @@ fn start_nodes(
     for (i, ip) in (1..=opts.nodes).zip(ips) {
         let nd = node_dir(dir, i);
         std::fs::create_dir_all(nd.join("data"))?;
-        if !nd.join("tls").join(cert::NODE_CERT).exists() {
-            cert::issue(
-                &ca_dir,
-                &format!("node{i}"),
-                &[IpAddr::V4(*ip)],
-                &nd.join("tls"),
-            )?;
-        }
+        ensure_node_cert(&ca_dir, &nd, &format!("node{i}"), *ip)?;
         let config = render_config(opts, dir, i, *ip, seeds);
         std::fs::write(nd.join("agent.toml"), config)?;
         if running_pid(&nd).is_some() {
@@ -367,6 +360,26 @@ bootstrap_expect = {nodes}
         background = section_lines(opts, "background"),
         tiering = render_tiering(opts, dir),
     )
+}
+
+/// Issues node `name`'s certificate unless it has one that names the node its data dir
+/// holds: a new node gets a new id, a node whose certificate names none (made by the
+/// release before certificates named their node) or another one gets one for its own id.
+fn ensure_node_cert(ca_dir: &Path, nd: &Path, name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
+    let pem = nd.join("tls").join(cert::NODE_CERT);
+    let data_id = std::fs::read_to_string(nd.join("data").join("node_id"))
+        .ok()
+        .and_then(|t| cert::parse_node_id(&t).ok());
+    if pem.exists() {
+        let named = cert::info(&pem)?
+            .node_id
+            .and_then(|t| cert::parse_node_id(&t).ok());
+        if named.is_some() && (data_id.is_none() || named == data_id) {
+            return Ok(());
+        }
+    }
+    cert::issue(ca_dir, name, &[IpAddr::V4(ip)], data_id, &nd.join("tls"))?;
+    Ok(())
 }
 
 /// `[tiering]` for every node: one store they all share.

@@ -66,6 +66,7 @@ impl Cli {
                 let (socket, json) = t.socket_and_json();
                 (Some(socket), json)
             }
+            Cmd::Cert(CertCmd::Revoke { socket, .. }) => (Some(socket), None),
             Cmd::Cert(_) | Cmd::DevCluster(_) => (None, None),
         };
         match (top_socket, socket) {
@@ -202,7 +203,9 @@ enum CertCmd {
         #[arg(long, default_value = "shoal")]
         cluster_name: String,
     },
-    /// Issue a node certificate (node.pem, node.key) signed by the CA in --ca-dir.
+    /// Issue a node certificate (node.pem, node.key) signed by the CA in --ca-dir. It names
+    /// the node (its name and id); a new node gets a new id, taken by its agent at the
+    /// first start.
     Issue {
         #[arg(long)]
         ca_dir: PathBuf,
@@ -212,9 +215,31 @@ enum CertCmd {
         /// IP address the node is reached at (repeatable).
         #[arg(long = "ip")]
         ips: Vec<IpAddr>,
+        /// The id of an existing node (16 hex digits, as `shoal status` shows it or its
+        /// data dir's `node_id` holds): a new key and certificate for it (a re-key, e.g.
+        /// after `shoal cert revoke`). Without it, a new node id.
+        #[arg(long)]
+        node_id: Option<String>,
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Show what a node certificate says: node name, id, when it was issued, until when it
+    /// is valid, its addresses.
+    Show {
+        /// The certificate (PEM), e.g. /etc/shoal/tls/node.pem.
+        cert: PathBuf,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke every certificate of node NAME issued before now, cluster-wide: every agent
+    /// refuses it within seconds (through the local agent; the list lives in the metadata).
+    Revoke {
+        /// The node's name.
+        name: String,
+        #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
     },
 }
 
@@ -290,11 +315,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ca_dir,
             name,
             ips,
+            node_id,
             out,
         }) => {
-            cert::issue(&ca_dir, &name, &ips, &out)?;
-            println!("certificate for {name} written to {}", out.display());
+            let node = match node_id {
+                Some(id) => Some(cert::parse_node_id(&id)?),
+                None => None,
+            };
+            let id = cert::issue(&ca_dir, &name, &ips, node, &out)?;
+            println!(
+                "certificate for {name} (node {id:016x}) written to {}",
+                out.display()
+            );
             Ok(())
+        }
+        Cmd::Cert(CertCmd::Show { cert: path, json }) => cert::show(&path, json),
+        Cmd::Cert(CertCmd::Revoke { name, socket }) => {
+            maintenance::change(&socket, Request::RevokeCertificate { name })
         }
         Cmd::Tier(t) => tier::run(t),
         Cmd::DevCluster(DevClusterCmd::Up(o)) => dev_cluster::up(&o),

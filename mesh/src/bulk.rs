@@ -2,14 +2,23 @@
 //! authenticated peers (QUIC moves several times less per core on these machines).
 //!
 //! Every connection opens with a TLS 1.3 handshake, both sides presenting certificates
-//! signed by the cluster CA. The client then names the cluster's mode inside TLS:
+//! signed by the cluster CA; the connection belongs to the node the peer's certificate
+//! names (see `node_cert`). The client then names the cluster's mode inside TLS:
 //! - `secure`: everything stays inside TLS (encrypted and authenticated);
 //! - `crc`: after the server's acknowledgement both sides take the TCP stream back and send
-//!   plaintext frames, each with a crc32c: an authenticated connection with checksummed
-//!   frames and no encryption, for a trusted storage network (as Ceph's messenger offers).
+//!   plaintext frames, each authenticated by a MAC (keyed BLAKE3) with a key per direction
+//!   exported from the TLS session and the frame's sequence number: no encryption, for a
+//!   trusted storage network (as Ceph's messenger offers), but a frame that was injected,
+//!   altered, replayed, reordered or dropped ends the connection.
 //!
-//! Frames: `| length u32 BE | crc32c u32 BE | payload |`. One request at a time per
-//! connection; concurrency comes from the pool.
+//! Frames, lane version 2 (ALPN `shoal-bulk/2`):
+//! - `secure`: `| length u32 BE | crc32c u32 BE | payload |` inside TLS;
+//! - `crc`: `| length u32 BE | payload | BLAKE3(key, seq u64 BE ++ length ++ payload) (32) |`.
+//!
+//! One request at a time per connection; concurrency comes from the pool. The lane carries
+//! only the requests the transport lets it (shard payloads), never control messages. The
+//! previous release's lane (ALPN `shoal-bulk/1`, crc32c-only plaintext frames in `crc`) is
+//! still served in `secure` mode, where TLS protects it, for a rolling upgrade.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,11 +32,19 @@ use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 use tracing::{debug, warn};
 
 use crate::MeshError;
+use crate::identity::NodeId;
+use crate::node_cert::{NodeCert, Revocations};
+use crate::rpc::peer_node;
 use crate::tls::TlsMaterial;
 
-pub(crate) const BULK_ALPN: &[u8] = b"shoal-bulk/1";
+pub(crate) const BULK_ALPN: &[u8] = b"shoal-bulk/2";
+/// The previous release's lane, served in `secure` mode only.
+const BULK_ALPN_V1: &[u8] = b"shoal-bulk/1";
 const MAX_FRAME: usize = 17 << 20;
 const ACK: u8 = 0x06;
+const TAG_LEN: usize = 32;
+/// The TLS exporter label of the `crc` frames' MAC keys (RFC 8446 section 7.5).
+const MAC_LABEL: &[u8] = b"EXPORTER-shoal-bulk-mac-v2";
 /// Longest a TLS handshake plus mode exchange may take.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Idle connections kept per peer.
@@ -41,7 +58,8 @@ const MAX_INCOMING: usize = 1024;
 pub enum BulkMode {
     /// TCP inside TLS: encrypted.
     Secure,
-    /// TCP authenticated by a TLS handshake, then crc32c-checked plaintext frames.
+    /// TCP authenticated by a TLS handshake, then plaintext frames, each with a MAC keyed
+    /// from the TLS session.
     Crc,
     /// No bulk lane: everything over QUIC.
     Off,
@@ -57,13 +75,63 @@ impl BulkMode {
     }
 }
 
-/// A connection after the handshake.
-pub(crate) enum Conn {
-    Secure(Box<TlsStream<TcpStream>>),
-    Crc(TcpStream),
+/// The MAC state of one direction of a `crc` connection.
+struct Mac {
+    key: [u8; 32],
+    seq: u64,
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, payload: &[u8]) -> std::io::Result<()> {
+impl Mac {
+    /// The tag of the next frame, which it numbers.
+    fn tag(&mut self, len: u32, payload: &[u8]) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&self.seq.to_be_bytes());
+        h.update(&len.to_be_bytes());
+        h.update(payload);
+        self.seq += 1;
+        h.finalize()
+    }
+}
+
+/// The keys of a `crc` connection, one per direction, exported from its TLS session: both
+/// ends compute the same, nobody without the session does.
+fn mac_keys<C>(conn: &rustls::ConnectionCommon<C>) -> std::io::Result<(Mac, Mac)> {
+    let out = conn
+        .export_keying_material([0u8; 64], MAC_LABEL, None)
+        .map_err(|e| std::io::Error::other(format!("TLS exporter: {e}")))?;
+    let (mut to_server, mut to_client) = ([0u8; 32], [0u8; 32]);
+    to_server.copy_from_slice(&out[..32]);
+    to_client.copy_from_slice(&out[32..]);
+    Ok((
+        Mac {
+            key: to_server,
+            seq: 0,
+        },
+        Mac {
+            key: to_client,
+            seq: 0,
+        },
+    ))
+}
+
+/// How a connection's frames travel after the handshake.
+enum Framing {
+    Secure(Box<TlsStream<TcpStream>>),
+    /// Plaintext frames with a MAC each (`send`, `recv`: this end's two directions).
+    Crc {
+        tcp: TcpStream,
+        send: Mac,
+        recv: Mac,
+    },
+}
+
+/// A connection after the handshake, with the node its peer's certificate names.
+pub(crate) struct Conn {
+    framing: Framing,
+    pub(crate) peer: Arc<NodeCert>,
+}
+
+async fn write_crc_frame<W: AsyncWrite + Unpin>(w: &mut W, payload: &[u8]) -> std::io::Result<()> {
     let mut head = [0u8; 8];
     head[..4].copy_from_slice(&(payload.len() as u32).to_be_bytes());
     head[4..].copy_from_slice(&crc32c::crc32c(payload).to_be_bytes());
@@ -72,24 +140,34 @@ async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, payload: &[u8]) -> std::i
     w.flush().await
 }
 
-async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
-    let mut head = [0u8; 8];
-    r.read_exact(&mut head).await?;
-    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+fn frame_len(len: u32) -> std::io::Result<usize> {
+    let len = len as usize;
     if len > MAX_FRAME {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("bulk frame of {len} bytes"),
         ));
     }
-    // The peer proved its cluster certificate at connect, so its length (at most
-    // MAX_FRAME) is reserved at once: a shard arrives into one buffer, not through a
-    // growing one that copies it at every doubling.
+    Ok(len)
+}
+
+/// Reads `len` bytes. The peer proved its cluster certificate at connect, so its length (at
+/// most MAX_FRAME) is reserved at once: a shard arrives into one buffer, not through a
+/// growing one that copies it at every doubling.
+async fn read_exactly<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
     let mut payload = Vec::with_capacity(len);
     if r.take(len as u64).read_to_end(&mut payload).await? < len {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
+    Ok(payload)
+}
+
+async fn read_crc_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
+    let mut head = [0u8; 8];
+    r.read_exact(&mut head).await?;
+    let len = frame_len(u32::from_be_bytes([head[0], head[1], head[2], head[3]]))?;
+    let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+    let payload = read_exactly(r, len).await?;
     if crc32c::crc32c(&payload) != crc {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -99,18 +177,52 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>>
     Ok(payload)
 }
 
+async fn write_mac_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mac: &mut Mac,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let len = u32::try_from(payload.len()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    let tag = mac.tag(len, payload);
+    w.write_all(&len.to_be_bytes()).await?;
+    w.write_all(payload).await?;
+    w.write_all(tag.as_bytes()).await?;
+    w.flush().await
+}
+
+async fn read_mac_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    mac: &mut Mac,
+) -> std::io::Result<Vec<u8>> {
+    let mut head = [0u8; 4];
+    r.read_exact(&mut head).await?;
+    let len32 = u32::from_be_bytes(head);
+    let len = frame_len(len32)?;
+    let payload = read_exactly(r, len).await?;
+    let mut tag = [0u8; TAG_LEN];
+    r.read_exact(&mut tag).await?;
+    // blake3::Hash compares in constant time.
+    if mac.tag(len32, &payload) != blake3::Hash::from_bytes(tag) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "bulk frame MAC mismatch (injected, altered, replayed or reordered)",
+        ));
+    }
+    Ok(payload)
+}
+
 impl Conn {
     pub(crate) async fn send(&mut self, payload: &[u8]) -> std::io::Result<()> {
-        match self {
-            Conn::Secure(s) => write_frame(s, payload).await,
-            Conn::Crc(s) => write_frame(s, payload).await,
+        match &mut self.framing {
+            Framing::Secure(s) => write_crc_frame(s, payload).await,
+            Framing::Crc { tcp, send, .. } => write_mac_frame(tcp, send, payload).await,
         }
     }
 
     pub(crate) async fn recv(&mut self) -> std::io::Result<Vec<u8>> {
-        match self {
-            Conn::Secure(s) => read_frame(s).await,
-            Conn::Crc(s) => read_frame(s).await,
+        match &mut self.framing {
+            Framing::Secure(s) => read_crc_frame(s).await,
+            Framing::Crc { tcp, recv, .. } => read_mac_frame(tcp, recv).await,
         }
     }
 }
@@ -121,6 +233,11 @@ pub(crate) struct Bulk {
     connector: TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     pool: Mutex<HashMap<SocketAddr, Vec<Conn>>>,
+    revocations: Arc<Revocations>,
+}
+
+fn refused(why: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)
 }
 
 impl Bulk {
@@ -128,15 +245,22 @@ impl Bulk {
         mode: BulkMode,
         tls: &TlsMaterial,
         server_name: &str,
+        revocations: Arc<Revocations>,
     ) -> Result<Self, MeshError> {
         let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
             .map_err(|e| MeshError::Tls(e.to_string()))?;
+        // The previous release's lane only where TLS protects it.
+        let served: &[&[u8]] = match mode {
+            BulkMode::Secure => &[BULK_ALPN, BULK_ALPN_V1],
+            _ => &[BULK_ALPN],
+        };
         Ok(Bulk {
             mode,
-            acceptor: TlsAcceptor::from(Arc::new(tls.rustls_server(BULK_ALPN)?)),
+            acceptor: TlsAcceptor::from(Arc::new(tls.rustls_server_alpns(served)?)),
             connector: TlsConnector::from(Arc::new(tls.rustls_client(BULK_ALPN)?)),
             server_name,
             pool: Mutex::new(HashMap::new()),
+            revocations,
         })
     }
 
@@ -144,6 +268,10 @@ impl Bulk {
     pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<Conn> {
         tcp.set_nodelay(true)?;
         let mut tls = self.acceptor.accept(tcp).await?;
+        let peer = {
+            let (_, session) = tls.get_ref();
+            peer_node(session.peer_certificates(), &self.revocations).map_err(refused)?
+        };
         let mut hello = [0u8; 1];
         tls.read_exact(&mut hello).await?;
         if hello[0] != self.mode.wire() {
@@ -157,20 +285,42 @@ impl Bulk {
         }
         tls.write_all(&[ACK]).await?;
         tls.flush().await?;
-        Ok(match self.mode {
-            BulkMode::Crc => Conn::Crc(tls.into_inner().0),
-            _ => Conn::Secure(Box::new(TlsStream::Server(tls))),
+        let framing = match self.mode {
+            // (The previous release's lane is not offered in `crc` mode.)
+            BulkMode::Crc => {
+                let (to_server, to_client) = mac_keys(tls.get_ref().1)?;
+                Framing::Crc {
+                    tcp: tls.into_inner().0,
+                    send: to_client,
+                    recv: to_server,
+                }
+            }
+            _ => Framing::Secure(Box::new(TlsStream::Server(tls))),
+        };
+        Ok(Conn {
+            framing,
+            peer: Arc::new(peer),
         })
     }
 
-    /// Client half of the handshake.
-    async fn dial(&self, peer: SocketAddr) -> std::io::Result<Conn> {
-        let tcp = TcpStream::connect(peer).await?;
+    /// Client half of the handshake, to the node `node` when the caller names it.
+    async fn dial(&self, addr: SocketAddr, node: Option<NodeId>) -> std::io::Result<Conn> {
+        let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let mut tls = self
             .connector
             .connect(self.server_name.clone(), tcp)
             .await?;
+        let peer = {
+            let (_, session) = tls.get_ref();
+            peer_node(session.peer_certificates(), &self.revocations).map_err(refused)?
+        };
+        if let Some(node) = node.filter(|n| *n != peer.node) {
+            return Err(refused(format!(
+                "expected node {node} at {addr}, its certificate is node {} ({})",
+                peer.node, peer.name
+            )));
+        }
         tls.write_all(&[self.mode.wire()]).await?;
         tls.flush().await?;
         let mut ack = [0u8; 1];
@@ -183,27 +333,47 @@ impl Bulk {
         }
         // Nothing follows the acknowledgement until we speak, so no TLS record is left
         // buffered when `crc` takes the TCP stream back.
-        Ok(match self.mode {
-            BulkMode::Crc => Conn::Crc(tls.into_inner().0),
-            _ => Conn::Secure(Box::new(TlsStream::Client(tls))),
+        let framing = match self.mode {
+            BulkMode::Crc => {
+                let (to_server, to_client) = mac_keys(tls.get_ref().1)?;
+                Framing::Crc {
+                    tcp: tls.into_inner().0,
+                    send: to_server,
+                    recv: to_client,
+                }
+            }
+            _ => Framing::Secure(Box::new(TlsStream::Client(tls))),
+        };
+        Ok(Conn {
+            framing,
+            peer: Arc::new(peer),
         })
     }
 
-    /// One request/response exchange with `peer` on a pooled connection.
+    /// One request/response exchange with the node `node` at `addr` on a pooled
+    /// connection.
     pub(crate) async fn exchange(
         &self,
-        peer: SocketAddr,
+        addr: SocketAddr,
+        node: Option<NodeId>,
         request: &[u8],
     ) -> std::io::Result<Vec<u8>> {
-        let pooled = self.pool.lock().await.get_mut(&peer).and_then(Vec::pop);
+        let pooled = self.pool.lock().await.get_mut(&addr).and_then(Vec::pop);
         let mut conn = match pooled {
-            Some(c) => c,
-            None => self.dial(peer).await?,
+            // A pooled connection is to the node it was when dialled: check it is still
+            // the one asked for, and not revoked since.
+            Some(c)
+                if node.is_none_or(|n| n == c.peer.node)
+                    && !self.revocations.is_revoked(&c.peer) =>
+            {
+                c
+            }
+            _ => self.dial(addr, node).await?,
         };
         conn.send(request).await?;
         let response = conn.recv().await?;
         let mut pool = self.pool.lock().await;
-        let idle = pool.entry(peer).or_default();
+        let idle = pool.entry(addr).or_default();
         if idle.len() < POOL_PER_PEER {
             idle.push(conn);
         }
@@ -223,14 +393,15 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, MeshError> {
         .map_err(|source| MeshError::Bind { addr, source })
 }
 
-/// Accept loop: each connection serves requests one after another through `dispatch`.
+/// Accept loop: each connection serves requests one after another through `dispatch`,
+/// which is told the node the connection belongs to.
 pub(crate) async fn serve<F, Fut>(
     listener: TcpListener,
     bulk: Arc<Bulk>,
     dispatch: F,
     on_reject: impl Fn(SocketAddr, String) + Send + Sync + 'static,
 ) where
-    F: Fn(Vec<u8>) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Vec<u8>, Arc<NodeCert>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Vec<u8>> + Send,
 {
     let on_reject = Arc::new(on_reject);
@@ -263,7 +434,7 @@ pub(crate) async fn serve<F, Fut>(
                         return;
                     }
                 };
-                let response = dispatch(request).await;
+                let response = dispatch(request, conn.peer.clone()).await;
                 if let Err(e) = conn.send(&response).await {
                     debug!(%remote, error = %e, "bulk response not sent");
                     return;
@@ -278,16 +449,61 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn frames_round_trip_and_damage_is_detected() {
+    async fn crc_frames_round_trip_and_damage_is_detected() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, b"payload").await.expect("write");
+        write_crc_frame(&mut buf, b"payload").await.expect("write");
         let mut r = &buf[..];
-        assert_eq!(read_frame(&mut r).await.expect("read"), b"payload");
+        assert_eq!(read_crc_frame(&mut r).await.expect("read"), b"payload");
         let mut bad = buf.clone();
         let last = bad.len() - 1;
         bad[last] ^= 1;
-        assert!(read_frame(&mut &bad[..]).await.is_err());
+        assert!(read_crc_frame(&mut &bad[..]).await.is_err());
         let huge = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
-        assert!(read_frame(&mut &huge[..]).await.is_err());
+        assert!(read_crc_frame(&mut &huge[..]).await.is_err());
+    }
+
+    fn mac(byte: u8) -> Mac {
+        Mac {
+            key: [byte; 32],
+            seq: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn mac_frames_refuse_tampering_replay_reordering_and_another_key() {
+        let mut wire = Vec::new();
+        let mut tx = mac(1);
+        write_mac_frame(&mut wire, &mut tx, b"first")
+            .await
+            .expect("write");
+        let first = wire.clone();
+        write_mac_frame(&mut wire, &mut tx, b"second")
+            .await
+            .expect("write");
+        let second = wire[first.len()..].to_vec();
+
+        let mut rx = mac(1);
+        let mut r = &wire[..];
+        assert_eq!(read_mac_frame(&mut r, &mut rx).await.expect("1"), b"first");
+        assert_eq!(read_mac_frame(&mut r, &mut rx).await.expect("2"), b"second");
+
+        // The first frame again, where the third belongs: a replay.
+        assert!(read_mac_frame(&mut &first[..], &mut rx).await.is_err());
+        // The second before the first: reordered.
+        assert!(read_mac_frame(&mut &second[..], &mut mac(1)).await.is_err());
+        // Another session's key.
+        assert!(read_mac_frame(&mut &first[..], &mut mac(2)).await.is_err());
+        // Any flipped bit.
+        for i in 0..first.len() {
+            let mut bad = first.clone();
+            bad[i] ^= 0x10;
+            assert!(
+                read_mac_frame(&mut &bad[..], &mut mac(1)).await.is_err(),
+                "byte {i}"
+            );
+        }
+        // A length over the limit is refused before anything is read.
+        let huge = [0xff, 0xff, 0xff, 0xff];
+        assert!(read_mac_frame(&mut &huge[..], &mut mac(1)).await.is_err());
     }
 }

@@ -54,6 +54,9 @@ pub enum Rejection {
     BadMac,
     /// Seen before, or older than the window or the sender's epoch: a replay.
     Replayed,
+    /// From a node whose certificate the cluster revoked (the receiver's decision: see
+    /// `Revocations::silences`).
+    Revoked,
 }
 
 impl Rejection {
@@ -66,6 +69,7 @@ impl Rejection {
             Rejection::Legacy => "legacy_version",
             Rejection::BadMac => "bad_mac",
             Rejection::Replayed => "replayed",
+            Rejection::Revoked => "revoked",
         }
     }
 }

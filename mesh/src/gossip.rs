@@ -3,6 +3,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use foca::Timer;
@@ -13,9 +14,10 @@ use tracing::{debug, info, warn};
 
 use crate::envelope::{self, ReplayGuard, Sender};
 use crate::facts::NodeFacts;
-use crate::identity::MemberId;
+use crate::identity::{MemberId, NodeId};
 use crate::membership::{Effect, MemberEvent, MemberState, MemberView, Membership};
 use crate::metrics::{MeshMetrics, ReasonLabel, StateLabel};
+use crate::node_cert::Revocations;
 use crate::tls::ClusterKey;
 use crate::{LegacyGossip, MeshError};
 
@@ -91,6 +93,8 @@ pub struct GossipDriver {
     /// Which senders' packets were seen, to refuse replays.
     replays: ReplayGuard,
     legacy: LegacyGossip,
+    /// Whose gossip to drop: nodes whose certificate the cluster revoked.
+    revocations: Arc<Revocations>,
 }
 
 impl GossipDriver {
@@ -101,6 +105,7 @@ impl GossipDriver {
         seeds: Vec<SocketAddr>,
         metrics: MeshMetrics,
         legacy: LegacyGossip,
+        revocations: Arc<Revocations>,
     ) -> Result<(GossipHandle, tokio::task::JoinHandle<()>), MeshError> {
         let me = membership.me();
         let addr = me.addr;
@@ -130,6 +135,7 @@ impl GossipDriver {
             sender,
             replays: ReplayGuard::default(),
             legacy,
+            revocations,
         };
         let task = tokio::spawn(driver.run(cmd_rx));
         Ok((
@@ -180,6 +186,9 @@ impl GossipDriver {
         let opened = envelope::open(&self.key.0, packet, self.legacy.accepts_v1()).and_then(|o| {
             match o.sender {
                 Some(s) if !self.replays.admit(&s) => Err(envelope::Rejection::Replayed),
+                Some(s) if self.revocations.silences(NodeId(s.node)) => {
+                    Err(envelope::Rejection::Revoked)
+                }
                 _ => Ok(o.payload),
             }
         });
@@ -206,7 +215,7 @@ impl GossipDriver {
                     && self.logged_sources.insert(from.ip())
                 {
                     warn!(%from, reason = rejection.label(),
-                        "rejected gossip packet from outside the cluster (logged once per source)");
+                        "rejected gossip packet (logged once per source)");
                 }
             }
         }

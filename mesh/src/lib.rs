@@ -20,6 +20,7 @@ mod gossip;
 mod identity;
 mod membership;
 mod metrics;
+mod node_cert;
 mod rpc;
 mod tls;
 
@@ -31,5 +32,6 @@ pub use gossip::{GossipDriver, GossipHandle};
 pub use identity::{MemberId, NodeId};
 pub use membership::{Effect, MemberEvent, MemberState, MemberView, Membership, MembershipConfig};
 pub use metrics::{MeshMetrics, ReasonLabel};
-pub use rpc::{FailureClass, MAX_MESSAGE as MAX_RPC_MESSAGE, Refusal, Rpc, Transport};
+pub use node_cert::{NodeCert, Revocation, Revocations, node_uri};
+pub use rpc::{BulkFilter, FailureClass, MAX_MESSAGE as MAX_RPC_MESSAGE, Refusal, Rpc, Transport};
 pub use tls::{ClusterKey, TlsFiles};

@@ -42,6 +42,9 @@ pub struct MeshMetrics {
     pub members: Family<StateLabel, Gauge>,
     pub rpc_connections_rejected: Family<ReasonLabel, Counter>,
     pub rpc_requests: Family<RpcLabel, Counter>,
+    /// Requests refused before their handler: a peer speaking for another node, a revoked
+    /// certificate, an endpoint the lane does not carry.
+    pub rpc_requests_refused: Family<ReasonLabel, Counter>,
     pub rpc_latency_seconds: LatencyFamily,
 }
 
@@ -53,6 +56,7 @@ impl MeshMetrics {
             members: Family::default(),
             rpc_connections_rejected: Family::default(),
             rpc_requests: Family::default(),
+            rpc_requests_refused: Family::default(),
             rpc_latency_seconds: Family::new_with_constructor(latency_histogram),
         };
         let r = registry.sub_registry_with_prefix("shoal_mesh");
@@ -80,6 +84,11 @@ impl MeshMetrics {
             "rpc_requests",
             "RPC requests by endpoint, side and outcome",
             m.rpc_requests.clone(),
+        );
+        r.register(
+            "rpc_requests_refused",
+            "RPC and bulk requests refused before their handler, by reason (impersonation: the request claims another node than its certificate names; revoked; lane: not served on the bulk lane)",
+            m.rpc_requests_refused.clone(),
         );
         r.register(
             "rpc_latency_seconds",

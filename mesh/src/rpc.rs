@@ -29,6 +29,7 @@ use crate::MeshError;
 use crate::bulk::{self, Bulk, BulkMode};
 use crate::identity::NodeId;
 use crate::metrics::{EndpointLabel, MeshMetrics, ReasonLabel, RpcLabel};
+use crate::node_cert::{NodeCert, Revocations};
 use crate::tls::TlsFiles;
 
 /// Wire version of the RPC framing.
@@ -132,18 +133,56 @@ type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, Refusal>> 
 
 const MAX_LOGGED_SOURCES: usize = 1024;
 
+/// Which requests of an endpoint the bulk lane serves, from the message's encoded bytes
+/// (e.g. its enum variant).
+pub type BulkFilter = fn(&[u8]) -> bool;
+
 /// This node's QUIC endpoint: serves registered handlers and calls peers.
 pub struct Transport {
     endpoint: quinn::Endpoint,
     server_name: String,
     me: NodeId,
     handlers: RwLock<HashMap<&'static str, (&'static str, Handler)>>,
-    connections: tokio::sync::Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// Endpoints the bulk lane serves (everything else is QUIC only).
+    bulk_endpoints: RwLock<HashMap<&'static str, BulkFilter>>,
+    /// Pooled connections, with the node their certificate names.
+    connections: tokio::sync::Mutex<HashMap<SocketAddr, (quinn::Connection, Arc<NodeCert>)>>,
     metrics: MeshMetrics,
     logged_sources: Mutex<HashSet<IpAddr>>,
     tls: TlsFiles,
     /// The TCP bulk lane, once started.
     bulk: std::sync::OnceLock<Arc<Bulk>>,
+    /// The cluster's revoked certificates, and the newest each peer showed.
+    revocations: Arc<Revocations>,
+}
+
+/// The certificate chain a TLS peer presented, as the node it names; refused when it
+/// names none or the cluster revoked it.
+pub(crate) fn peer_node(
+    chain: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+    revocations: &Revocations,
+) -> Result<NodeCert, String> {
+    let der = chain
+        .and_then(|c| c.first())
+        .ok_or("the peer presented no certificate")?;
+    let cert = NodeCert::from_der(der)?;
+    if revocations.is_revoked(&cert) {
+        return Err(format!(
+            "the certificate of {} (node {}, issued at {} ms) is revoked",
+            cert.name, cert.node, cert.issued_ms
+        ));
+    }
+    revocations.shown(&cert);
+    Ok(cert)
+}
+
+/// The node a QUIC connection's peer certificate names.
+fn quic_peer(conn: &quinn::Connection, revocations: &Revocations) -> Result<NodeCert, String> {
+    let identity = conn.peer_identity();
+    let chain = identity
+        .as_ref()
+        .and_then(|i| i.downcast_ref::<Vec<rustls::pki_types::CertificateDer<'static>>>());
+    peer_node(chain.map(Vec::as_slice), revocations)
 }
 
 enum QuicFailure {
@@ -177,11 +216,13 @@ impl Transport {
             server_name: server_name.to_owned(),
             me,
             handlers: RwLock::new(HashMap::new()),
+            bulk_endpoints: RwLock::new(HashMap::new()),
             connections: tokio::sync::Mutex::new(HashMap::new()),
             metrics,
             logged_sources: Mutex::new(HashSet::new()),
             tls: tls.clone(),
             bulk: std::sync::OnceLock::new(),
+            revocations: Arc::new(Revocations::default()),
         }))
     }
 
@@ -194,18 +235,38 @@ impl Transport {
         if mode == BulkMode::Off {
             return Ok(None);
         }
-        let bulk = Arc::new(Bulk::new(mode, &self.tls.load()?, &self.server_name)?);
+        let bulk = Arc::new(Bulk::new(
+            mode,
+            &self.tls.load()?,
+            &self.server_name,
+            self.revocations.clone(),
+        )?);
         let listener = bulk::bind(addr).await?;
         let _ = self.bulk.set(bulk.clone());
         let (this, rejecter) = (self.clone(), self.clone());
-        let dispatch = move |request: Vec<u8>| {
+        let dispatch = move |request: Vec<u8>, peer: Arc<NodeCert>| {
             let this = this.clone();
-            async move { this.answer(&request).await }
+            async move { this.answer(&request, &peer, Lane::Bulk).await }
         };
         let on_reject = move |remote: SocketAddr, reason: String| rejecter.reject(remote, &reason);
         Ok(Some(tokio::spawn(bulk::serve(
             listener, bulk, dispatch, on_reject,
         ))))
+    }
+
+    /// Lets the bulk lane serve requests of `M` that `filter` accepts (by their encoded
+    /// bytes); they must also be registered with [`Transport::register`]. Nothing else
+    /// travels on the bulk lane: it carries payloads, not control.
+    pub fn serve_on_bulk<M: Rpc>(&self, filter: BulkFilter) {
+        self.bulk_endpoints
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(M::ENDPOINT, filter);
+    }
+
+    /// The cluster's revocations as this node knows them (the agent keeps them current).
+    pub fn revocations(&self) -> &Arc<Revocations> {
+        &self.revocations
     }
 
     /// Whether the bulk lane is running.
@@ -256,7 +317,13 @@ impl Transport {
                 tokio::spawn(async move {
                     let remote = incoming.remote_address();
                     match incoming.await {
-                        Ok(conn) => this.serve_connection(conn).await,
+                        Ok(conn) => match quic_peer(&conn, &this.revocations) {
+                            Ok(peer) => this.serve_connection(conn, Arc::new(peer)).await,
+                            Err(reason) => {
+                                conn.close(1u32.into(), b"certificate refused");
+                                this.reject(remote, &reason);
+                            }
+                        },
                         Err(e) => this.reject(remote, &e.to_string()),
                     }
                 });
@@ -280,12 +347,12 @@ impl Transport {
         }
     }
 
-    async fn serve_connection(self: Arc<Self>, conn: quinn::Connection) {
+    async fn serve_connection(self: Arc<Self>, conn: quinn::Connection, peer: Arc<NodeCert>) {
         loop {
             match conn.accept_bi().await {
                 Ok((send, recv)) => {
-                    let this = self.clone();
-                    tokio::spawn(async move { this.serve_stream(send, recv).await });
+                    let (this, peer) = (self.clone(), peer.clone());
+                    tokio::spawn(async move { this.serve_stream(send, recv, &peer).await });
                 }
                 Err(e) => {
                     debug!(remote = %conn.remote_address(), error = %e, "connection closed");
@@ -299,6 +366,7 @@ impl Transport {
         self: Arc<Self>,
         mut send: quinn::SendStream,
         mut recv: quinn::RecvStream,
+        peer: &NodeCert,
     ) {
         let request = match recv.read_to_end(MAX_MESSAGE).await {
             Ok(r) => r,
@@ -307,7 +375,7 @@ impl Transport {
                 return;
             }
         };
-        let frame = self.answer(&request).await;
+        let frame = self.answer(&request, peer, Lane::Quic).await;
         if let Err(e) = send.write_all(&frame).await {
             debug!(error = %e, "response write failed");
             return;
@@ -317,9 +385,10 @@ impl Transport {
         let _ = send.stopped().await;
     }
 
-    /// Serves one framed request: dispatch, count, and frame the response.
-    async fn answer(&self, request: &[u8]) -> Vec<u8> {
-        let (status, body, endpoint) = self.dispatch(request).await;
+    /// Serves one framed request from `peer` on `lane`: dispatch, count, and frame the
+    /// response.
+    async fn answer(&self, request: &[u8], peer: &NodeCert, lane: Lane) -> Vec<u8> {
+        let (status, body, endpoint) = self.dispatch(request, peer, lane).await;
         if let Some(endpoint) = endpoint {
             let outcome = if status == STATUS_OK { "ok" } else { "error" };
             self.metrics
@@ -337,7 +406,26 @@ impl Transport {
         frame
     }
 
-    async fn dispatch(&self, request: &[u8]) -> (u8, Vec<u8>, Option<&'static str>) {
+    /// Counts a request refused before its handler, and the refusal to send back.
+    fn refuse(&self, reason: &'static str, message: String) -> (u8, Vec<u8>, Option<&'static str>) {
+        self.metrics
+            .rpc_requests_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+        debug!(reason, %message, "refused a request");
+        (
+            STATUS_ERROR,
+            Refusal::new(FailureClass::Refused, message).encode(),
+            None,
+        )
+    }
+
+    async fn dispatch(
+        &self,
+        request: &[u8],
+        peer: &NodeCert,
+        lane: Lane,
+    ) -> (u8, Vec<u8>, Option<&'static str>) {
         let (head, body) = match postcard::take_from_bytes::<RequestHead>(request) {
             Ok(x) => x,
             Err(e) => {
@@ -355,6 +443,37 @@ impl Transport {
                 Refusal::new(FailureClass::Invalid, msg).encode(),
                 None,
             );
+        }
+        // The connection proved the peer's certificate; the request may speak only for
+        // the node that certificate names, and only while the cluster has not revoked it.
+        if head.from != peer.node {
+            return self.refuse(
+                "impersonation",
+                format!(
+                    "claims to be node {} but its certificate is node {} ({})",
+                    head.from, peer.node, peer.name
+                ),
+            );
+        }
+        if self.revocations.is_revoked(peer) {
+            return self.refuse(
+                "revoked",
+                format!("the certificate of {} is revoked", peer.name),
+            );
+        }
+        if let Lane::Bulk = lane {
+            let filter = self
+                .bulk_endpoints
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(head.endpoint.as_str())
+                .copied();
+            if !filter.is_some_and(|allow| allow(body)) {
+                return self.refuse(
+                    "lane",
+                    format!("{} is not served on the bulk lane", head.endpoint),
+                );
+            }
         }
         let found = self
             .handlers
@@ -380,13 +499,28 @@ impl Transport {
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
-        self.call_on(Lane::Quic, peer, msg, timeout).await
+        self.call_on(Lane::Quic, peer, None, msg, timeout).await
     }
 
-    /// Like [`Transport::call`], over the TCP bulk lane to the peer's bulk address (QUIC
+    /// Like [`Transport::call`], to the node `node` at `peer`: refused unless the peer's
+    /// certificate names that node (an address gossip got wrong, or a node holding
+    /// another's address, is never sent what was meant for `node`).
+    pub async fn call_to<M: Rpc>(
+        &self,
+        node: NodeId,
+        peer: SocketAddr,
+        msg: &M,
+        timeout: Duration,
+    ) -> Result<M::Response, MeshError> {
+        self.call_on(Lane::Quic, peer, Some(node), msg, timeout)
+            .await
+    }
+
+    /// Like [`Transport::call_to`], over the TCP bulk lane to the node's bulk address (QUIC
     /// when this node runs no bulk lane).
     pub async fn call_bulk<M: Rpc>(
         &self,
+        node: NodeId,
         peer: SocketAddr,
         msg: &M,
         timeout: Duration,
@@ -396,18 +530,20 @@ impl Transport {
         } else {
             Lane::Quic
         };
-        self.call_on(lane, peer, msg, timeout).await
+        self.call_on(lane, peer, Some(node), msg, timeout).await
     }
 
     async fn call_on<M: Rpc>(
         &self,
         lane: Lane,
         peer: SocketAddr,
+        node: Option<NodeId>,
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
         let started = Instant::now();
-        let res = match tokio::time::timeout(timeout, self.call_inner(lane, peer, msg)).await {
+        let call = self.call_inner(lane, peer, node, msg);
+        let res = match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(MeshError::RpcTimeout {
                 endpoint: M::ENDPOINT,
@@ -453,6 +589,7 @@ impl Transport {
         &self,
         lane: Lane,
         peer: SocketAddr,
+        node: Option<NodeId>,
         msg: &M,
     ) -> Result<M::Response, MeshError> {
         let stream_err = |reason: String| MeshError::RpcStream {
@@ -476,11 +613,11 @@ impl Transport {
         }
         let response = match (lane, self.bulk.get()) {
             (Lane::Bulk, Some(bulk)) => bulk
-                .exchange(peer, &request)
+                .exchange(peer, node, &request)
                 .await
                 .map_err(|e| stream_err(e.to_string()))?,
             _ => self
-                .exchange_quic(peer, &request)
+                .exchange_quic(peer, node, &request)
                 .await
                 .map_err(|e| match e {
                     QuicFailure::Connect(e) => e,
@@ -515,9 +652,26 @@ impl Transport {
     async fn exchange_quic(
         &self,
         peer: SocketAddr,
+        node: Option<NodeId>,
         request: &[u8],
     ) -> Result<Vec<u8>, QuicFailure> {
-        let conn = self.connection(peer).await.map_err(QuicFailure::Connect)?;
+        let (conn, cert) = self.connection(peer).await.map_err(QuicFailure::Connect)?;
+        if let Some(node) = node.filter(|n| *n != cert.node) {
+            return Err(QuicFailure::Connect(MeshError::RpcConnect {
+                peer,
+                reason: format!(
+                    "expected node {node} there, its certificate is node {} ({})",
+                    cert.node, cert.name
+                ),
+            }));
+        }
+        if self.revocations.is_revoked(&cert) {
+            self.forget(peer, &conn).await;
+            return Err(QuicFailure::Connect(MeshError::RpcConnect {
+                peer,
+                reason: format!("the certificate of {} is revoked", cert.name),
+            }));
+        }
         let (mut send, mut recv) = match conn.open_bi().await {
             Ok(s) => s,
             Err(e) => {
@@ -535,13 +689,16 @@ impl Transport {
             .map_err(|e| QuicFailure::Stream(e.to_string()))
     }
 
-    async fn connection(&self, peer: SocketAddr) -> Result<quinn::Connection, MeshError> {
+    async fn connection(
+        &self,
+        peer: SocketAddr,
+    ) -> Result<(quinn::Connection, Arc<NodeCert>), MeshError> {
         if let Some(c) = self
             .connections
             .lock()
             .await
             .get(&peer)
-            .filter(|c| c.close_reason().is_none())
+            .filter(|(c, _)| c.close_reason().is_none())
         {
             return Ok(c.clone());
         }
@@ -562,13 +719,24 @@ impl Transport {
                 return Err(connect_err(e.to_string()));
             }
         };
+        let cert = match quic_peer(&conn, &self.revocations) {
+            Ok(c) => Arc::new(c),
+            Err(reason) => {
+                conn.close(1u32.into(), b"certificate refused");
+                self.metrics
+                    .rpc_connections_rejected
+                    .get_or_create(&ReasonLabel { reason: "outgoing" })
+                    .inc();
+                return Err(connect_err(reason));
+            }
+        };
         let mut conns = self.connections.lock().await;
-        match conns.get(&peer).filter(|c| c.close_reason().is_none()) {
+        match conns.get(&peer).filter(|(c, _)| c.close_reason().is_none()) {
             // Another call connected meanwhile: use one connection per peer.
             Some(existing) => Ok(existing.clone()),
             None => {
-                conns.insert(peer, conn.clone());
-                Ok(conn)
+                conns.insert(peer, (conn.clone(), cert.clone()));
+                Ok((conn, cert))
             }
         }
     }
@@ -584,7 +752,7 @@ impl Transport {
         let mut conns = self.connections.lock().await;
         if conns
             .get(&peer)
-            .is_some_and(|c| c.stable_id() == conn.stable_id())
+            .is_some_and(|(c, _)| c.stable_id() == conn.stable_id())
         {
             conns.remove(&peer);
         }

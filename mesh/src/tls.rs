@@ -51,6 +51,22 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 impl TlsFiles {
+    /// The node this node's certificate names.
+    pub fn node_identity(&self) -> Result<crate::NodeCert, MeshError> {
+        let bytes = read(&self.node_cert)?;
+        let cert = CertificateDer::pem_slice_iter(&bytes)
+            .next()
+            .ok_or_else(|| {
+                bad(
+                    "node certificate",
+                    &self.node_cert,
+                    "no certificate in file",
+                )
+            })?
+            .map_err(|e| bad("node certificate", &self.node_cert, e))?;
+        crate::NodeCert::from_der(&cert).map_err(|e| bad("node certificate", &self.node_cert, e))
+    }
+
     pub(crate) fn load(&self) -> Result<TlsMaterial, MeshError> {
         let certs = |path: &Path, what| -> Result<Vec<CertificateDer<'static>>, MeshError> {
             let bytes = read(path)?;
@@ -135,6 +151,14 @@ impl TlsMaterial {
     /// cluster CA, no session tickets (the bulk lane's `crc` mode takes the TCP stream back
     /// after the handshake and must find nothing queued behind it).
     pub(crate) fn rustls_server(&self, alpn: &[u8]) -> Result<rustls::ServerConfig, MeshError> {
+        self.rustls_server_alpns(&[alpn])
+    }
+
+    /// [`Self::rustls_server`] offering several protocols, preferred first.
+    pub(crate) fn rustls_server_alpns(
+        &self,
+        alpns: &[&[u8]],
+    ) -> Result<rustls::ServerConfig, MeshError> {
         let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
         let verifier = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider())
             .build()
@@ -145,7 +169,7 @@ impl TlsMaterial {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| tls(&e))?;
-        crypto.alpn_protocols = vec![alpn.to_vec()];
+        crypto.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
         crypto.send_tls13_tickets = 0;
         Ok(crypto)
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    SanType,
 };
 use serde::{Deserialize, Serialize};
 use shoal_mesh::{MeshError, MeshMetrics, NodeId, Rpc, TlsFiles, Transport};
@@ -36,10 +37,28 @@ fn new_ca(cn: &str) -> Ca {
     Ca { params, key, pem }
 }
 
-/// Writes a node certificate signed by `signer` and a trust root of `trust` into `dir`.
-fn node_files(dir: &Path, name: &str, signer: &Ca, trust: &Ca) -> TlsFiles {
+/// Writes a certificate for node `id` named `name`, signed by `signer`, and a trust root of
+/// `trust` into `dir`.
+fn node_files(dir: &Path, name: &str, id: u64, signer: &Ca, trust: &Ca) -> TlsFiles {
+    node_files_issued(dir, name, id, 1_000, signer, trust)
+}
+
+fn node_files_issued(
+    dir: &Path,
+    name: &str,
+    id: u64,
+    issued_ms: u64,
+    signer: &Ca,
+    trust: &Ca,
+) -> TlsFiles {
     let key = KeyPair::generate().expect("key");
     let mut params = CertificateParams::new(vec![NAME.to_owned()]).expect("params");
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.subject_alt_names.push(SanType::URI(
+        shoal_mesh::node_uri(NodeId(id), issued_ms)
+            .try_into()
+            .expect("ia5"),
+    ));
     params.extended_key_usages = vec![
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
@@ -70,12 +89,12 @@ async fn members_of_one_cluster_call_each_other() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = new_ca("cluster");
     let a = serve(
-        &node_files(dir.path(), "a", &ca, &ca),
+        &node_files(dir.path(), "a", 1, &ca, &ca),
         1,
         MeshMetrics::unregistered(),
     );
     let b = serve(
-        &node_files(dir.path(), "b", &ca, &ca),
+        &node_files(dir.path(), "b", 2, &ca, &ca),
         2,
         MeshMetrics::unregistered(),
     );
@@ -98,12 +117,12 @@ async fn unknown_endpoint_is_a_remote_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = new_ca("cluster");
     let a = serve(
-        &node_files(dir.path(), "a", &ca, &ca),
+        &node_files(dir.path(), "a", 1, &ca, &ca),
         1,
         MeshMetrics::unregistered(),
     );
     let b = serve(
-        &node_files(dir.path(), "b", &ca, &ca),
+        &node_files(dir.path(), "b", 2, &ca, &ca),
         2,
         MeshMetrics::unregistered(),
     );
@@ -126,12 +145,12 @@ async fn client_with_foreign_certificate_is_rejected_and_counted() {
     let foreign = new_ca("elsewhere");
     let server_metrics = MeshMetrics::unregistered();
     let server = serve(
-        &node_files(dir.path(), "s", &ca, &ca),
+        &node_files(dir.path(), "s", 1, &ca, &ca),
         1,
         server_metrics.clone(),
     );
     // Trusts the cluster CA (so it would accept the server) but presents a foreign cert.
-    let files = node_files(dir.path(), "x", &foreign, &foreign);
+    let files = node_files(dir.path(), "x", 9, &foreign, &foreign);
     std::fs::write(&files.ca_cert, &ca.pem).expect("write");
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     // Its own start-up check refuses the certificate ...
@@ -143,7 +162,7 @@ async fn client_with_foreign_certificate_is_rejected_and_counted() {
         "{err}"
     );
     // ... and a peer that skips the check is refused by the server's TLS.
-    let intruder_files = node_files(dir.path(), "y", &foreign, &foreign);
+    let intruder_files = node_files(dir.path(), "y", 9, &foreign, &foreign);
     let intruder = serve(&intruder_files, 9, MeshMetrics::unregistered());
     let res = intruder
         .call(
@@ -179,6 +198,7 @@ async fn serve_bulk(
     mode: shoal_mesh::BulkMode,
 ) -> (std::sync::Arc<Transport>, SocketAddr) {
     let t = serve(files, id, MeshMetrics::unregistered());
+    t.serve_on_bulk::<Echo>(|_| true);
     // Find a free TCP port on loopback for the bulk lane.
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
     let addr = probe.local_addr().expect("addr");
@@ -192,13 +212,18 @@ async fn bulk_lane_carries_calls_in_secure_and_crc_modes() {
     for mode in [shoal_mesh::BulkMode::Secure, shoal_mesh::BulkMode::Crc] {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = new_ca("cluster");
-        let (a, _) = serve_bulk(&node_files(dir.path(), "a", &ca, &ca), 1, mode).await;
-        let (_b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", &ca, &ca), 2, mode).await;
+        let (a, _) = serve_bulk(&node_files(dir.path(), "a", 1, &ca, &ca), 1, mode).await;
+        let (_b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", 2, &ca, &ca), 2, mode).await;
         let big = "x".repeat(3 << 20);
         for _ in 0..3 {
             // Several calls: the second and third reuse the pooled connection.
             let got = a
-                .call_bulk(b_bulk, &Echo(big.clone()), Duration::from_secs(10))
+                .call_bulk(
+                    NodeId(2),
+                    b_bulk,
+                    &Echo(big.clone()),
+                    Duration::from_secs(10),
+                )
                 .await
                 .expect("bulk call");
             assert_eq!(
@@ -216,19 +241,24 @@ async fn bulk_lane_refuses_a_peer_of_another_cluster() {
     let ca = new_ca("cluster");
     let foreign = new_ca("elsewhere");
     let (_server, bulk_addr) = serve_bulk(
-        &node_files(dir.path(), "s", &ca, &ca),
+        &node_files(dir.path(), "s", 1, &ca, &ca),
         1,
         shoal_mesh::BulkMode::Crc,
     )
     .await;
     let (intruder, _) = serve_bulk(
-        &node_files(dir.path(), "y", &foreign, &foreign),
+        &node_files(dir.path(), "y", 9, &foreign, &foreign),
         9,
         shoal_mesh::BulkMode::Crc,
     )
     .await;
     let res = intruder
-        .call_bulk(bulk_addr, &Echo("let me in".into()), Duration::from_secs(5))
+        .call_bulk(
+            NodeId(1),
+            bulk_addr,
+            &Echo("let me in".into()),
+            Duration::from_secs(5),
+        )
         .await;
     assert!(res.is_err(), "intruder got through the bulk lane");
 }
@@ -238,19 +268,20 @@ async fn bulk_lane_refuses_a_peer_in_another_mode() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = new_ca("cluster");
     let (_server, bulk_addr) = serve_bulk(
-        &node_files(dir.path(), "s", &ca, &ca),
+        &node_files(dir.path(), "s", 1, &ca, &ca),
         1,
         shoal_mesh::BulkMode::Secure,
     )
     .await;
     let (client, _) = serve_bulk(
-        &node_files(dir.path(), "c", &ca, &ca),
+        &node_files(dir.path(), "c", 2, &ca, &ca),
         2,
         shoal_mesh::BulkMode::Crc,
     )
     .await;
     let res = client
         .call_bulk(
+            NodeId(1),
             bulk_addr,
             &Echo("plaintext please".into()),
             Duration::from_secs(5),
@@ -270,12 +301,12 @@ async fn a_call_that_times_out_leaves_the_others_to_that_peer_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = new_ca("cluster");
     let a = serve(
-        &node_files(dir.path(), "a", &ca, &ca),
+        &node_files(dir.path(), "a", 1, &ca, &ca),
         1,
         MeshMetrics::unregistered(),
     );
     let b = serve(
-        &node_files(dir.path(), "b", &ca, &ca),
+        &node_files(dir.path(), "b", 2, &ca, &ca),
         2,
         MeshMetrics::unregistered(),
     );
@@ -300,4 +331,269 @@ async fn a_call_that_times_out_leaves_the_others_to_that_peer_alone() {
     assert!(matches!(err, MeshError::RpcTimeout { .. }), "{err}");
     let got = long.await.expect("task");
     assert_eq!(got.expect("the long call is not cut off"), 600);
+}
+
+fn refused(metrics: &MeshMetrics, reason: &'static str) -> u64 {
+    metrics
+        .rpc_requests_refused
+        .get_or_create(&shoal_mesh::ReasonLabel { reason })
+        .get()
+}
+
+#[tokio::test]
+async fn a_request_claiming_another_node_than_its_certificate_is_refused_and_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let server_metrics = MeshMetrics::unregistered();
+    let server = serve(
+        &node_files(dir.path(), "s", 1, &ca, &ca),
+        1,
+        server_metrics.clone(),
+    );
+    // A valid certificate of node 2, used by a process that says it is node 5.
+    let liar = serve(
+        &node_files(dir.path(), "b", 2, &ca, &ca),
+        5,
+        MeshMetrics::unregistered(),
+    );
+    let err = liar
+        .call(
+            server.local_addr().expect("addr"),
+            &Echo("I am node 5".into()),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect_err("impersonation answered");
+    assert!(err.to_string().contains("claims to be node"), "{err}");
+    assert_eq!(refused(&server_metrics, "impersonation"), 1);
+}
+
+#[tokio::test]
+async fn call_to_refuses_a_peer_that_is_not_the_node_asked_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let a = serve(
+        &node_files(dir.path(), "a", 1, &ca, &ca),
+        1,
+        MeshMetrics::unregistered(),
+    );
+    let b = serve(
+        &node_files(dir.path(), "b", 2, &ca, &ca),
+        2,
+        MeshMetrics::unregistered(),
+    );
+    let at = b.local_addr().expect("addr");
+    let err = a
+        .call_to(NodeId(3), at, &Echo("for 3".into()), Duration::from_secs(5))
+        .await
+        .expect_err("node 2 answered for node 3");
+    assert!(err.to_string().contains("expected node"), "{err}");
+    a.call_to(NodeId(2), at, &Echo("for 2".into()), Duration::from_secs(5))
+        .await
+        .expect("node 2 answers for itself");
+}
+
+#[tokio::test]
+async fn a_revoked_certificate_is_refused_until_a_newer_one_is_shown() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let server_metrics = MeshMetrics::unregistered();
+    let server = serve(
+        &node_files(dir.path(), "s", 1, &ca, &ca),
+        1,
+        server_metrics.clone(),
+    );
+    let at = server.local_addr().expect("addr");
+    let old = serve(
+        &node_files_issued(dir.path(), "b", 2, 1_000, &ca, &ca),
+        2,
+        MeshMetrics::unregistered(),
+    );
+    old.call(at, &Echo("before".into()), Duration::from_secs(5))
+        .await
+        .expect("not revoked yet");
+    server.revocations().set(vec![shoal_mesh::Revocation {
+        name: "b".into(),
+        node: NodeId(2),
+        before_ms: 2_000,
+    }]);
+    // On the connection it already has: the request is refused.
+    let err = old
+        .call(at, &Echo("after".into()), Duration::from_secs(5))
+        .await
+        .expect_err("revoked answered");
+    assert!(err.to_string().contains("revoked"), "{err}");
+    assert_eq!(refused(&server_metrics, "revoked"), 1);
+    assert!(server.revocations().silences(NodeId(2)));
+    // A certificate issued after the revocation (a re-key of the same node) is taken.
+    let again = tempfile::tempdir().expect("tempdir");
+    let rekeyed = serve(
+        &node_files_issued(again.path(), "b", 2, 3_000, &ca, &ca),
+        2,
+        MeshMetrics::unregistered(),
+    );
+    rekeyed
+        .call(at, &Echo("new key".into()), Duration::from_secs(5))
+        .await
+        .expect("a re-keyed node");
+    assert!(!server.revocations().silences(NodeId(2)));
+}
+
+#[tokio::test]
+async fn the_bulk_lane_serves_only_what_it_is_told() {
+    #[derive(Serialize, Deserialize)]
+    struct Control(u8);
+    impl Rpc for Control {
+        const ENDPOINT: &'static str = "test/control";
+        type Response = u8;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let mode = shoal_mesh::BulkMode::Crc;
+    let (a, _) = serve_bulk(&node_files(dir.path(), "a", 1, &ca, &ca), 1, mode).await;
+    let (b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", 2, &ca, &ca), 2, mode).await;
+    b.register(|_: NodeId, Control(x)| async move { Ok(x) });
+    let err = a
+        .call_bulk(NodeId(2), b_bulk, &Control(7), Duration::from_secs(5))
+        .await
+        .expect_err("control on the bulk lane");
+    assert!(
+        err.to_string().contains("not served on the bulk lane"),
+        "{err}"
+    );
+    // Over QUIC it is served.
+    let got = a
+        .call(
+            b.local_addr().expect("addr"),
+            &Control(7),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("quic");
+    assert_eq!(got, 7);
+}
+
+/// What a man in the middle makes of the bytes a client sent.
+type Tamper = fn(&[u8]) -> Vec<u8>;
+
+/// A man in the middle of a `crc` bulk connection: forwards the TLS handshake and the
+/// first request untouched, keeps every byte the client sent, then sends `tamper(stream)`
+/// to the server on the same connection.
+async fn man_in_the_middle(
+    server: SocketAddr,
+    tamper: Tamper,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let (mut client, _) = listener.accept().await.expect("accept");
+        let mut upstream = tokio::net::TcpStream::connect(server)
+            .await
+            .expect("connect");
+        let mut sent = Vec::new();
+        let (mut buf, mut back) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+        let mut answered = false;
+        // Relay until the server has answered the first request (a response frame ends
+        // with a 32-byte tag after TLS: the first quiet moment after the client spoke).
+        loop {
+            tokio::select! {
+                n = client.read(&mut buf) => {
+                    let n = n.expect("read client");
+                    if n == 0 { return; }
+                    sent.extend_from_slice(&buf[..n]);
+                    upstream.write_all(&buf[..n]).await.expect("forward");
+                }
+                n = upstream.read(&mut back) => {
+                    let n = n.expect("read server");
+                    if n == 0 { return; }
+                    client.write_all(&back[..n]).await.expect("back");
+                    answered = true;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(300)), if answered => break,
+            }
+        }
+        // Now inject, on the live connection, what `tamper` makes of the client's bytes.
+        let _ = upstream.write_all(&tamper(&sent)).await;
+        let _ = upstream.read(&mut buf).await;
+    });
+    (addr, task)
+}
+
+/// The last frame of a client's byte stream: `| length | payload | 32-byte tag |`.
+fn last_frame(stream: &[u8]) -> Vec<u8> {
+    let total = stream.len();
+    let start = (0..total.saturating_sub(36))
+        .rev()
+        .find(|&p| {
+            let len = u32::from_be_bytes([stream[p], stream[p + 1], stream[p + 2], stream[p + 3]]);
+            p + 4 + len as usize + 32 == total
+        })
+        .expect("a frame at the end of the stream");
+    stream[start..].to_vec()
+}
+
+#[tokio::test]
+async fn frames_injected_or_replayed_on_a_crc_connection_are_refused_and_never_served() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tampers: [(&str, Tamper); 3] = [
+        ("replayed", last_frame),
+        ("altered", |s| {
+            let mut f = last_frame(s);
+            let i = f.len() - 40;
+            f[i] ^= 0x01;
+            f
+        }),
+        ("forged", |s| {
+            // A frame of the right shape whose tag the injector had to guess.
+            let mut f = last_frame(s);
+            let n = f.len();
+            f[n - 32..].fill(0xab);
+            f
+        }),
+    ];
+    for (what, tamper) in tampers {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = new_ca("cluster");
+        let mode = shoal_mesh::BulkMode::Crc;
+        let (a, _) = serve_bulk(&node_files(dir.path(), "a", 1, &ca, &ca), 1, mode).await;
+        let (b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", 2, &ca, &ca), 2, mode).await;
+        #[derive(Serialize, Deserialize)]
+        struct Apply(String);
+        impl Rpc for Apply {
+            const ENDPOINT: &'static str = "test/apply";
+            type Response = usize;
+        }
+        let applied = Arc::new(AtomicUsize::new(0));
+        let seen = applied.clone();
+        b.register(move |_: NodeId, Apply(_)| {
+            let seen = seen.clone();
+            async move { Ok(seen.fetch_add(1, Ordering::SeqCst) + 1) }
+        });
+        b.serve_on_bulk::<Apply>(|_| true);
+        let (mitm, task) = man_in_the_middle(b_bulk, tamper).await;
+        let got = a
+            .call_bulk(
+                NodeId(2),
+                mitm,
+                &Apply("once".into()),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("the genuine request");
+        assert_eq!(got, 1);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("injector done")
+            .expect("injector");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            applied.load(Ordering::SeqCst),
+            1,
+            "{what}: the injected frame was served"
+        );
+    }
 }

@@ -132,7 +132,7 @@ impl Drop for KillOnDrop {
 #[test]
 fn agent_with_certificate_of_another_ca_refuses_to_start() {
     let c = DevCluster::up(1, 25);
-    let other = foreign_credentials("forger", &c.ip(11).to_string());
+    let other = foreign_credentials("outsider", &c.ip(11).to_string());
     let p = |s: &str| other.path().join(s).to_str().expect("utf-8").to_owned();
     // Trusts the real cluster CA and holds its cluster key, but the certificate is foreign.
     let real_ca = c.path().join("ca");

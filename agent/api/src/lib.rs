@@ -100,6 +100,9 @@ pub enum Request {
     TierPin { ino: Ino, pinned: bool },
     /// Where a file's cold extents are.
     ColdExtents { ino: Ino },
+    /// Revokes every certificate of the node named `name` issued before now, cluster-wide
+    /// (answered with `Done`).
+    RevokeCertificate { name: String },
 }
 
 /// The agent's answer to one [`Request`].

@@ -229,6 +229,14 @@ pub enum Command {
         ino: Ino,
         pinned: bool,
     },
+    /// Revokes every certificate of node name `name` issued before `before_ms` (unix
+    /// milliseconds, the proposer's clock); `node` is the node the name belonged to. A
+    /// later revocation of a name moves its moment forward, never back.
+    RevokeCertificates {
+        name: String,
+        node: NodeId,
+        before_ms: u64,
+    },
 }
 
 /// One shard of a stripe moving from one node to another: the shard's index, the node

@@ -92,6 +92,8 @@ pub(crate) const KEY_NODE_ADMIN: &str = "node_admin";
 
 /// `state` key: inodes kept out of the cold tier (a sorted `Vec<u64>` record).
 pub(crate) const KEY_TIER_PINS: &str = "tier_pins";
+/// `state` key: revoked certificates (a `Vec<RevokedName>` record, by name).
+pub(crate) const KEY_REVOKED: &str = "revoked";
 
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;

@@ -1,12 +1,13 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`], then (version 6) of [`Tail`] — sessions on the cluster
+//! encoding of [`SnapshotV1`], then (version 7) of [`Tail`] — sessions on the cluster
 //! clock, the clock itself, abandoned stripes, node generations ([`TailV3`]), disowned
 //! shards ([`DisownedV4`]), operators' node records ([`NodesV5`]), the cold tier and file
-//! heat ([`TierV6`]) — and the crc32c of all the bytes before it (u32 little-endian) at
-//! the end. Each version appended one part to the tail, so an older one installs with the
-//! later parts empty: version 5 ended after the node records, version 4 after
+//! heat ([`TierV6`]), revoked certificates ([`SecurityV7`]) — and the crc32c of all the
+//! bytes before it (u32 little-endian) at the end. Each version appended one part to the
+//! tail, so an older one installs with the later parts empty: version 6 ended after the
+//! cold tier, version 5 after the node records, version 4 after
 //! the disowned shards, version 3 after [`TailV3`]; version 2 carried [`ClientsV2`]
 //! (sessions on proposers' wall clocks; installed as last seen at cluster time 0),
 //! version 1 neither that nor a checksum. Records inside are decoded (and so checked) on
@@ -24,13 +25,14 @@ use crate::record::{
     self, ABANDONED, COLD, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS,
     ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord, KEY_ABANDON_SWEEP,
     KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO,
-    KEY_NODE_ADMIN, KEY_STRIPE_BYTES, KEY_TIER_PINS, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS,
-    ORPHANS, ObjectRecord, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact, encode,
+    KEY_NODE_ADMIN, KEY_REVOKED, KEY_STRIPE_BYTES, KEY_TIER_PINS, LEGACY_CLIENTS, OBJECT_GARBAGE,
+    OBJECTS, ORPHANS, ObjectRecord, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact,
+    encode,
 };
 use crate::{NamespaceError, NamespaceStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 6;
+const SNAPSHOT_VERSION: u8 = 7;
 
 /// Everything the state machine held in version 1 (later versions append a tail).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -114,6 +116,9 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
             )?,
             heat: rows(&txn.open_table(HEAT)?, "heat", |k, v| (k, v))?,
             pins: record::read_state(&state, KEY_TIER_PINS)?.unwrap_or_default(),
+        },
+        security: SecurityV7 {
+            revoked: record::read_state(&state, KEY_REVOKED)?.unwrap_or_default(),
         },
     };
     Ok((snap, tail))
@@ -222,6 +227,12 @@ struct TierV6 {
     pins: Vec<u64>,
 }
 
+/// Appended by version 7: revoked certificates.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SecurityV7 {
+    revoked: Vec<crate::RevokedName>,
+}
+
 /// The tail as this version writes it: its parts one after another (postcard encodes a
 /// struct as its fields in order, so each version's bytes begin with the previous one's).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -230,6 +241,7 @@ struct Tail {
     disowned: DisownedV4,
     nodes: NodesV5,
     tier: TierV6,
+    security: SecurityV7,
 }
 
 impl From<ClientsV2> for Tail {
@@ -268,6 +280,10 @@ fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
         3..=5 => (TierV6::default(), rest),
         _ => take_part(rest, "snapshot cold tier")?,
     };
+    let (security, rest) = match version {
+        3..=6 => (SecurityV7::default(), rest),
+        _ => take_part(rest, "snapshot revoked certificates")?,
+    };
     if !rest.is_empty() {
         return Err(NamespaceError::Corrupt(format!(
             "snapshot tail: {} bytes left over",
@@ -279,6 +295,7 @@ fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
         disowned,
         nodes,
         tier,
+        security,
     })
 }
 
@@ -436,6 +453,9 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     if !tier.pins.is_empty() {
         t.insert(KEY_TIER_PINS, encode(&tier.pins)?.as_slice())?;
     }
+    if !tail.security.revoked.is_empty() {
+        t.insert(KEY_REVOKED, encode(&tail.security.revoked)?.as_slice())?;
+    }
     if let Some(layout) = &snap.layout {
         t.insert(KEY_LAYOUT, encode(layout)?.as_slice())?;
     }
@@ -524,7 +544,8 @@ mod tests {
 
     /// Today's export cut down to the bytes an older version wrote: the body without the
     /// tail, then (v2) the sessions on wall clocks, (v3) the tail before disowned shards,
-    /// (v4) before node records or (v5) before the cold tier, and a checksum.
+    /// (v4) before node records, (v5) before the cold tier or (v6) before revoked
+    /// certificates, and a checksum.
     fn older(kit: &Kit, version: u8) -> Vec<u8> {
         let now = kit.store.snapshot().expect("snapshot");
         let body = &now[5..now.len() - 4];
@@ -539,14 +560,17 @@ mod tests {
                 };
                 out = postcard::to_extend(&clients, out).expect("encode");
             }
-            3..=5 => {
+            3..=6 => {
                 let tail: super::Tail = postcard::from_bytes(rest).expect("tail");
                 out = postcard::to_extend(&tail.base, out).expect("encode");
                 if version >= 4 {
                     out = postcard::to_extend(&tail.disowned, out).expect("encode");
                 }
-                if version == 5 {
+                if version >= 5 {
                     out = postcard::to_extend(&tail.nodes, out).expect("encode");
+                }
+                if version == 6 {
+                    out = postcard::to_extend(&tail.tier, out).expect("encode");
                 }
             }
             _ => return out,
@@ -617,6 +641,24 @@ mod tests {
         let old = Kit::new();
         old.store.install(&older(&kit, 4)).expect("install");
         assert!(old.store.node_admins().expect("admins").is_empty());
+        assert_eq!(old.names(ROOT_INO), kit.names(ROOT_INO));
+        assert_eq!(
+            old.store.cluster_layout().expect("layout"),
+            kit.store.cluster_layout().expect("layout")
+        );
+    }
+
+    #[test]
+    fn a_version_6_snapshot_installs_without_revoked_certificates() {
+        let mut kit = populated();
+        kit.run(Command::RevokeCertificates {
+            name: "n".into(),
+            node: NodeId(4),
+            before_ms: 9,
+        });
+        let old = Kit::new();
+        old.store.install(&older(&kit, 6)).expect("install");
+        assert!(old.store.revoked_certificates().expect("list").is_empty());
         assert_eq!(old.names(ROOT_INO), kit.names(ROOT_INO));
         assert_eq!(
             old.store.cluster_layout().expect("layout"),

@@ -249,6 +249,11 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
         Command::WarmStripe { ino, stripe, warm } => {
             crate::tier::warm_stripe(tx, *ino, *stripe, warm)
         }
+        Command::RevokeCertificates {
+            name,
+            node,
+            before_ms,
+        } => crate::revocations::revoke(tx, name, *node, *before_ms),
     }
 }
 

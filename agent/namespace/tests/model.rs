@@ -302,6 +302,7 @@ impl Model {
             | Command::RecordReads { .. }
             | Command::WarmStripe { .. }
             | Command::SetPin { .. }
+            | Command::RevokeCertificates { .. }
             | Command::ObjectsOrphaned { .. } => {
                 unreachable!("not generated (unit-tested beside their apply)")
             }

@@ -378,8 +378,9 @@ impl Group {
         let Some(addr) = self.member_addr(leader) else {
             return Err(ForwardRefused::NotLeader(None));
         };
+        let leader_id = shoal_mesh::NodeId(leader);
         tokio::select! {
-            r = self.transport.call(addr, msg, RPC_TIMEOUT) => {
+            r = self.transport.call_to(leader_id, addr, msg, RPC_TIMEOUT) => {
                 r.unwrap_or_else(|e| Err(ForwardRefused::Unavailable(e.to_string())))
             }
             _ = self.leader_changes_from(leader) => Err(ForwardRefused::NotLeader(None)),

@@ -169,7 +169,8 @@ impl PeerClient {
             .clone()
             .map_err(|e| RPCError::Network(NetworkError::new(&PeerError(e))))?;
         let _sending = self.gate.enter().await;
-        match self.transport.call(addr, &msg, timeout).await {
+        let target = shoal_mesh::NodeId(self.target);
+        match self.transport.call_to(target, addr, &msg, timeout).await {
             Ok(RaftReply::NotServing) => Err(RPCError::Unreachable(Unreachable::new(&PeerError(
                 "peer has no metadata service running".into(),
             )))),

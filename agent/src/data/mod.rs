@@ -18,6 +18,7 @@ mod write;
 pub use corrupt::CorruptReports;
 pub use error::{ShardFault, ShardFaults, StripeError};
 pub use rebuild::{Rebuild, Rebuilt};
+pub use shard_rpc::carries_payload;
 pub use stripes::{StripeSettings, Stripes};
 
 /// A store with less room than this takes no new shards (two of the largest shards); a

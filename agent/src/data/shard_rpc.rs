@@ -47,6 +47,12 @@ impl Rpc for ShardRequest {
     type Response = ShardResponse;
 }
 
+/// Whether an encoded [`ShardRequest`] carries a shard's bytes (a put or a get), the only
+/// requests the bulk lane serves: postcard encodes the variant's index first.
+pub fn carries_payload(encoded: &[u8]) -> bool {
+    matches!(encoded.first(), Some(0 | 1))
+}
+
 pub fn failure(e: &shoal_store::StoreError) -> ShardResponse {
     use shoal_store::StoreError as E;
     let kind = match e {
@@ -58,5 +64,34 @@ pub fn failure(e: &shoal_store::StoreError) -> ShardResponse {
     ShardResponse::Failed {
         kind,
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ShardRequest, carries_payload};
+
+    #[test]
+    fn only_puts_and_gets_travel_on_the_bulk_lane() {
+        let put = ShardRequest::Put {
+            stripe: 1,
+            index: 2,
+            data: bytes::Bytes::from_static(b"x"),
+        };
+        let get = ShardRequest::Get {
+            stripe: 1,
+            index: 2,
+            offset: 0,
+            len: None,
+        };
+        let delete = ShardRequest::Delete {
+            stripe: 1,
+            index: 2,
+        };
+        let enc = |r: &ShardRequest| postcard::to_allocvec(r).expect("encode");
+        assert!(carries_payload(&enc(&put)));
+        assert!(carries_payload(&enc(&get)));
+        assert!(!carries_payload(&enc(&delete)));
+        assert!(!carries_payload(&[]));
     }
 }

@@ -353,9 +353,9 @@ impl Stripes {
             (Some(bulk), ShardRequest::Put { .. } | ShardRequest::Get { .. })
                 if self.transport.has_bulk() =>
             {
-                self.transport.call_bulk(bulk, &req, timeout).await
+                self.transport.call_bulk(node, bulk, &req, timeout).await
             }
-            _ => self.transport.call(addr.rpc, &req, timeout).await,
+            _ => self.transport.call_to(node, addr.rpc, &req, timeout).await,
         };
         match res {
             Ok(r) => r,

@@ -1,0 +1,132 @@
+//! Revoked certificates: `shoal cert revoke NAME` commits the revocation through Raft, and
+//! the `revocations` worker hands the replica's list to this node's transport, which then
+//! refuses every connection and request from a revoked certificate (and the gossip of the
+//! node it named, until that node shows a newer certificate).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use shoal_mesh::{NodeCert, NodeId, Revocation, Transport};
+use shoal_namespace::{Command, Outcome, Proposal};
+use tracing::error;
+
+use crate::consensus::Group;
+use crate::workers::{Step, Ticker, Worker};
+use crate::{AgentError, Node};
+
+/// How often the worker reads the list: the bound within which every agent refuses a
+/// newly revoked certificate (plus the commit's own latency, milliseconds).
+pub const REFRESH: Duration = Duration::from_secs(1);
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Revokes every certificate of node `name` issued before now.
+pub(crate) async fn revoke(node: &Node, name: &str) -> Result<String, AgentError> {
+    if name.is_empty() {
+        return Err(AgentError::Refused("a node name is needed".into()));
+    }
+    let members = node.gossip.members().await?;
+    let others = crate::drain::alive_on_other_releases(&members);
+    if !others.is_empty() {
+        return Err(AgentError::Refused(format!(
+            "revocations need every node on this release ({}): {}; finish the upgrade first",
+            crate::AGENT_VERSION,
+            others.join(", ")
+        )));
+    }
+    // The node the name belongs to, for gossip (which names nodes by id only).
+    let id = members
+        .iter()
+        .find(|m| m.facts.as_ref().is_some_and(|f| f.name == name))
+        .map_or(NodeId::NONE, |m| m.id.node);
+    let before_ms = unix_ms();
+    let outcome = node
+        .group
+        .propose_one(Proposal {
+            id: None,
+            now: shoal_namespace::format::Timestamp::now(),
+            command: Command::RevokeCertificates {
+                name: name.to_owned(),
+                node: id,
+                before_ms,
+            },
+        })
+        .await?;
+    if outcome != Outcome::Done {
+        return Err(AgentError::Refused(format!("not revoked: {outcome:?}")));
+    }
+    let whose = if id == NodeId::NONE {
+        format!("{name} (no member of that name is known here)")
+    } else {
+        format!("{name} (node {id})")
+    };
+    Ok(format!(
+        "revoked every certificate of {whose} issued before {before_ms} ms since the epoch; every agent refuses them within {} s. Give the node a new one with `shoal cert issue --name {name} --node-id {id}` and restart its agent.",
+        REFRESH.as_secs() + 1
+    ))
+}
+
+/// The `revocations` worker: keeps the transport's list equal to the replica's.
+pub struct RevocationsRefresh {
+    group: Arc<Group>,
+    transport: Arc<Transport>,
+    own: NodeCert,
+    /// The list last handed over, to log changes once.
+    last: Vec<shoal_namespace::RevokedName>,
+    ticker: Ticker,
+}
+
+impl RevocationsRefresh {
+    pub fn new(group: Arc<Group>, transport: Arc<Transport>, own: NodeCert) -> Self {
+        RevocationsRefresh {
+            group,
+            transport,
+            own,
+            last: Vec::new(),
+            ticker: Ticker::every(REFRESH),
+        }
+    }
+}
+
+impl Worker for RevocationsRefresh {
+    fn name(&self) -> &'static str {
+        "revocations"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        let list = self
+            .group
+            .store()
+            .revoked_certificates()
+            .map_err(crate::consensus::ConsensusError::from)?;
+        if list == self.last {
+            return Ok(Step::Idle);
+        }
+        self.transport.revocations().set(
+            list.iter()
+                .map(|r| Revocation {
+                    name: r.name.clone(),
+                    node: r.node,
+                    before_ms: r.before_ms,
+                })
+                .collect(),
+        );
+        if self.transport.revocations().is_revoked(&self.own) {
+            error!(
+                name = %self.own.name,
+                "this node's own certificate is revoked: every other agent refuses it; issue a new one with `shoal cert issue --node-id {}` and restart",
+                self.own.node
+            );
+        }
+        self.last = list;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) {
+        self.ticker.tick().await;
+    }
+}

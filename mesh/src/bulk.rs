@@ -211,6 +211,18 @@ async fn read_mac_frame<R: AsyncRead + Unpin>(
     Ok(payload)
 }
 
+/// Reads frames of both kinds off `bytes` until one fails (for the fuzz targets).
+pub(crate) async fn read_frames(mut bytes: &[u8]) {
+    let copy = bytes;
+    while read_crc_frame(&mut bytes).await.is_ok() {}
+    let mut mac = Mac {
+        key: [7; 32],
+        seq: 0,
+    };
+    let mut bytes = copy;
+    while read_mac_frame(&mut bytes, &mut mac).await.is_ok() {}
+}
+
 impl Conn {
     pub(crate) async fn send(&mut self, payload: &[u8]) -> std::io::Result<()> {
         match &mut self.framing {

@@ -16,6 +16,8 @@ mod config;
 pub mod envelope;
 mod error;
 mod facts;
+#[doc(hidden)]
+pub mod fuzz;
 mod gossip;
 mod identity;
 mod membership;

@@ -128,6 +128,28 @@ impl Refusal {
     }
 }
 
+/// A response frame: the body of an answer, or the peer's refusal; `Err` for a frame that
+/// is neither.
+pub(crate) fn split_response(response: &[u8]) -> Result<Result<&[u8], Refusal>, String> {
+    match response {
+        [RPC_VERSION, STATUS_OK, body @ ..] => Ok(Ok(body)),
+        [RPC_VERSION, STATUS_NO_HANDLER, text @ ..] => Ok(Err(Refusal::new(
+            FailureClass::Refused,
+            String::from_utf8_lossy(text).into_owned(),
+        ))),
+        [RPC_VERSION, _, body @ ..] => Ok(Err(Refusal::decode(body))),
+        [v, ..] => Err(format!("unsupported RPC version {v}")),
+        [] => Err("empty response".into()),
+    }
+}
+
+/// A request frame's head and the message bytes after it.
+pub(crate) fn split_request(request: &[u8]) -> Result<(u8, String, NodeId, &[u8]), String> {
+    let (head, body) = postcard::take_from_bytes::<RequestHead>(request)
+        .map_err(|e| format!("malformed request head: {e}"))?;
+    Ok((head.version, head.endpoint, head.from, body))
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, Refusal>> + Send + Sync>;
 
@@ -624,27 +646,17 @@ impl Transport {
                     QuicFailure::Stream(reason) => stream_err(reason),
                 })?,
         };
-        match response.as_slice() {
-            [RPC_VERSION, STATUS_OK, body @ ..] => {
+        match split_response(&response) {
+            Ok(Ok(body)) => {
                 postcard::from_bytes(body).map_err(|e| MeshError::RpcDecode(e.to_string()))
             }
-            [RPC_VERSION, STATUS_NO_HANDLER, text @ ..] => Err(MeshError::RpcRemote {
+            Ok(Err(refusal)) => Err(MeshError::RpcRemote {
                 endpoint: M::ENDPOINT,
                 peer,
-                class: FailureClass::Refused,
-                message: String::from_utf8_lossy(text).into_owned(),
+                class: refusal.class,
+                message: refusal.message,
             }),
-            [RPC_VERSION, _, body @ ..] => {
-                let refusal = Refusal::decode(body);
-                Err(MeshError::RpcRemote {
-                    endpoint: M::ENDPOINT,
-                    peer,
-                    class: refusal.class,
-                    message: refusal.message,
-                })
-            }
-            [v, ..] => Err(MeshError::RpcDecode(format!("unsupported RPC version {v}"))),
-            [] => Err(MeshError::RpcDecode("empty response".into())),
+            Err(e) => Err(MeshError::RpcDecode(e)),
         }
     }
 

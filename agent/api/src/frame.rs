@@ -103,15 +103,25 @@ where
     if got < len {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
     }
-    let version = buf[0];
+    decode_body(&buf, versions).map(Some)
+}
+
+/// A frame's body (after its length): the version byte, then the message.
+pub fn decode_body<T: DeserializeOwned>(
+    body: &[u8],
+    versions: std::ops::RangeInclusive<u8>,
+) -> Result<(u8, T), ApiError> {
+    let Some((&version, msg)) = body.split_first() else {
+        return Err(ApiError::Decode("empty frame".into()));
+    };
     if !versions.contains(&version) {
         return Err(ApiError::Version {
             got: version,
             want: API_VERSION,
         });
     }
-    postcard::from_bytes(&buf[1..])
-        .map(|msg| Some((version, msg)))
+    postcard::from_bytes(msg)
+        .map(|msg| (version, msg))
         .map_err(|e| ApiError::Decode(e.to_string()))
 }
 

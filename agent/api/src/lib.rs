@@ -8,6 +8,8 @@ mod client;
 mod error;
 pub mod frame;
 mod fs;
+#[doc(hidden)]
+pub mod fuzz;
 mod maintenance;
 mod status;
 mod stripe;

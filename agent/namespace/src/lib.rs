@@ -12,6 +12,8 @@ mod command;
 mod data;
 mod error;
 pub mod format;
+#[doc(hidden)]
+pub mod fuzz;
 mod namespace;
 pub mod nodes;
 mod query;

@@ -339,6 +339,11 @@ fn parse(bytes: &[u8]) -> Result<(SnapshotV1, Tail), NamespaceError> {
     Ok((snap, tail))
 }
 
+/// Reads a snapshot as `install` would, without writing anything.
+pub(crate) fn check(bytes: &[u8]) -> Result<(), NamespaceError> {
+    parse(bytes).map(|_| ())
+}
+
 /// Empties a table (deleting and recreating it).
 fn clear<K: redb::Key + 'static>(
     txn: &WriteTransaction,

@@ -69,7 +69,7 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
 }
 
 /// Decodes a log entry of either version.
-fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
+pub(crate) fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
     match bytes.split_first() {
         Some((&FORMAT, body)) => postcard::from_bytes(body).map_err(|e| e.to_string()),
         Some((&FORMAT_V1, body)) => postcard::from_bytes::<v1::Entry>(body)

@@ -12,6 +12,8 @@ mod batcher;
 pub mod changes;
 pub mod config;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod group;
 mod lease;
 mod log_store;

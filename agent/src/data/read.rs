@@ -87,8 +87,18 @@ impl Stripes {
         }
         let mut parts: Vec<Option<Vec<u8>>> = vec![None; slices.len()];
         for (n, resp) in set.join_all().await {
+            let s = &slices[n];
+            // A whole shard is checked here against the record's checksum (from the
+            // metadata, not from the holder), whichever lane it came by; a part of one was
+            // checked by its holder against the shard's block table.
+            let whole = s.offset_in_shard == 0 && s.len == record.shard_len;
+            let trusted = |d: &[u8]| {
+                !whole || crc32c::crc32c(d) == record.shards[s.shard_index as usize].crc32c
+            };
             match resp {
-                ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
+                ShardResponse::Data(d) if d.len() as u64 == s.len && trusted(&d) => {
+                    parts[n] = Some(d)
+                }
                 other => {
                     self.note_bad(record, slices[n].shard_index, &other);
                     bad.push(slices[n].shard_index);

@@ -508,7 +508,7 @@ fn probe_direct_io(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// Decodes and verifies a whole shard file.
-fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
+pub(crate) fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
     let h = ShardHeader::decode(bytes)?;
     if h.key != key {
         return Err(format!("header names shard {}", h.key));

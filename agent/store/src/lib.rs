@@ -9,6 +9,8 @@
 pub mod contract;
 mod disk;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod header;
 mod mem;
 mod metrics;

@@ -233,6 +233,25 @@ mod tests {
     }
 
     #[test]
+    fn a_mount_with_more_capabilities_joins_only_with_cap_sys_nice() {
+        let fs = FakeCgroupV2::new("system.slice/shoal-agent.service", &[77], "0-7");
+        fs.tree().mark_privileged(88);
+        fs.tree().set_sys_nice(false);
+        let fs = std::sync::Arc::new(fs);
+        let g = apply(
+            &config(Enforcement::Required),
+            &machine(),
+            Ok(Box::new(fs.clone())),
+            77,
+        )
+        .expect("apply");
+        let err = g.attach(88).expect_err("EPERM without CAP_SYS_NICE");
+        assert!(err.to_string().contains("CAP_SYS_NICE"), "{err}");
+        fs.tree().set_sys_nice(true);
+        g.attach(88).expect("joins with CAP_SYS_NICE");
+    }
+
+    #[test]
     fn stale_group_of_a_dead_agent_is_replaced() {
         let fs = FakeCgroupV2::new("system.slice/shoal-agent.service", &[], "0-7");
         fs.create("shoal", &crate::CgroupLimits::default(), &[])

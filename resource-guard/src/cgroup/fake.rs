@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::v2::{CgroupV2, V2Tree};
 use crate::CpuList;
@@ -28,6 +29,10 @@ pub struct MemTree {
     root_cpus: String,
     /// Pids are real processes: those without `/proc/PID` have exited and are not listed.
     host_processes: bool,
+    /// Processes with capabilities the mover (the agent) lacks, such as a mount run as root.
+    privileged: Mutex<BTreeSet<u32>>,
+    /// Whether the mover has CAP_SYS_NICE.
+    sys_nice: AtomicBool,
 }
 
 /// cgroup v2 over [`MemTree`]: the fake half of the [`super::CgroupFs`] contract.
@@ -52,6 +57,8 @@ impl FakeCgroupV2 {
             nodes: Mutex::new(BTreeMap::from([(String::new(), Node::default())])),
             root_cpus: cpus.to_owned(),
             host_processes,
+            privileged: Mutex::new(BTreeSet::new()),
+            sys_nice: AtomicBool::new(true),
         };
         let parent = parent.trim_matches('/');
         let mut path = String::new();
@@ -108,6 +115,21 @@ fn parent_of(dir: &str) -> Option<String> {
 }
 
 impl MemTree {
+    /// Marks `pid` as holding capabilities the mover lacks: moving it below the cpuset
+    /// controller then needs CAP_SYS_NICE, as the kernel's cpuset `can_attach` asks
+    /// (`security_task_setscheduler`).
+    pub fn mark_privileged(&self, pid: u32) {
+        self.privileged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pid);
+    }
+
+    /// Whether the mover has CAP_SYS_NICE (it has by default, as the agent's unit gives it).
+    pub fn set_sys_nice(&self, has: bool) {
+        self.sys_nice.store(has, Ordering::SeqCst);
+    }
+
     /// The tree, with every process that exited dropped from its group.
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Node>> {
         let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,6 +206,17 @@ impl V2Tree for MemTree {
                     return Err(busy(
                         "no internal processes: this cgroup enables controllers for its children",
                     ));
+                }
+                let privileged = self
+                    .privileged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&pid);
+                if privileged
+                    && !self.sys_nice.load(Ordering::SeqCst)
+                    && Self::available(&nodes, &dir).contains("cpuset")
+                {
+                    return Err(io::Error::from(io::ErrorKind::PermissionDenied));
                 }
                 for n in nodes.values_mut() {
                     n.procs.remove(&pid);

@@ -242,7 +242,14 @@ impl<T: V2Tree> CgroupFs for CgroupV2<T> {
     fn attach(&self, name: &str, pid: u32) -> Result<(), GuardError> {
         self.tree
             .write(&self.file(name, "cgroup.procs"), &pid.to_string())
-            .map_err(|e| self.err(name, &format!("moving pid {pid}"), e))
+            .map_err(|e| {
+                let why = if e.kind() == io::ErrorKind::PermissionDenied {
+                    " (below the cpuset controller the kernel asks for CAP_SYS_NICE to move a process with capabilities the agent lacks: give the agent AmbientCapabilities=CAP_SYS_NICE)"
+                } else {
+                    ""
+                };
+                self.err(name, &format!("moving pid {pid}{why}"), e)
+            })
     }
 
     fn procs(&self, name: &str) -> Result<Vec<u32>, GuardError> {

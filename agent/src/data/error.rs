@@ -24,6 +24,7 @@ impl std::fmt::Display for ShardFault {
             ShardFailure::Corrupt => "corrupt",
             ShardFailure::NotFound => "not found",
             ShardFailure::Other => "failed",
+            ShardFailure::Unsupported => "not understood by that node's release",
         };
         write!(
             f,

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_agent_api::{ShardLocation, StripeRead, StripeRecord};
-use shoal_placement::{DEFAULT_SHARD_SIZE, StripeGeometry};
+use shoal_placement::{DEFAULT_SHARD_SIZE, NodeId, ShardSlice, StripeGeometry, StripeId};
+use shoal_store::CheckedRange;
 use tokio::task::JoinSet;
 use tracing::warn;
 
 use super::erasure::{self, ErasureError};
 use super::error::StripeError;
-use super::peers::Peers;
+use super::peers::{Addrs, Peers};
 use super::shard_rpc::{ShardFailure, ShardRequest, ShardResponse};
 use super::stripes::Stripes;
 
@@ -76,29 +77,22 @@ impl Stripes {
             }
             let this = self.clone();
             let addr = peers.addrs.get(&loc.node).copied();
-            let req = ShardRequest::Get {
-                stripe: record.id.0,
-                index: s.shard_index,
-                offset: s.offset_in_shard,
-                len: Some(s.len),
-            };
-            let node = loc.node;
-            set.spawn(async move { (n, this.call(node, addr, req, RANGE_TIMEOUT).await) });
+            let (node, slice, crc) = (loc.node, *s, loc.crc32c);
+            let (stripe, whole) = (
+                record.id.0,
+                s.offset_in_shard == 0 && s.len == record.shard_len,
+            );
+            set.spawn(async move {
+                let got = this
+                    .fetch_checked(node, addr, stripe, slice, crc, whole)
+                    .await;
+                (n, got)
+            });
         }
         let mut parts: Vec<Option<Vec<u8>>> = vec![None; slices.len()];
         for (n, resp) in set.join_all().await {
-            let s = &slices[n];
-            // A whole shard is checked here against the record's checksum (from the
-            // metadata, not from the holder), whichever lane it came by; a part of one was
-            // checked by its holder against the shard's block table.
-            let whole = s.offset_in_shard == 0 && s.len == record.shard_len;
-            let trusted = |d: &[u8]| {
-                !whole || crc32c::crc32c(d) == record.shards[s.shard_index as usize].crc32c
-            };
             match resp {
-                ShardResponse::Data(d) if d.len() as u64 == s.len && trusted(&d) => {
-                    parts[n] = Some(d)
-                }
+                ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
                 other => {
                     self.note_bad(record, slices[n].shard_index, &other);
                     bad.push(slices[n].shard_index);
@@ -119,6 +113,72 @@ impl Stripes {
         }
         self.metrics.degraded_reads.inc();
         self.degraded(record, &peers, bad, offset, len).await
+    }
+
+    /// One shard's part of a read, checked here against the shard's checksum from the
+    /// record (not the holder's word), whichever lane it came by: a whole shard directly, a
+    /// part through the holder's block table (which must combine to that checksum) and the
+    /// blocks holding it. A holder that cannot answer `GetChecked` (an older release) is
+    /// asked with `Get`, checked only by the holder. A mismatch comes back as `Data` of the
+    /// wrong length (read around as corrupt, see `note_bad`).
+    async fn fetch_checked(
+        self: &Arc<Self>,
+        node: NodeId,
+        addr: Option<Addrs>,
+        stripe: u128,
+        s: ShardSlice,
+        crc: u32,
+        whole: bool,
+    ) -> ShardResponse {
+        let get = ShardRequest::Get {
+            stripe,
+            index: s.shard_index,
+            offset: s.offset_in_shard,
+            len: Some(s.len),
+        };
+        if whole {
+            return match self.call(node, addr, get, RANGE_TIMEOUT).await {
+                ShardResponse::Data(d) if crc32c::crc32c(&d) != crc => {
+                    ShardResponse::Data(Vec::new())
+                }
+                other => other,
+            };
+        }
+        let checked = ShardRequest::GetChecked {
+            stripe,
+            index: s.shard_index,
+            offset: s.offset_in_shard,
+            len: s.len,
+        };
+        match self.call(node, addr, checked, RANGE_TIMEOUT).await {
+            ShardResponse::Checked {
+                data_len,
+                shift,
+                first,
+                blocks,
+                table,
+            } => {
+                let range = CheckedRange {
+                    data_len,
+                    shift,
+                    first,
+                    blocks: blocks.into(),
+                    table: table.into(),
+                };
+                match range.verify(crc, s.offset_in_shard, s.len) {
+                    Ok(bytes) => ShardResponse::Data(bytes.to_vec()),
+                    Err(why) => {
+                        warn!(stripe = %StripeId(stripe), shard = s.shard_index, %node, %why, "a shard range did not match the record's checksum");
+                        ShardResponse::Data(Vec::new())
+                    }
+                }
+            }
+            ShardResponse::Failed {
+                kind: ShardFailure::Unsupported,
+                ..
+            } => self.call(node, addr, get, RANGE_TIMEOUT).await,
+            other => other,
+        }
     }
 
     fn note_bad(&self, record: &StripeRecord, index: u8, resp: &ShardResponse) {

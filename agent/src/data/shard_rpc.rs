@@ -24,6 +24,16 @@ pub enum ShardRequest {
         stripe: u128,
         index: u8,
     },
+    /// A range the reader checks itself against the shard's checksum from the metadata:
+    /// answered with [`ShardResponse::Checked`] (the blocks holding it and the block
+    /// table). A holder of the previous release cannot decode it; the reader then asks
+    /// with `Get`.
+    GetChecked {
+        stripe: u128,
+        index: u8,
+        offset: u64,
+        len: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +42,9 @@ pub enum ShardFailure {
     Corrupt,
     Full,
     Other,
+    /// The holder could not decode the request (a release that lacks it). Never sent:
+    /// made by the caller from the holder's refusal.
+    Unsupported,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -39,7 +52,20 @@ pub enum ShardResponse {
     Stored,
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Deleted(bool),
-    Failed { kind: ShardFailure, message: String },
+    Failed {
+        kind: ShardFailure,
+        message: String,
+    },
+    /// GetChecked: the blocks holding the range and the shard's block table.
+    Checked {
+        data_len: u64,
+        shift: u8,
+        first: u64,
+        #[serde(with = "serde_bytes")]
+        blocks: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        table: Vec<u8>,
+    },
 }
 
 impl Rpc for ShardRequest {
@@ -50,7 +76,7 @@ impl Rpc for ShardRequest {
 /// Whether an encoded [`ShardRequest`] carries a shard's bytes (a put or a get), the only
 /// requests the bulk lane serves: postcard encodes the variant's index first.
 pub fn carries_payload(encoded: &[u8]) -> bool {
-    matches!(encoded.first(), Some(0 | 1))
+    matches!(encoded.first(), Some(0 | 1 | 3))
 }
 
 pub fn failure(e: &shoal_store::StoreError) -> ShardResponse {
@@ -88,9 +114,16 @@ mod tests {
             stripe: 1,
             index: 2,
         };
+        let checked = ShardRequest::GetChecked {
+            stripe: 1,
+            index: 2,
+            offset: 0,
+            len: 1,
+        };
         let enc = |r: &ShardRequest| postcard::to_allocvec(r).expect("encode");
         assert!(carries_payload(&enc(&put)));
         assert!(carries_payload(&enc(&get)));
+        assert!(carries_payload(&enc(&checked)));
         assert!(!carries_payload(&enc(&delete)));
         assert!(!carries_payload(&[]));
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use shoal_agent_api::StripeRecord;
-use shoal_mesh::{GossipHandle, Transport};
+use shoal_mesh::{FailureClass, GossipHandle, MeshError, Transport};
 use shoal_placement::{EcProfile, NodeId, StripeId};
 use shoal_store::{DiskStore, ShardKey, ShardStore};
 use tokio::sync::Semaphore;
@@ -315,6 +315,30 @@ impl Stripes {
                     }
                 }
             }
+            ShardRequest::GetChecked {
+                stripe,
+                index,
+                offset,
+                len,
+            } => {
+                let key = ShardKey { stripe, index };
+                match self.store.get_checked(key, offset, len).await {
+                    Ok(r) => ShardResponse::Checked {
+                        data_len: r.data_len,
+                        shift: r.shift,
+                        first: r.first,
+                        blocks: r.blocks.to_vec(),
+                        table: r.table.to_vec(),
+                    },
+                    Err(e) => {
+                        if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
+                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node; scrub gives it up for repair");
+                            self.corrupt.report(key);
+                        }
+                        failure(&e)
+                    }
+                }
+            }
             ShardRequest::Delete { stripe, index } => {
                 match self.store.delete(ShardKey { stripe, index }).await {
                     Ok(existed) => ShardResponse::Deleted(existed),
@@ -350,15 +374,28 @@ impl Stripes {
         };
         // Shard payloads take the bulk lane when both ends run one; deletes stay on QUIC.
         let res = match (addr.bulk, &req) {
-            (Some(bulk), ShardRequest::Put { .. } | ShardRequest::Get { .. })
-                if self.transport.has_bulk() =>
-            {
+            (
+                Some(bulk),
+                ShardRequest::Put { .. }
+                | ShardRequest::Get { .. }
+                | ShardRequest::GetChecked { .. },
+            ) if self.transport.has_bulk() => {
                 self.transport.call_bulk(node, bulk, &req, timeout).await
             }
             _ => self.transport.call_to(node, addr.rpc, &req, timeout).await,
         };
         match res {
             Ok(r) => r,
+            // The holder could not decode the request: a release without it.
+            Err(
+                e @ MeshError::RpcRemote {
+                    class: FailureClass::Invalid,
+                    ..
+                },
+            ) => ShardResponse::Failed {
+                kind: ShardFailure::Unsupported,
+                message: e.to_string(),
+            },
             Err(e) => ShardResponse::Failed {
                 kind: ShardFailure::Other,
                 message: e.to_string(),

@@ -24,6 +24,7 @@ fn bytes(n: usize, seed: u8) -> Bytes {
 pub async fn run_all<S: ShardStore>(s: &S) {
     put_then_get_returns_the_bytes(s).await;
     ranges_and_bad_ranges(s).await;
+    checked_ranges_verify_against_the_whole_checksum(s).await;
     same_bytes_twice_is_accepted_other_bytes_refused(s).await;
     delete_removes(s).await;
     a_walk_in_pages_sees_every_shard_once_in_order(s).await;
@@ -80,6 +81,29 @@ pub async fn put_then_get_returns_the_bytes<S: ShardStore>(s: &S) {
         (min..min + 4096).contains(&used),
         "used {used} for one 70 000-byte shard"
     );
+}
+
+/// A checked range (blocks and table) verifies against the checksum of the whole data, as
+/// a reader does with the record's, and yields the bytes asked for.
+pub async fn checked_ranges_verify_against_the_whole_checksum<S: ShardStore>(s: &S) {
+    let data = bytes(70_000, 1);
+    let crc = crc32c::crc32c(&data);
+    for (offset, len) in [(100, 50), (65_530, 20), (69_990, 10), (0, 70_000), (5, 0)] {
+        let r = s
+            .get_checked(key(1, 0), offset, len)
+            .await
+            .expect("checked range");
+        let got = r.verify(crc, offset, len).expect("verifies");
+        assert_eq!(got, data.slice(offset as usize..(offset + len) as usize));
+    }
+    assert!(matches!(
+        s.get_checked(key(1, 0), 69_990, 11).await,
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.get_checked(key(99, 0), 0, 1).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 pub async fn ranges_and_bad_ranges<S: ShardStore>(s: &S) {

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tracing::warn;
 
+use crate::CheckedRange;
 use crate::header::{self, BLOCK_SHIFT, HEADER_LEN, ShardHeader};
 use crate::{Ring, ShardKey, ShardStore, StoreError, StoreUsage, slice};
 
@@ -406,25 +407,29 @@ impl DiskStore {
     async fn get_blocks(
         &self,
         key: ShardKey,
-        (data_len, crc): (u64, u32),
+        entry: (u64, u32),
         offset: u64,
         len: Option<u64>,
     ) -> Result<Option<Bytes>, StoreError> {
-        let end = match len {
-            Some(l) => offset.checked_add(l),
-            None => Some(data_len),
-        };
-        let Some(end) = end.filter(|&e| offset <= e && e <= data_len) else {
-            return Err(StoreError::OutOfRange {
-                key,
-                offset,
-                len,
-                size: data_len,
-            });
-        };
+        let end = range_end(key, entry.0, offset, len)?;
         if offset == end {
             return Ok(Some(Bytes::new()));
         }
+        Ok(self.read_blocks(key, entry, offset, end).await?.map(|r| {
+            let skip = (offset - (r.first << BLOCK_SHIFT)) as usize;
+            r.blocks.slice(skip..skip + (end - offset) as usize)
+        }))
+    }
+
+    /// The blocks holding `[offset, end)` and the block table, read together and checked;
+    /// `None` for a file of another block size (version 1), which is read whole instead.
+    async fn read_blocks(
+        &self,
+        key: ShardKey,
+        (data_len, crc): (u64, u32),
+        offset: u64,
+        end: u64,
+    ) -> Result<Option<CheckedRange>, StoreError> {
         let (file, path) = self.open_shard(key)?;
         // The header and block table, and the blocks holding the range, read at once.
         let start = header::data_offset(data_len);
@@ -451,8 +456,13 @@ impl DiskStore {
         }
         h.verify_blocks(&head[HEADER_LEN..], from >> BLOCK_SHIFT, &blocks)
             .map_err(corrupt)?;
-        let skip = (offset - from) as usize;
-        Ok(Some(blocks.slice(skip..skip + (end - offset) as usize)))
+        Ok(Some(CheckedRange {
+            data_len,
+            shift: BLOCK_SHIFT,
+            first: from >> BLOCK_SHIFT,
+            blocks,
+            table: head.slice(HEADER_LEN..),
+        }))
     }
 
     /// A shard's file, opened for reading, and its path.
@@ -508,6 +518,27 @@ fn probe_direct_io(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// Decodes and verifies a whole shard file.
+/// The end of `[offset, offset+len)` (to the end of the data when `len` is None), or an
+/// error when it is not within the shard's `data_len` bytes.
+fn range_end(
+    key: ShardKey,
+    data_len: u64,
+    offset: u64,
+    len: Option<u64>,
+) -> Result<u64, StoreError> {
+    let end = match len {
+        Some(l) => offset.checked_add(l),
+        None => Some(data_len),
+    };
+    end.filter(|&e| offset <= e && e <= data_len)
+        .ok_or(StoreError::OutOfRange {
+            key,
+            offset,
+            len,
+            size: data_len,
+        })
+}
+
 pub(crate) fn check(key: ShardKey, bytes: &[u8]) -> Result<ShardHeader, String> {
     let h = ShardHeader::decode(bytes)?;
     if h.key != key {
@@ -539,6 +570,41 @@ impl ShardStore for DiskStore {
 
     async fn get(&self, key: ShardKey, offset: u64, len: Option<u64>) -> Result<Bytes, StoreError> {
         let res = self.get_shard(key, offset, len).await;
+        self.note(res)
+    }
+
+    async fn get_checked(
+        &self,
+        key: ShardKey,
+        offset: u64,
+        len: u64,
+    ) -> Result<CheckedRange, StoreError> {
+        let entry = *self
+            .lock()
+            .index
+            .get(&key)
+            .ok_or(StoreError::NotFound(key))?;
+        let end = range_end(key, entry.0, offset, Some(len))?;
+        // An empty range still comes with a block around it (none in an empty shard).
+        let upto = if end == offset {
+            (offset + 1).min(entry.0)
+        } else {
+            end
+        };
+        let read = if offset == upto {
+            Ok(None)
+        } else {
+            self.read_blocks(key, entry, offset, upto).await
+        };
+        let res = match read {
+            Ok(Some(r)) => Ok(r),
+            // A version-1 file (no block table): read whole and checked, then cut.
+            Ok(None) => self
+                .get_shard(key, 0, None)
+                .await
+                .map(|data| CheckedRange::of(&data, offset, end)),
+            Err(e) => Err(e),
+        };
         self.note(res)
     }
 

@@ -6,6 +6,7 @@
 //! versioned on-disk header. The store knows shards, not stripes' meaning: it must never
 //! depend on the mesh, placement or metadata crates.
 
+mod checked;
 pub mod contract;
 mod disk;
 mod error;
@@ -16,6 +17,7 @@ mod mem;
 mod metrics;
 mod ring;
 
+pub use checked::CheckedRange;
 pub use disk::{DiskStore, Recovery};
 pub use error::StoreError;
 pub use header::{HEADER_LEN, ShardHeader};
@@ -70,6 +72,30 @@ pub trait ShardStore: Send + Sync + 'static {
         offset: u64,
         len: Option<u64>,
     ) -> impl Future<Output = Result<Bytes, StoreError>> + Send;
+
+    /// The blocks holding `[offset, offset+len)` of the shard and its block table, for a
+    /// reader that checks them itself against the shard's checksum from the metadata
+    /// ([`CheckedRange::verify`]); checked here as well, as `get` does.
+    fn get_checked(
+        &self,
+        key: ShardKey,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<CheckedRange, StoreError>> + Send {
+        async move {
+            let data = self.get(key, 0, None).await?;
+            let end = offset.checked_add(len).filter(|e| *e <= data.len() as u64);
+            match end {
+                Some(end) => Ok(CheckedRange::of(&data, offset, end)),
+                None => Err(StoreError::OutOfRange {
+                    key,
+                    offset,
+                    len: Some(len),
+                    size: data.len() as u64,
+                }),
+            }
+        }
+    }
 
     /// Removes a shard; says whether it existed.
     fn delete(&self, key: ShardKey) -> impl Future<Output = Result<bool, StoreError>> + Send;

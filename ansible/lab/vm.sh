@@ -17,11 +17,10 @@
 #   vm.sh build           kernel + initramfs + disk image into the cache (fast when cached)
 #   vm.sh up [SHARE_DIR]  boot the VM (SHARE_DIR -> /mnt/host) and wait until systemd is up and ssh answers
 #   vm.sh ssh CMD...      run CMD in the VM as root (stdin is passed on)
-#   vm.sh inventory FILE  write an Ansible inventory host line set for the VM into FILE
 #   vm.sh down            power the VM off (forced after 30 s); safe when it is not running
 #   vm.sh clean           remove the cache (the next build starts from nothing)
 # Env: SHOAL_VM_CPUS (2), SHOAL_VM_MEMORY (1536 MiB), SHOAL_VM_SSH_PORT (47022),
-#      STATE (repo/.lab: pid file, console log).
+#      SHOAL_VM_CACHE, STATE (repo/.lab: pid file, console log). Ansible: lab/v2/inventory.yml.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -42,6 +41,9 @@ PKGS=systemd,systemd-sysv,udev,dbus,python3,openssh-server,iproute2,procps
 MODULES="virtio_pci virtio_blk virtio_net ext4 9pnet_virtio 9p fuse virtio_rng"
 # The guest's address on QEMU's user-mode network (its own, inside the VM only).
 GUEST_ADDR=10.0.2.15
+
+# The cache is rebuilt when this script changes (its recipe).
+RECIPE=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
 
 log() { echo "[vm $(date +%T)] $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -76,7 +78,7 @@ build_kernel() {
   [ -n "$pkg" ] || die "apt knows no linux-image-amd64 (check the apt sources)"
   dir=$CACHE/${pkg#linux-image-}
   ln -sfn "$dir" "$CACHE/kernel.new" && mv -T "$CACHE/kernel.new" "$CACHE/kernel"
-  [ -f "$dir/.ok" ] && return 0
+  [ "$(cat "$dir/.ok" 2>/dev/null)" = "$RECIPE" ] && return 0
   log "kernel: $pkg (apt-get download, unpacked with dpkg-deb) and a busybox initramfs"
   rm -rf "$dir"; mkdir -p "$dir"
   tmp=$(mktemp -d)
@@ -115,7 +117,7 @@ EOF
   ( cd "$ird" && find . | cpio -o -H newc --quiet ) | gzip -1 > "$dir/initrd.gz"
   echo "$pkg $ver" > "$dir/version"
   rm -rf "$tmp"
-  touch "$dir/.ok"
+  echo "$RECIPE" > "$dir/.ok"
 }
 
 # The disk image: $CACHE/disk.raw (ext4, no partition table) and the ssh key that logs in.
@@ -123,9 +125,9 @@ build_image() {
   local root
   mkdir -p "$CACHE"
   [ -f "$CACHE/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C shoal-v2vm -f "$CACHE/id_ed25519"
-  [ -f "$CACHE/disk.ok" ] && return 0
+  [ "$(cat "$CACHE/disk.ok" 2>/dev/null)" = "$RECIPE" ] && return 0
   root=$CACHE/rootfs
-  rm -rf "$root" "$CACHE/disk.raw"
+  rm -rf "$root" "$CACHE/disk.raw" "$CACHE/disk.ok"
   log "disk image: bootstrapping $SUITE from $MIRROR"
   mmdebstrap --quiet --variant=minbase --include=$PKGS "$SUITE" "$root" "$MIRROR"
   echo shoal-v2 > "$root/etc/hostname"
@@ -158,7 +160,7 @@ EOF
   # 3 GiB, sparse: the rootfs (~0.3 GiB) plus room for the agent's data and the test's writes.
   mkfs.ext4 -q -F -L shoal-v2 -d "$root" "$CACHE/disk.raw" 3G
   rm -rf "$root"
-  touch "$CACHE/disk.ok"
+  echo "$RECIPE" > "$CACHE/disk.ok"
 }
 
 build() { deps; mkdir -p "$CACHE"; build_kernel; build_image; }
@@ -215,34 +217,13 @@ down() {
   rm -f "$RUN/qemu.pid"
 }
 
-inventory() {  # $1 = file
-  cat > "$1" <<EOF
----
-# Written by ansible/lab/vm.sh inventory: the cgroup v2 VM (one node).
-all:
-  children:
-    shoal_nodes:
-      vars:
-        ansible_user: root
-        ansible_become: false
-        ansible_port: $PORT
-        ansible_ssh_private_key_file: $CACHE/id_ed25519
-      hosts:
-        v2node:
-          ansible_host: 127.0.0.1
-          shoal_addr: $GUEST_ADDR
-          shoal_failure_domain: rack-v2
-EOF
-}
-
 cmd=${1:-}; shift || true
 case $cmd in
   deps) deps;;
   build) build;;
   up) up "${1:-}";;
   ssh) ssh_vm "$@";;
-  inventory) inventory "${1:?usage: vm.sh inventory FILE}";;
   down) down;;
   clean) down; rm -rf "${CACHE:?}";;
-  *) sed -n '3,23p' "$0"; exit 2;;
+  *) sed -n '2,23p' "$0"; exit 2;;
 esac

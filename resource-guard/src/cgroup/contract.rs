@@ -34,6 +34,8 @@ pub struct Subject<'a> {
 pub fn run_all(s: &Subject) {
     created_group_reads_back_its_limits(s);
     quota_reads_back(s);
+    memory_limit_reads_back_in_whole_pages(s);
+    quota_below_a_millisecond_is_refused(s);
     second_create_fails_and_keeps_the_first(s);
     impossible_limits_leave_nothing_behind(s);
     removing_a_missing_group_is_not_an_error(s);
@@ -77,6 +79,40 @@ pub fn quota_reads_back(s: &Subject) {
     assert_eq!(got.cpu_quota, want.cpu_quota, "quota read back");
     assert_eq!(got.memory_max, want.memory_max);
     cleanup(s);
+}
+
+/// The kernel keeps memory limits in whole pages (rounded down); `plan` may give any byte
+/// count ("1.5GB").
+pub fn memory_limit_reads_back_in_whole_pages(s: &Subject) {
+    let want = CgroupLimits {
+        memory_max: Some((256 << 20) + 1000),
+        ..CgroupLimits::default()
+    };
+    s.fs.create(&s.name, &want, &[]).expect("create");
+    let got = s.fs.limits(&s.name).expect("read back").memory_max;
+    assert_eq!(
+        got,
+        Some(256 << 20),
+        "memory limit rounded down to whole pages"
+    );
+    cleanup(s);
+}
+
+/// The kernel refuses a CFS quota under 1 ms (`plan` never asks for less: 0.01 cores).
+pub fn quota_below_a_millisecond_is_refused(s: &Subject) {
+    let bad = CgroupLimits {
+        cpu_quota: Some((500, 100_000)),
+        memory_max: Some(128 << 20),
+        ..CgroupLimits::default()
+    };
+    assert!(
+        s.fs.create(&s.name, &bad, &[]).is_err(),
+        "a 0.5 ms quota accepted"
+    );
+    assert!(
+        !s.fs.exists(&s.name),
+        "a failed create left the group behind"
+    );
 }
 
 pub fn joined_process_is_listed_and_moved_out_on_remove(s: &Subject) {

@@ -257,8 +257,11 @@ impl V2Tree for MemTree {
                 let v = value.trim();
                 let ok = match f {
                     "memory.max" => v == "max" || v.parse::<u64>().is_ok(),
+                    // The kernel's bounds: a quota of at least 1 ms, a period of 1 ms to 1 s.
                     "cpu.max" => v.split_once(' ').is_some_and(|(q, p)| {
-                        (q == "max" || q.parse::<u64>().is_ok()) && p.parse::<u64>().is_ok()
+                        (q == "max" || q.parse::<u64>().is_ok_and(|q| q >= 1000))
+                            && p.parse::<u64>()
+                                .is_ok_and(|p| (1000..=1_000_000).contains(&p))
                     }),
                     "cpuset.cpus" => {
                         let parent = parent_of(&dir).unwrap_or_default();
@@ -274,8 +277,18 @@ impl V2Tree for MemTree {
                 if !ok {
                     return Err(invalid(&format!("{f} = {v:?}")));
                 }
+                // What the kernel keeps: whole pages of memory, CPU lists in its own form.
+                let kept = match f {
+                    "memory.max" => v
+                        .parse::<u64>()
+                        .map_or_else(|_| v.to_owned(), |b| (b / 4096 * 4096).to_string()),
+                    "cpuset.cpus" | "cpuset.mems" => {
+                        CpuList::parse(v).map_or_else(|| v.to_owned(), |l| l.to_string())
+                    }
+                    _ => v.to_owned(),
+                };
                 if let Some(n) = nodes.get_mut(&dir) {
-                    n.files.insert(f.to_owned(), v.to_owned());
+                    n.files.insert(f.to_owned(), kept);
                 }
                 Ok(())
             }

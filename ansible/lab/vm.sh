@@ -42,9 +42,6 @@ MODULES="virtio_pci virtio_blk virtio_net ext4 9pnet_virtio 9p fuse virtio_rng"
 # The guest's address on QEMU's user-mode network (its own, inside the VM only).
 GUEST_ADDR=10.0.2.15
 
-# The cache is rebuilt when this script changes (its recipe).
-RECIPE=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
-
 log() { echo "[vm $(date +%T)] $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -163,7 +160,14 @@ EOF
   echo "$RECIPE" > "$CACHE/disk.ok"
 }
 
-build() { deps; mkdir -p "$CACHE"; build_kernel; build_image; }
+# The cache is rebuilt when its recipe changes: the build functions (as bash prints them,
+# without comments) and what they take in.
+recipe() {
+  { declare -f build_kernel build_image; echo "$PKGS|$MODULES|$SUITE|$GUEST_ADDR"; } |
+    sha256sum | cut -c1-16
+}
+
+build() { deps; mkdir -p "$CACHE"; RECIPE=$(recipe); build_kernel; build_image; }
 
 pid() { cat "$RUN/qemu.pid" 2>/dev/null || true; }
 running() { local p; p=$(pid); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
@@ -178,6 +182,9 @@ up() {  # $1 = folder shared at /mnt/host (optional)
   local share=${1:-} st=none t0=$SECONDS
   [ -f "$CACHE/disk.ok" ] && [ -f "$CACHE/kernel/.ok" ] || die "not built: run vm.sh build"
   running && die "already running (pid $(pid)); vm.sh down first"
+  if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+    die "127.0.0.1:$PORT is taken (a VM of another checkout?): set SHOAL_VM_SSH_PORT to a free port"
+  fi
   mkdir -p "$RUN"
   : > "$RUN/console.log"
   local virtfs=()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole shoal test suite, as CI runs it (.ci/run calls this script).
 #   formatting -> lints -> build -> Garage (S3) -> unit, contract, multi-node, mount and
-#   tiering tests -> pjdfstest on a mount -> Ansible lab -> the reservation on a cgroup v2 VM
+#   tiering tests (and the fuzz corpora replayed) -> a short run of every fuzz target ->
+#   pjdfstest on a mount -> Ansible lab -> the reservation on a cgroup v2 VM
 # Set CARGO_TARGET_DIR to keep build outputs between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,8 @@ SHOAL_GARAGE="$(tests/s3/install-garage.sh)"
 export SHOAL_GARAGE
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== fuzz targets: a few seconds of each (cargo-fuzz built once into the tools cache)"
+tests/fuzz/run.sh --seconds 5
 echo "== pjdfstest (POSIX conformance) on a shoal mount (root only)"
 if [ "$(id -u)" = 0 ]; then
   tests/pjdfstest/on-dev-cluster.sh "${CARGO_TARGET_DIR:-target}/debug"

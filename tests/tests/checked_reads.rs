@@ -7,10 +7,9 @@ use std::path::PathBuf;
 
 use shoal_tests::{DevCluster, metric_sum, shard_files, wait_for};
 
-/// The shard file layout (agent/store/src/header.rs): a 48-byte header, a crc32c per 64 KiB
-/// block, then the data.
+/// The shard file layout (agent/store/src/header.rs): a 48-byte header (byte 25: log2 of the
+/// block size), a crc32c per block, then the data.
 const HEADER: usize = 48;
-const BLOCK: usize = 64 << 10;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 253) as u8).collect()
@@ -34,25 +33,25 @@ fn a_range_from_a_holder_that_lies_consistently_is_caught_and_read_around() {
     // Alter block 1 of the shard and its table entry to match: the holder's block check
     // passes, only the whole shard's checksum (in the stripe record) tells.
     let mut bytes = std::fs::read(&shard).expect("read shard");
-    let table = HEADER;
-    let blocks = (1 << 20) / BLOCK; // a 1 MiB shard
-    let start = HEADER + 4 * blocks + BLOCK;
+    let block = 1usize << bytes[25];
+    let blocks = (1 << 20) / block; // a 1 MiB shard
+    let start = HEADER + 4 * blocks + block;
     for b in &mut bytes[start + 100..start + 200] {
         *b ^= 0x5a;
     }
-    let crc = crc32c(&bytes[start..start + BLOCK]);
-    bytes[table + 4..table + 8].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c(&bytes[start..start + block]);
+    bytes[HEADER + 4..HEADER + 8].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&shard, &bytes).expect("write shard");
 
     // A small read of that block through a mount that never read the file (a range, not the
     // whole shard).
     let reader = if holder == 3 { 2 } else { 3 };
     let f = std::fs::File::open(c.mnt(reader).join("f")).expect("open");
-    let at = (1 << 20) + BLOCK as u64 + 64;
-    let mut got = vec![0u8; 4096];
+    let at = (1 << 20) + block as u64 + 64;
+    let mut got = vec![0u8; 1024];
     f.read_exact_at(&mut got, at).expect("read");
     assert!(
-        got == data[at as usize..at as usize + 4096],
+        got == data[at as usize..at as usize + got.len()],
         "the altered range was served"
     );
     let seen = metric_sum(

@@ -65,11 +65,7 @@ impl CheckedRange {
                 self.table[at + 3],
             ])
         };
-        let mut whole = 0u32;
-        for i in 0..count {
-            let size = block.min(self.data_len - i * block);
-            whole = crc32c::crc32c_combine(whole, entry(i), size as usize);
-        }
+        let whole = crate::combine::fold((0..count).map(entry), block, self.data_len);
         if whole != whole_crc {
             return Err("block table does not match the shard's checksum".into());
         }
@@ -107,9 +103,16 @@ mod tests {
 
     #[test]
     fn a_range_checks_against_the_whole_checksum_and_comes_back() {
-        let data = shard(3 * (1 << BLOCK_SHIFT) + 100);
+        let b = 1u64 << BLOCK_SHIFT;
+        let data = shard(3 * b as usize + 100);
         let crc = crc32c::crc32c(&data);
-        for (offset, len) in [(0, 10), (70_000, 4096), (65_530, 20), (196_700, 8)] {
+        for (offset, len) in [
+            (0, 10),
+            (b + 7, 64),
+            (b - 6, 20),
+            (3 * b + 90, 8),
+            (0, 3 * b + 100),
+        ] {
             let r = CheckedRange::of(&data, offset, offset + len);
             let got = r.verify(crc, offset, len).expect("verify");
             assert_eq!(&got[..], &data[offset as usize..(offset + len) as usize]);
@@ -118,28 +121,30 @@ mod tests {
 
     #[test]
     fn anything_changed_on_the_way_is_refused() {
-        let data = shard(2 * (1 << BLOCK_SHIFT) + 3);
+        let b = 1u64 << BLOCK_SHIFT;
+        let data = shard(2 * b as usize + 3);
         let crc = crc32c::crc32c(&data);
-        let good = CheckedRange::of(&data, 70_000, 70_100);
+        let (at, len) = (b + 10, 100);
+        let good = CheckedRange::of(&data, at, at + len);
         // A flipped data bit, with or without its table entry changed to match.
         let mut blocks = good.blocks.to_vec();
         blocks[9] ^= 1;
         let mut bad = good.clone();
         bad.blocks = Bytes::from(blocks.clone());
-        assert!(bad.verify(crc, 70_000, 100).is_err());
+        assert!(bad.verify(crc, at, len).is_err());
         let mut table = good.table.to_vec();
-        table[4..8].copy_from_slice(&crc32c::crc32c(&blocks[..1 << BLOCK_SHIFT]).to_le_bytes());
+        table[4..8].copy_from_slice(&crc32c::crc32c(&blocks[..b as usize]).to_le_bytes());
         bad.table = Bytes::from(table);
         assert!(
-            bad.verify(crc, 70_000, 100).is_err(),
+            bad.verify(crc, at, len).is_err(),
             "table no longer combines"
         );
         // Another shard's checksum, a range outside the blocks, a short table.
-        assert!(good.verify(crc ^ 1, 70_000, 100).is_err());
-        assert!(good.verify(crc, 10, 100).is_err());
+        assert!(good.verify(crc ^ 1, at, len).is_err());
+        assert!(good.verify(crc, 10, len).is_err());
         let mut short = good.clone();
         short.table = good.table.slice(..8);
-        assert!(short.verify(crc, 70_000, 100).is_err());
-        assert!(good.verify(crc, 70_000, 100).is_ok());
+        assert!(short.verify(crc, at, len).is_err());
+        assert!(good.verify(crc, at, len).is_ok());
     }
 }

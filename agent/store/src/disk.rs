@@ -416,13 +416,15 @@ impl DiskStore {
             return Ok(Some(Bytes::new()));
         }
         Ok(self.read_blocks(key, entry, offset, end).await?.map(|r| {
-            let skip = (offset - (r.first << BLOCK_SHIFT)) as usize;
+            let skip = (offset - (r.first << r.shift)) as usize;
             r.blocks.slice(skip..skip + (end - offset) as usize)
         }))
     }
 
     /// The blocks holding `[offset, end)` and the block table, read together and checked;
-    /// `None` for a file of another block size (version 1), which is read whole instead.
+    /// `None` for a version-1 file (no block table), which is read whole instead. The
+    /// layout of this release's block size is read at once; a file of an earlier release's
+    /// block size (its header says which) is read again with its own.
     async fn read_blocks(
         &self,
         key: ShardKey,
@@ -431,38 +433,48 @@ impl DiskStore {
         end: u64,
     ) -> Result<Option<CheckedRange>, StoreError> {
         let (file, path) = self.open_shard(key)?;
-        // The header and block table, and the blocks holding the range, read at once.
-        let start = header::data_offset(data_len);
-        let from = (offset >> BLOCK_SHIFT) << BLOCK_SHIFT;
-        let to = (end.next_multiple_of(1 << BLOCK_SHIFT)).min(data_len);
-        let (head, blocks) = tokio::try_join!(
-            self.read_at(file.clone(), 0, start),
-            self.read_at(file, start + from, to - from),
-        )
-        .map_err(io_err("read", &path))?;
         let corrupt = |reason: String| StoreError::Corrupt { key, reason };
-        let h = ShardHeader::decode(&head).map_err(corrupt)?;
-        if h.key != key {
-            return Err(corrupt(format!("header names shard {}", h.key)));
+        let mut shift = BLOCK_SHIFT;
+        loop {
+            // The header and block table, and the blocks holding the range, read at once.
+            let start = HEADER_LEN as u64 + 4 * header::block_count(data_len, shift);
+            let from = (offset >> shift) << shift;
+            let to = (end.next_multiple_of(1 << shift)).min(data_len);
+            let (head, blocks) = tokio::try_join!(
+                self.read_at(file.clone(), 0, start),
+                self.read_at(file.clone(), start + from, to - from),
+            )
+            .map_err(io_err("read", &path))?;
+            let h = ShardHeader::decode(&head).map_err(corrupt)?;
+            if h.key != key {
+                return Err(corrupt(format!("header names shard {}", h.key)));
+            }
+            if h.data_len != data_len || h.data_crc != crc {
+                return Err(corrupt("shard differs from its index entry".into()));
+            }
+            if h.block_shift == 0 {
+                return Ok(None);
+            }
+            if h.block_shift != shift {
+                if !(9..=30).contains(&h.block_shift) || shift != BLOCK_SHIFT {
+                    return Err(corrupt(format!("block size 2^{}", h.block_shift)));
+                }
+                shift = h.block_shift;
+                continue;
+            }
+            if head.len() as u64 != start || blocks.len() as u64 != to - from {
+                return Err(corrupt("shard file is shorter than its header says".into()));
+            }
+            h.verify_blocks(&head[HEADER_LEN..], from >> shift, &blocks)
+                .map_err(corrupt)?;
+            return Ok(Some(CheckedRange {
+                data_len,
+                shift,
+                first: from >> shift,
+                blocks,
+                table: head.slice(HEADER_LEN..),
+            }));
         }
-        if h.data_len != data_len || h.data_crc != crc {
-            return Err(corrupt("shard differs from its index entry".into()));
-        }
-        if h.block_shift != BLOCK_SHIFT {
-            return Ok(None);
-        }
-        if head.len() as u64 != start || blocks.len() as u64 != to - from {
-            return Err(corrupt("shard file is shorter than its header says".into()));
-        }
-        h.verify_blocks(&head[HEADER_LEN..], from >> BLOCK_SHIFT, &blocks)
-            .map_err(corrupt)?;
-        Ok(Some(CheckedRange {
-            data_len,
-            shift: BLOCK_SHIFT,
-            first: from >> BLOCK_SHIFT,
-            blocks,
-            table: head.slice(HEADER_LEN..),
-        }))
     }
 
     /// A shard's file, opened for reading, and its path.

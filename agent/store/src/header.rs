@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  0..4   magic "SHRD"          24     shard index
-//!  4..6   version (2)           25     log2 of the block size (16: 64 KiB; 0 in version 1)
+//!  4..6   version (2)           25     log2 of the block size (12: 4 KiB; 16 before; 0 in v1)
 //!  6..8   header length (48)    26..32 reserved (0)
 //!  8..24  stripe id (u128)      32..40 data length
 //!                               40..44 crc32c of the data
@@ -19,8 +19,11 @@ use crate::ShardKey;
 pub const MAGIC: [u8; 4] = *b"SHRD";
 pub const VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 48;
-/// Data is checksummed in blocks of `1 << BLOCK_SHIFT` bytes (64 KiB).
-pub const BLOCK_SHIFT: u8 = 16;
+/// Data is checksummed in blocks of `1 << BLOCK_SHIFT` bytes (4 KiB): a reader checks a
+/// small range against the blocks holding it, so a 4 KiB read moves 4 KiB, not a block of
+/// 64 KiB (the block size of files written before, which the header names and which are
+/// still read).
+pub const BLOCK_SHIFT: u8 = 12;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardHeader {
@@ -46,12 +49,11 @@ impl ShardHeader {
     pub fn for_data(key: ShardKey, data: &[u8]) -> (Self, Vec<u8>) {
         let mut table =
             Vec::with_capacity(4 * block_count(data.len() as u64, BLOCK_SHIFT) as usize);
-        let mut whole = 0u32;
         for block in data.chunks(1 << BLOCK_SHIFT) {
-            let crc = crc32c::crc32c(block);
-            whole = crc32c::crc32c_combine(whole, crc, block.len());
-            table.extend_from_slice(&crc.to_le_bytes());
+            table.extend_from_slice(&crc32c::crc32c(block).to_le_bytes());
         }
+        let crcs = table.chunks_exact(4).map(le32);
+        let whole = crate::combine::fold(crcs, 1 << BLOCK_SHIFT, data.len() as u64);
         let header = ShardHeader {
             key,
             data_len: data.len() as u64,
@@ -81,13 +83,8 @@ impl ShardHeader {
             };
         }
         self.verify_blocks(table, 0, data)?;
-        let mut whole = 0u32;
-        for (crc, block) in table
-            .chunks_exact(4)
-            .zip(data.chunks(1 << self.block_shift))
-        {
-            whole = crc32c::crc32c_combine(whole, le32(crc), block.len());
-        }
+        let crcs = table.chunks_exact(4).map(le32);
+        let whole = crate::combine::fold(crcs, 1 << self.block_shift, data.len() as u64);
         match whole == self.data_crc {
             true => Ok(()),
             false => Err("block table does not match the data checksum".into()),

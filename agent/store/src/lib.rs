@@ -7,6 +7,7 @@
 //! depend on the mesh, placement or metadata crates.
 
 mod checked;
+mod combine;
 pub mod contract;
 mod disk;
 mod error;
@@ -20,7 +21,7 @@ mod ring;
 pub use checked::CheckedRange;
 pub use disk::{DiskStore, Recovery};
 pub use error::StoreError;
-pub use header::{HEADER_LEN, ShardHeader};
+pub use header::{BLOCK_SHIFT, HEADER_LEN, ShardHeader};
 pub use mem::MemStore;
 pub use metrics::StoreMetrics;
 pub use ring::{Ring, RingHealth};

@@ -3,9 +3,9 @@
 //! Shard files of the first format (one checksum for the whole data) are still read.
 
 use bytes::Bytes;
-use shoal_store::{DiskStore, HEADER_LEN, Ring, ShardKey, ShardStore, StoreError};
+use shoal_store::{BLOCK_SHIFT, DiskStore, HEADER_LEN, Ring, ShardKey, ShardStore, StoreError};
 
-const BLOCK: u64 = 64 << 10;
+const BLOCK: u64 = 1 << BLOCK_SHIFT;
 const LIMIT: u64 = 64 << 20;
 
 fn key() -> ShardKey {
@@ -139,4 +139,53 @@ async fn version_1_shard_files_are_still_read() {
     // Damage anywhere fails every read of it: there is one checksum for all of it.
     flip(&path, HEADER_LEN as u64 + 2 * BLOCK);
     assert!(is_corrupt(store.get(key(), 0, Some(10)).await).is_some());
+}
+
+/// A shard file as the release before wrote it: header version 2 with blocks of 64 KiB.
+fn blocks_of_64_kib_file(key: ShardKey, data: &[u8]) -> Vec<u8> {
+    let old = 64 << 10;
+    let mut table = Vec::new();
+    for block in data.chunks(old) {
+        table.extend_from_slice(&crc32c::crc32c(block).to_le_bytes());
+    }
+    let header = shoal_store::ShardHeader {
+        key,
+        data_len: data.len() as u64,
+        data_crc: crc32c::crc32c(data),
+        block_shift: 16,
+    };
+    [&header.encode()[..], &table, data].concat()
+}
+
+#[tokio::test]
+async fn shard_files_of_64_kib_blocks_are_still_read_by_range_and_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shards = dir.path().join("shards");
+    std::fs::create_dir_all(&shards).expect("mkdir");
+    let data = pattern((3 << 16) + 5);
+    let path = shards.join(key().to_string());
+    std::fs::write(&path, blocks_of_64_kib_file(key(), &data)).expect("write");
+    let ring = Ring::start(32).expect("io_uring");
+    let (store, recovery) = DiskStore::open(dir.path(), LIMIT, ring)
+        .await
+        .expect("open");
+    assert_eq!(recovery.reindexed, 1, "{recovery:?}");
+    let at = (1 << 16) + 100;
+    assert_eq!(
+        store.get(key(), at, Some(10)).await.expect("range"),
+        &data[at as usize..at as usize + 10]
+    );
+    let checked = store.get_checked(key(), at, 10).await.expect("checked");
+    assert_eq!(checked.shift, 16);
+    assert_eq!(
+        checked
+            .verify(crc32c::crc32c(&data), at, 10)
+            .expect("verifies"),
+        &data[at as usize..at as usize + 10]
+    );
+    // Damage in block 2 (of 64 KiB) fails a range in it, not one in block 1.
+    let data_at = HEADER_LEN as u64 + 4 * 4;
+    flip(&path, data_at + (2 << 16) + 7);
+    assert!(is_corrupt(store.get(key(), (2 << 16) + 1, Some(4)).await).is_some());
+    assert!(store.get(key(), at, Some(10)).await.is_ok());
 }

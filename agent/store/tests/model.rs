@@ -182,7 +182,7 @@ async fn flipped_bytes_on_disk_are_reported_as_corrupt() {
     let mut bytes = std::fs::read(&path).expect("read");
     bytes[5_000] ^= 0x40;
     std::fs::write(&path, bytes).expect("write");
-    match store.get(key, 0, Some(10)).await {
+    match store.get(key, 0, None).await {
         Err(StoreError::Corrupt { key: k, reason }) => {
             assert_eq!(k, key);
             assert!(reason.contains("checksum"), "{reason}");

@@ -324,13 +324,14 @@ say "resources.enforcement = required where cgroups are read-only: the agent ref
 # shows the refusal. Not through the play (that would replace node1's good config and leave
 # its agent failing): a scratch agent on node1, under systemd with Delegate=yes like the real
 # unit, with node1's rendered config changed to enforcement = "required" and everything it
-# could share with the running agent moved aside (name, data dir, ports, seeds, socket,
-# metrics, cgroup), so that it could not join the cluster even if it started.
+# could share with the running agent moved aside (data dir, ports, seeds, socket, metrics,
+# cgroup), so that it could not join the cluster even if it started. Its name and node id are
+# node1's: they come from node1's certificate (a config naming another node is refused).
 RT=/var/tmp/shoal-required-test
 LAST_LOG=$OUT/required.toml
 on 1 cat /etc/shoal/agent.toml | sed \
   -e 's/^enforcement = "best-effort"$/enforcement = "required"/' \
-  -e 's/^name = "node1"$/name = "node1-required-test"/' \
+  -e '/^name = "node1"$/d' \
   -e "s|^data_dir = .*|data_dir = \"$RT/data\"|" \
   -e 's/^gossip_port = .*/gossip_port = 17946/' -e 's/^rpc_port = .*/rpc_port = 17947/' \
   -e 's/^bulk_port = .*/bulk_port = 17948/' -e 's/^seeds = .*/seeds = ["10.77.0.11:17946"]/' \
@@ -339,15 +340,15 @@ on 1 cat /etc/shoal/agent.toml | sed \
   >"$LAST_LOG"
 scratch_config_ok() {
   local line
-  for line in 'enforcement = "required"' 'name = "node1-required-test"' "data_dir = \"$RT/data\"" \
+  for line in 'enforcement = "required"' "data_dir = \"$RT/data\"" \
     'gossip_port = 17946' 'rpc_port = 17947' 'bulk_port = 17948' 'seeds = ["10.77.0.11:17946"]' \
     'socket = "/run/shoal-required-test/agent.sock"' 'cgroup = "shoal-required-test"' \
     'cpu_cores = 0.5' 'memory = "256MiB"'; do
     grep -qxF "$line" "$LAST_LOG" || { echo "    missing: $line"; return 1; }
   done
-  ! grep -q '9464' "$LAST_LOG"
+  ! grep -q '9464' "$LAST_LOG" && ! grep -q '^name = ' "$LAST_LOG"
 }
-check "scratch config: node1's [resources] with enforcement = \"required\", nothing shared with the running agent" \
+check "scratch config: node1's [resources] with enforcement = \"required\", nothing but its identity shared with the running agent" \
   scratch_config_ok
 on 1 sh -c "rm -rf $RT && mkdir -p $RT/data && cat > $RT/agent.toml" <"$LAST_LOG"
 LAST_LOG=$OUT/required-check-config.log

@@ -59,15 +59,16 @@ pub(crate) async fn revoke(node: &Node, name: &str) -> Result<String, AgentError
     if outcome != Outcome::Done {
         return Err(AgentError::Refused(format!("not revoked: {outcome:?}")));
     }
-    let whose = if id == NodeId::NONE {
-        format!("{name} (no member of that name is known here)")
+    let within = REFRESH.as_secs() + 1;
+    Ok(if id == NodeId::NONE {
+        format!(
+            "revoked every certificate of {name} (no member of that name is known here) issued before {before_ms} ms since the epoch; every agent refuses them within {within} s."
+        )
     } else {
-        format!("{name} (node {id})")
-    };
-    Ok(format!(
-        "revoked every certificate of {whose} issued before {before_ms} ms since the epoch; every agent refuses them within {} s. Give the node a new one with `shoal cert issue --name {name} --node-id {id}` and restart its agent.",
-        REFRESH.as_secs() + 1
-    ))
+        format!(
+            "revoked every certificate of {name} (node {id}) issued before {before_ms} ms since the epoch; every agent refuses them within {within} s. To let the node back, give it a new key with `shoal cert issue --ca-dir CA_DIR --name {name} --ip IP --node-id {id} --out DIR`, copy node.pem and node.key to its tls dir and restart its agent."
+        )
+    })
 }
 
 /// The `revocations` worker: keeps the transport's list equal to the replica's.

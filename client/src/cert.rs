@@ -19,7 +19,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
-use shoal_agent_api::NODE_TLS_NAME;
+use shoal_agent_api::{NODE_TLS_NAME, Request, Response};
 use time::{Duration, OffsetDateTime};
 
 pub const CA_CERT: &str = "ca.pem";
@@ -227,12 +227,50 @@ pub fn show(path: &Path, json: bool) -> anyhow::Result<()> {
         ),
     }
     if let Some(at) = i.issued_ms {
-        println!("issued:    {at} ms since the epoch");
+        println!("issued:    {} ({at} ms since the epoch)", utc_from_ms(at));
     }
     println!("valid to:  {}", i.not_after);
     let ips: Vec<String> = i.ips.iter().map(ToString::to_string).collect();
     println!("addresses: {}", ips.join(", "));
     Ok(())
+}
+
+/// `shoal cert revoke NAME`: refuses a name no member carries unless `force` (a typo would
+/// otherwise revoke nothing and say it did).
+pub fn revoke(socket: &Path, name: String, force: bool) -> anyhow::Result<()> {
+    if !force {
+        let members = match crate::maintenance::call(socket, Request::Status)? {
+            Response::Status(report) => report.nodes,
+            other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
+        };
+        if !members.iter().any(|m| m.name == name) {
+            let mut names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+            names.sort_unstable();
+            anyhow::bail!(
+                "no member is named {name:?} (members: {}); to revoke the certificates of a node that left the cluster, add --force",
+                names.join(", ")
+            );
+        }
+    }
+    crate::maintenance::change(socket, Request::RevokeCertificate { name })
+}
+
+/// A unix time in milliseconds as a UTC date, e.g. "2026-12-02 06:10:48.001 UTC".
+pub fn utc_from_ms(ms: u64) -> String {
+    let at = i128::from(ms) * 1_000_000;
+    match OffsetDateTime::from_unix_timestamp_nanos(at) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03} UTC",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.millisecond()
+        ),
+        Err(_) => "beyond the calendar".to_owned(),
+    }
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
@@ -254,4 +292,19 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
             .with_context(|| format!("cannot sync {}", dir.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_from_ms;
+
+    #[test]
+    fn issue_times_read_as_utc_dates() {
+        assert_eq!(utc_from_ms(0), "1970-01-01 00:00:00.000 UTC");
+        assert_eq!(
+            utc_from_ms(1_796_191_848_001),
+            "2026-12-02 06:10:48.001 UTC"
+        );
+        assert_eq!(utc_from_ms(u64::MAX), "beyond the calendar");
+    }
 }

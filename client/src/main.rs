@@ -238,6 +238,10 @@ enum CertCmd {
     Revoke {
         /// The node's name.
         name: String,
+        /// Revoke a name no member carries now (a node that left the cluster); without it,
+        /// such a name is refused as a likely typo.
+        #[arg(long)]
+        force: bool,
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
@@ -330,9 +334,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Cert(CertCmd::Show { cert: path, json }) => cert::show(&path, json),
-        Cmd::Cert(CertCmd::Revoke { name, socket }) => {
-            maintenance::change(&socket, Request::RevokeCertificate { name })
-        }
+        Cmd::Cert(CertCmd::Revoke {
+            name,
+            force,
+            socket,
+        }) => cert::revoke(&socket, name, force),
         Cmd::Tier(t) => tier::run(t),
         Cmd::DevCluster(DevClusterCmd::Up(o)) => dev_cluster::up(&o),
         Cmd::DevCluster(DevClusterCmd::Down { dir }) => dev_cluster::down(&dir),

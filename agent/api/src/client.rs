@@ -16,9 +16,9 @@ impl AgentClient {
         let path = path.as_ref().to_owned();
         let stream = UnixStream::connect(&path)
             .await
-            .map_err(|source| ApiError::Connect {
+            .map_err(|reason| ApiError::Connect {
                 path: path.display().to_string(),
-                source,
+                reason,
             })?;
         Ok(AgentClient { path, stream })
     }

@@ -2,10 +2,11 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The socket could not be opened: the agent is not running, or the path is wrong.
-    #[error("cannot connect to the agent at {path}: {source}")]
+    #[error("cannot connect to the agent at {path}: {reason}{}", connect_hint(.reason))]
     Connect {
         path: String,
-        source: std::io::Error,
+        /// Not a `source`: the message already says it, and chains would print it twice.
+        reason: std::io::Error,
     },
     /// The connection broke mid-request.
     #[error("agent connection failed: {0}")]
@@ -22,6 +23,19 @@ pub enum ApiError {
     /// The agent answered something that does not fit the request.
     #[error("unexpected answer from the agent: {0}")]
     Unexpected(String),
+}
+
+/// What to do about a refused connection, where the reason alone does not say.
+fn connect_hint(reason: &std::io::Error) -> &'static str {
+    match reason.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            " (the socket is root's unless [admin] socket_mode and allow_other_users say otherwise: run as root)"
+        }
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            " (is shoal-agent running? --socket or SHOAL_SOCKET name another agent's socket)"
+        }
+        _ => "",
+    }
 }
 
 impl ApiError {

@@ -282,7 +282,8 @@ impl Bulk {
         let mut tls = self.acceptor.accept(tcp).await?;
         let peer = {
             let (_, session) = tls.get_ref();
-            peer_node(session.peer_certificates(), &self.revocations).map_err(refused)?
+            peer_node(session.peer_certificates(), &self.revocations)
+                .map_err(|r| refused(r.reason))?
         };
         let mut hello = [0u8; 1];
         tls.read_exact(&mut hello).await?;
@@ -325,7 +326,8 @@ impl Bulk {
             .await?;
         let peer = {
             let (_, session) = tls.get_ref();
-            peer_node(session.peer_certificates(), &self.revocations).map_err(refused)?
+            peer_node(session.peer_certificates(), &self.revocations)
+                .map_err(|r| refused(r.reason))?
         };
         if let Some(node) = node.filter(|n| *n != peer.node) {
             return Err(refused(format!(

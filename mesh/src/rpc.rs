@@ -176,6 +176,22 @@ pub struct Transport {
     bulk: std::sync::OnceLock<Arc<Bulk>>,
     /// The cluster's revoked certificates, and the newest each peer showed.
     revocations: Arc<Revocations>,
+    /// When a peer's refusal of this node's revoked certificate was last logged.
+    revoked_logged: Mutex<Option<Instant>>,
+}
+
+/// QUIC close code of a connection whose peer certificate was refused.
+const CLOSE_REFUSED: u32 = 1;
+/// QUIC close code of a connection whose peer certificate is revoked: the peer learns why
+/// (its own replica may never see the revocation, once every other node refuses it).
+const CLOSE_REVOKED: u32 = 2;
+/// How often a node whose certificate its peers refuse as revoked says so in its log.
+const REVOKED_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Why a peer's certificate was refused, and the QUIC close code that tells the peer.
+pub(crate) struct CertRefused {
+    pub code: u32,
+    pub reason: String,
 }
 
 /// The certificate chain a TLS peer presented, as the node it names; refused when it
@@ -183,23 +199,30 @@ pub struct Transport {
 pub(crate) fn peer_node(
     chain: Option<&[rustls::pki_types::CertificateDer<'_>]>,
     revocations: &Revocations,
-) -> Result<NodeCert, String> {
+) -> Result<NodeCert, CertRefused> {
+    let refused = |reason: String| CertRefused {
+        code: CLOSE_REFUSED,
+        reason,
+    };
     let der = chain
         .and_then(|c| c.first())
-        .ok_or("the peer presented no certificate")?;
-    let cert = NodeCert::from_der(der)?;
+        .ok_or_else(|| refused("the peer presented no certificate".into()))?;
+    let cert = NodeCert::from_der(der).map_err(refused)?;
     if revocations.is_revoked(&cert) {
-        return Err(format!(
-            "the certificate of {} (node {}, issued at {} ms) is revoked",
-            cert.name, cert.node, cert.issued_ms
-        ));
+        return Err(CertRefused {
+            code: CLOSE_REVOKED,
+            reason: format!(
+                "the certificate of {} (node {}, issued at {} ms) is revoked",
+                cert.name, cert.node, cert.issued_ms
+            ),
+        });
     }
     revocations.shown(&cert);
     Ok(cert)
 }
 
 /// The node a QUIC connection's peer certificate names.
-fn quic_peer(conn: &quinn::Connection, revocations: &Revocations) -> Result<NodeCert, String> {
+fn quic_peer(conn: &quinn::Connection, revocations: &Revocations) -> Result<NodeCert, CertRefused> {
     let identity = conn.peer_identity();
     let chain = identity
         .as_ref()
@@ -245,6 +268,7 @@ impl Transport {
             tls: tls.clone(),
             bulk: std::sync::OnceLock::new(),
             revocations: Arc::new(Revocations::default()),
+            revoked_logged: Mutex::new(None),
         }))
     }
 
@@ -341,12 +365,15 @@ impl Transport {
                     match incoming.await {
                         Ok(conn) => match quic_peer(&conn, &this.revocations) {
                             Ok(peer) => this.serve_connection(conn, Arc::new(peer)).await,
-                            Err(reason) => {
-                                conn.close(1u32.into(), b"certificate refused");
-                                this.reject(remote, &reason);
+                            Err(refused) => {
+                                conn.close(refused.code.into(), refused.reason.as_bytes());
+                                this.reject(remote, &refused.reason);
                             }
                         },
-                        Err(e) => this.reject(remote, &e.to_string()),
+                        Err(e) => {
+                            this.reject(remote, &e.to_string());
+                            this.note_revoked(remote, Some(e));
+                        }
                     }
                 });
             }
@@ -378,6 +405,7 @@ impl Transport {
                 }
                 Err(e) => {
                     debug!(remote = %conn.remote_address(), error = %e, "connection closed");
+                    self.note_revoked(conn.remote_address(), Some(e));
                     return;
                 }
             }
@@ -688,17 +716,54 @@ impl Transport {
             Ok(s) => s,
             Err(e) => {
                 self.forget(peer, &conn).await;
+                self.note_revoked(peer, conn.close_reason());
                 return Err(QuicFailure::Stream(e.to_string()));
             }
         };
-        send.write_all(request)
-            .await
-            .map_err(|e| QuicFailure::Stream(e.to_string()))?;
-        send.finish()
-            .map_err(|e| QuicFailure::Stream(e.to_string()))?;
-        recv.read_to_end(MAX_MESSAGE)
-            .await
-            .map_err(|e| QuicFailure::Stream(e.to_string()))
+        let exchanged = async {
+            send.write_all(request).await.map_err(|e| e.to_string())?;
+            send.finish().map_err(|e| e.to_string())?;
+            recv.read_to_end(MAX_MESSAGE)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        if exchanged.is_err() {
+            self.note_revoked(peer, conn.close_reason());
+        }
+        exchanged.map_err(QuicFailure::Stream)
+    }
+
+    /// When `peer` closed a connection (`closed`: why) because it refuses this node's
+    /// certificate as revoked, says so in the log (at most every [`REVOKED_LOG_EVERY`]) and
+    /// counts it.
+    fn note_revoked(&self, peer: SocketAddr, closed: Option<quinn::ConnectionError>) {
+        let Some(quinn::ConnectionError::ApplicationClosed(close)) = closed else {
+            return;
+        };
+        if close.error_code != quinn::VarInt::from_u32(CLOSE_REVOKED) {
+            return;
+        }
+        self.metrics
+            .rpc_connections_rejected
+            .get_or_create(&ReasonLabel {
+                reason: "own_revoked",
+            })
+            .inc();
+        let mut last = self
+            .revoked_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < REVOKED_LOG_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        tracing::error!(
+            %peer,
+            reason = %String::from_utf8_lossy(&close.reason),
+            "a peer refuses this node's certificate as revoked: issue a new one with `shoal cert issue --node-id {}` and restart",
+            self.me
+        );
     }
 
     async fn connection(
@@ -724,6 +789,7 @@ impl Transport {
         let conn = match connecting.await {
             Ok(c) => c,
             Err(e) => {
+                self.note_revoked(peer, Some(e.clone()));
                 self.metrics
                     .rpc_connections_rejected
                     .get_or_create(&ReasonLabel { reason: "outgoing" })
@@ -733,13 +799,13 @@ impl Transport {
         };
         let cert = match quic_peer(&conn, &self.revocations) {
             Ok(c) => Arc::new(c),
-            Err(reason) => {
-                conn.close(1u32.into(), b"certificate refused");
+            Err(refused) => {
+                conn.close(refused.code.into(), refused.reason.as_bytes());
                 self.metrics
                     .rpc_connections_rejected
                     .get_or_create(&ReasonLabel { reason: "outgoing" })
                     .inc();
-                return Err(connect_err(reason));
+                return Err(connect_err(refused.reason));
             }
         };
         let mut conns = self.connections.lock().await;

@@ -94,9 +94,19 @@ fn a_revoked_node_is_refused_by_every_agent_and_a_new_certificate_lets_it_back()
         (reachable_from(&c, 4).is_empty() && refused_everywhere).then_some(())
     });
     eprintln!("node4 refused by every agent {took:?} after the revocation");
-    // node4 itself is not always told: its replica logs the revocation only if the entry
-    // was committed there before the others cut it off (a known gap: a refused handshake
-    // does not say why).
+    // node4's log says so: from its own replica (if the entry was committed there before
+    // the others cut it off), or from its peers closing its connections as revoked.
+    let (_, told) = wait_for(
+        Duration::from_secs(10),
+        "node4's log says it is revoked",
+        || {
+            let log = c.log(4);
+            (log.contains("own certificate is revoked")
+                || log.contains("refuses this node's certificate as revoked"))
+            .then_some(())
+        },
+    );
+    eprintln!("node4 told {told:?} after every agent refused it");
     // Its gossip goes unheard: the others see it down (SWIM's detection bound).
     wait_for(Duration::from_secs(15), "node4 down everywhere", || {
         others

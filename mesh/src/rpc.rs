@@ -372,7 +372,7 @@ impl Transport {
                         },
                         Err(e) => {
                             this.reject(remote, &e.to_string());
-                            this.note_revoked(remote, Some(e));
+                            this.note_revoked(remote, Some(&e));
                         }
                     }
                 });
@@ -380,13 +380,16 @@ impl Transport {
         })
     }
 
-    fn reject(&self, remote: SocketAddr, reason: &str) {
+    /// Counts a connection refused (`reason`: the metric's label).
+    fn count_rejected(&self, reason: &'static str) {
         self.metrics
             .rpc_connections_rejected
-            .get_or_create(&ReasonLabel {
-                reason: "handshake",
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    fn reject(&self, remote: SocketAddr, reason: &str) {
+        self.count_rejected("handshake");
         let mut logged = self
             .logged_sources
             .lock()
@@ -405,7 +408,7 @@ impl Transport {
                 }
                 Err(e) => {
                     debug!(remote = %conn.remote_address(), error = %e, "connection closed");
-                    self.note_revoked(conn.remote_address(), Some(e));
+                    self.note_revoked(conn.remote_address(), Some(&e));
                     return;
                 }
             }
@@ -716,7 +719,7 @@ impl Transport {
             Ok(s) => s,
             Err(e) => {
                 self.forget(peer, &conn).await;
-                self.note_revoked(peer, conn.close_reason());
+                self.note_revoked(peer, conn.close_reason().as_ref());
                 return Err(QuicFailure::Stream(e.to_string()));
             }
         };
@@ -729,7 +732,7 @@ impl Transport {
         }
         .await;
         if exchanged.is_err() {
-            self.note_revoked(peer, conn.close_reason());
+            self.note_revoked(peer, conn.close_reason().as_ref());
         }
         exchanged.map_err(QuicFailure::Stream)
     }
@@ -737,19 +740,14 @@ impl Transport {
     /// When `peer` closed a connection (`closed`: why) because it refuses this node's
     /// certificate as revoked, says so in the log (at most every [`REVOKED_LOG_EVERY`]) and
     /// counts it.
-    fn note_revoked(&self, peer: SocketAddr, closed: Option<quinn::ConnectionError>) {
+    fn note_revoked(&self, peer: SocketAddr, closed: Option<&quinn::ConnectionError>) {
         let Some(quinn::ConnectionError::ApplicationClosed(close)) = closed else {
             return;
         };
         if close.error_code != quinn::VarInt::from_u32(CLOSE_REVOKED) {
             return;
         }
-        self.metrics
-            .rpc_connections_rejected
-            .get_or_create(&ReasonLabel {
-                reason: "own_revoked",
-            })
-            .inc();
+        self.count_rejected("own_revoked");
         let mut last = self
             .revoked_logged
             .lock()
@@ -789,11 +787,8 @@ impl Transport {
         let conn = match connecting.await {
             Ok(c) => c,
             Err(e) => {
-                self.note_revoked(peer, Some(e.clone()));
-                self.metrics
-                    .rpc_connections_rejected
-                    .get_or_create(&ReasonLabel { reason: "outgoing" })
-                    .inc();
+                self.note_revoked(peer, Some(&e));
+                self.count_rejected("outgoing");
                 return Err(connect_err(e.to_string()));
             }
         };
@@ -801,10 +796,7 @@ impl Transport {
             Ok(c) => Arc::new(c),
             Err(refused) => {
                 conn.close(refused.code.into(), refused.reason.as_bytes());
-                self.metrics
-                    .rpc_connections_rejected
-                    .get_or_create(&ReasonLabel { reason: "outgoing" })
-                    .inc();
+                self.count_rejected("outgoing");
                 return Err(connect_err(refused.reason));
             }
         };

@@ -33,6 +33,17 @@ fn reachable_from(c: &DevCluster, observer: u8) -> Vec<String> {
     names
 }
 
+/// `shoal cert revoke NAME` through the agent at `socket`.
+fn revoke(socket: &std::path::Path, name: &str) -> std::process::Output {
+    shoal(&[
+        "cert",
+        "revoke",
+        name,
+        "--socket",
+        socket.to_str().expect("utf-8"),
+    ])
+}
+
 fn state_of(c: &DevCluster, observer: u8, name: &str) -> String {
     let status = c.status(observer).expect("status");
     status["nodes"]
@@ -57,13 +68,7 @@ fn a_revoked_node_is_refused_by_every_agent_and_a_new_certificate_lets_it_back()
 
     let socket = c.socket(1);
     // A name no member carries is taken for a typo: refused, and nothing is revoked.
-    let out = shoal(&[
-        "cert",
-        "revoke",
-        "node44",
-        "--socket",
-        socket.to_str().expect("utf-8"),
-    ]);
+    let out = revoke(&socket, "node44");
     assert_eq!(out.status.code(), Some(2), "an unknown name was revoked");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -72,13 +77,7 @@ fn a_revoked_node_is_refused_by_every_agent_and_a_new_certificate_lets_it_back()
     );
     assert_eq!(refusals(&c, 1), before[0]);
 
-    let out = shoal(&[
-        "cert",
-        "revoke",
-        "node4",
-        "--socket",
-        socket.to_str().expect("utf-8"),
-    ]);
+    let out = revoke(&socket, "node4");
     assert!(
         out.status.success(),
         "revoke: {}",

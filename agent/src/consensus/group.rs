@@ -96,11 +96,12 @@ impl Group {
         })?;
         let ballast = Arc::new(Ballast::open(dir));
         let log_path = dir.join("log.redb");
-        let log =
-            LogStore::open(&log_path, ballast.clone()).map_err(|source| ConsensusError::Log {
+        let log = LogStore::open(&log_path, me, ballast.clone()).map_err(|source| {
+            ConsensusError::Log {
                 path: log_path,
                 source,
-            })?;
+            }
+        })?;
         let store =
             Arc::new(NamespaceStore::open(&dir.join("state.redb")).map_err(ConsensusError::from)?);
         let changes = Arc::new(super::ChangeFeed::new());
@@ -123,9 +124,11 @@ impl Group {
             append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
             gate: sends.clone(),
         };
+        let append_sync = log.append_sync();
         let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
             .await
             .map_err(setup)?;
+        append_sync.started_as(raft.metrics().borrow().membership_config.membership());
         let (tx, rx) = mpsc::channel(4096);
         let lease = std::sync::Mutex::new(ReadLease::new(config.election_ms[0]));
         let group = Arc::new(Group {

@@ -5,8 +5,9 @@
 //! openraft's contract requires. The commit index is the exception: openraft does not need
 //! it durable (a restarted member learns it from the leader again), so it is kept in memory
 //! and written by the next transaction that commits anyway, not by one of its own (that
-//! was one fsync per entry on every member). redb work runs on the blocking pool, never on
-//! the Raft core's async thread.
+//! was one fsync per entry on every member). The other exception is a learner's appends:
+//! [`AppendSync`] says which it syncs. redb work runs on the blocking pool, never on the
+//! Raft core's async thread.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -15,10 +16,11 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogId, LogState, RaftLogReader, Vote};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::append_sync::AppendSync;
 use super::ballast::Ballast;
 use super::types::{Entry, MetaRaft, StorageError, storage_error};
 
@@ -40,6 +42,8 @@ pub struct LogStore {
     ballast: Arc<Ballast>,
     /// The commit index openraft last saved, not yet written (see the module doc).
     committed: Arc<std::sync::Mutex<Pending>>,
+    /// Which appends are synced before they are acknowledged.
+    sync: Arc<AppendSync>,
 }
 
 /// The commit index as openraft last saved it, and whether the file has it yet.
@@ -115,7 +119,8 @@ mod v1 {
 }
 
 impl LogStore {
-    pub fn open(path: &Path, ballast: Arc<Ballast>) -> Result<LogStore, redb::Error> {
+    /// Opens (or creates) member `me`'s log.
+    pub fn open(path: &Path, me: u64, ballast: Arc<Ballast>) -> Result<LogStore, redb::Error> {
         let db = Database::create(path)?;
         let txn = db.begin_write()?;
         txn.open_table(LOG)?;
@@ -125,7 +130,14 @@ impl LogStore {
             db: Arc::new(db),
             ballast,
             committed: Arc::default(),
+            sync: Arc::new(AppendSync::new(me)),
         })
+    }
+
+    /// The policy that decides which appends are synced (the group tells it what this
+    /// member is at start).
+    pub fn append_sync(&self) -> Arc<AppendSync> {
+        self.sync.clone()
     }
 
     /// Runs `f` on the blocking pool.
@@ -150,9 +162,18 @@ impl LogStore {
     where
         F: FnOnce(&redb::WriteTransaction) -> Result<(), String> + Send + 'static,
     {
+        self.write_with(Durability::Immediate, f).await
+    }
+
+    /// [`Self::write`] with the given durability.
+    async fn write_with<F>(&self, durability: Durability, f: F) -> Result<(), String>
+    where
+        F: FnOnce(&redb::WriteTransaction) -> Result<(), String> + Send + 'static,
+    {
         let committed = self.committed.clone();
         self.blocking(move |db| {
-            let txn = db.begin_write().map_err(|e| e.to_string())?;
+            let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+            txn.set_durability(durability).map_err(|e| e.to_string())?;
             f(&txn)?;
             let carried = {
                 let pending = committed.lock().unwrap_or_else(|p| p.into_inner());
@@ -308,14 +329,20 @@ impl RaftLogStorage<MetaRaft> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let durability = if self.sync.before_append(&entries) {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
         let rows: Result<Vec<(u64, Vec<u8>)>, String> = entries
-            .into_iter()
-            .map(|e| encode(&e).map(|b| (e.log_id.index, b)))
+            .iter()
+            .map(|e| encode(e).map(|b| (e.log_id.index, b)))
             .collect();
         let rows = rows.map_err(|e| log_err(ErrorVerb::Write, e))?;
         let started = std::time::Instant::now();
         let res = self
-            .write(move |txn| {
+            .write_with(durability, move |txn| {
                 let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
                 for (index, bytes) in &rows {
                     table
@@ -327,6 +354,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             .await;
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
+            synced = matches!(durability, Durability::Immediate),
             "log append"
         );
         match res {
@@ -342,6 +370,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
+        self.sync.truncated();
         self.write(move |txn| {
             let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
             table
@@ -421,7 +450,7 @@ mod tests {
         let first = LogId::new(CommittedLeaderId::new(1, 1), 3);
         let second = LogId::new(CommittedLeaderId::new(1, 1), 4);
         {
-            let mut log = super::LogStore::open(&path, ballast()).expect("open");
+            let mut log = super::LogStore::open(&path, 1, ballast()).expect("open");
             log.save_committed(Some(first)).await.expect("save");
             assert_eq!(log.read_committed().await.expect("read"), Some(first));
             log.save_vote(&openraft::Vote::new(1, 1))
@@ -431,7 +460,7 @@ mod tests {
             log.save_committed(Some(second)).await.expect("save");
             assert_eq!(log.read_committed().await.expect("read"), Some(second));
         }
-        let mut log = super::LogStore::open(&path, ballast()).expect("reopen");
+        let mut log = super::LogStore::open(&path, 1, ballast()).expect("reopen");
         assert_eq!(log.read_committed().await.expect("read"), Some(first));
         assert_eq!(
             log.read_vote().await.expect("vote"),

@@ -7,6 +7,7 @@
 //! Read [`Group`] first. Background work on the group (the layout steward, garbage
 //! collection) lives in `crate::workers`; the filesystem it serves in `crate::fs`.
 
+mod append_sync;
 pub mod ballast;
 mod batcher;
 pub mod changes;

@@ -144,7 +144,10 @@ impl FsService {
                 }
                 self.handles.hold(session, handle, ino, pid);
                 if version >= 8 {
-                    let changes = self.group.changes.position();
+                    // The mount checks the names the open used once its watcher has
+                    // delivered this far; a watcher that lingers for more is answered now.
+                    let changes = self.group.changes.needed_by(session);
+                    self.group.changes.hurry(session, changes);
                     FsResponse::Opened { attr, changes }
                 } else {
                     FsResponse::Attr(attr)

@@ -8,28 +8,23 @@
 //! another process's feed (the agent restarted), or anything across a snapshot install,
 //! is told to reset: drop everything it has cached.
 //!
-//! A reader that waited for a change lingers up to [`LINGER`] before it is answered, so
-//! that changes close together travel in one batch: each change alone cost every mount a
-//! request and an answer (a fifth of the CPU a metadata create took on a 6-node cluster on
-//! one machine). An open must not wait out the linger: the open tells the feed what its
-//! mount needs delivered ([`ChangeFeed::hurry`]), and a lingering reader of that mount is
-//! answered at once.
+//! The feed also knows how far each mount has delivered (a watcher reads again only once
+//! it delivered the batch before), so an open that answers `ESTALE` can wait until the
+//! kernel's caches are clean before the kernel looks the path up again
+//! ([`ChangeFeed::delivered`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use shoal_agent_api::{ChangeBatch, Ino};
 use shoal_namespace::Touched;
-use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
+use tokio::sync::watch;
 
 /// Changes kept for mounts that are behind.
 const CAPACITY: usize = 1 << 16;
 /// Most changes handed out in one batch.
 const MAX_BATCH: usize = 4096;
-/// How long a reader that waited for a change waits for more before it is answered.
-pub const LINGER: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Change {
@@ -87,21 +82,16 @@ impl Ring {
     }
 }
 
-/// A reader waiting in [`ChangeFeed::wait`]: from where it reads, and how to answer it early.
-struct Waiting {
-    after: u64,
-    wake: Arc<Notify>,
-}
-
 pub struct ChangeFeed {
     epoch: u64,
     ring: Mutex<Ring>,
     /// The next sequence number, for waiters.
     next: watch::Sender<u64>,
-    /// Readers waiting, by session.
-    waiting: Mutex<HashMap<u64, Waiting>>,
-    /// [`LINGER`], but in tests.
-    linger: Duration,
+    /// How far each session's mount has delivered: the position its last read started
+    /// from (a watcher reads again only once it has delivered the batch before). Bumped
+    /// for [`ChangeFeed::delivered`].
+    read_from: Mutex<HashMap<u64, u64>>,
+    reads: watch::Sender<u64>,
 }
 
 impl Default for ChangeFeed {
@@ -121,16 +111,8 @@ impl ChangeFeed {
                 foreign_end: 1,
             }),
             next: watch::Sender::new(1),
-            waiting: Mutex::new(HashMap::new()),
-            linger: LINGER,
-        }
-    }
-
-    #[cfg(test)]
-    fn with_linger(linger: Duration) -> Self {
-        ChangeFeed {
-            linger,
-            ..ChangeFeed::new()
+            read_from: Mutex::new(HashMap::new()),
+            reads: watch::Sender::new(0),
         }
     }
 
@@ -143,16 +125,6 @@ impl ChangeFeed {
     /// change published so far: the newest ones, when they are its own, it has seen.
     pub fn needed_by(&self, session: u64) -> u64 {
         self.lock().needed_by(session)
-    }
-
-    /// `session`'s mount waits for the changes up to `position`: a reader of it that
-    /// lingers is answered now.
-    pub fn hurry(&self, session: u64, position: u64) {
-        if let Some(w) = self.lock_waiting().get(&session)
-            && w.after < position
-        {
-            w.wake.notify_one();
-        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
@@ -217,47 +189,33 @@ impl ChangeFeed {
         batch
     }
 
-    /// Like [`Self::read`], waiting up to `wait` for a change when there is none yet, and
-    /// then up to [`LINGER`] for more unless hurried.
+    /// Like [`Self::read`], waiting up to `wait` for a change when there is none yet.
     pub async fn wait(&self, epoch: u64, after: u64, session: u64, wait: Duration) -> ChangeBatch {
-        let deadline = Instant::now() + wait;
+        if epoch == self.epoch && session != 0 {
+            let mut from = self.read_from.lock().unwrap_or_else(|e| e.into_inner());
+            let p = from.entry(session).or_insert(after);
+            *p = (*p).max(after);
+            drop(from);
+            self.reads.send_modify(|n| *n += 1);
+        }
         let mut next = self.next.subscribe();
         let batch = self.read(epoch, after, session);
         if epoch == 0 || batch.reset || batch.next > after {
             return batch;
         }
-        // Registered before the wait, so a hurry that comes meanwhile is not lost (the
-        // permit stays with the `Notify`). A session has one reader at a time; one that
-        // replaced another (a reconnect) is the one to answer.
-        let wake = Arc::new(Notify::new());
-        self.lock_waiting().insert(
-            session,
-            Waiting {
-                after,
-                wake: wake.clone(),
-            },
-        );
-        if tokio::time::timeout_at(deadline, next.wait_for(|&n| n > after))
-            .await
-            .is_ok()
-        {
-            let linger = (Instant::now() + self.linger).min(deadline);
-            let _ = tokio::time::timeout_at(linger, wake.notified()).await;
-        }
-        {
-            let mut waiting = self.lock_waiting();
-            if waiting
-                .get(&session)
-                .is_some_and(|w| Arc::ptr_eq(&w.wake, &wake))
-            {
-                waiting.remove(&session);
-            }
-        }
+        let _ = tokio::time::timeout(wait, next.wait_for(|&n| n > after)).await;
         self.read(epoch, after, session)
     }
 
-    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    /// Waits (up to `limit`) until `session`'s mount has delivered the changes up to
+    /// `position` to its kernel; at once for a session that never read the feed.
+    pub async fn delivered(&self, session: u64, position: u64, limit: Duration) {
+        let mut reads = self.reads.subscribe();
+        let done = |_: &u64| {
+            let from = self.read_from.lock().unwrap_or_else(|e| e.into_inner());
+            from.get(&session).is_none_or(|&p| p >= position)
+        };
+        let _ = tokio::time::timeout(limit, reads.wait_for(done)).await;
     }
 }
 
@@ -388,10 +346,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reader_lingers_for_more_changes_until_an_open_of_its_session_hurries_it() {
-        // A linger far longer than the test: the reader can only be answered by a hurry.
-        let feed = std::sync::Arc::new(ChangeFeed::with_linger(Duration::from_secs(600)));
+    async fn delivered_waits_for_the_sessions_next_read() {
+        let feed = std::sync::Arc::new(ChangeFeed::new());
         let start = feed.read(0, 0, 0);
+        // A session that never read the feed has nothing to wait for.
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            feed.delivered(5, 99, Duration::from_secs(600)),
+        )
+        .await
+        .expect("at once");
         let f = feed.clone();
         let reader = tokio::spawn(async move {
             f.wait(start.epoch, start.next, 3, Duration::from_secs(600))
@@ -399,36 +363,26 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         feed.publish(&touched(&[], &[1]));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        feed.publish(&touched(&[], &[2]));
-        feed.hurry(3, start.next); // it lacks nothing before its own position
-        feed.hurry(4, feed.position()); // another session's open
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!reader.is_finished(), "still lingering");
-        feed.hurry(3, feed.needed_by(3));
-        let batch = tokio::time::timeout(Duration::from_secs(10), reader)
-            .await
-            .expect("hurried")
-            .expect("joined");
-        assert_eq!(batch.inodes, vec![1, 2], "both in one batch");
-    }
-
-    #[tokio::test]
-    async fn a_hurry_before_the_first_change_is_not_lost() {
-        let feed = std::sync::Arc::new(ChangeFeed::with_linger(Duration::from_secs(600)));
-        let start = feed.read(0, 0, 0);
+        let needed = feed.needed_by(3);
         let f = feed.clone();
-        let reader = tokio::spawn(async move {
-            f.wait(start.epoch, start.next, 3, Duration::from_secs(600))
+        let delivered =
+            tokio::spawn(async move { f.delivered(3, needed, Duration::from_secs(600)).await });
+        let batch = reader.await.expect("joined");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !delivered.is_finished(),
+            "the batch is read, not yet delivered"
+        );
+        // The watcher reads again from where the batch ended: delivered.
+        let f = feed.clone();
+        let again = tokio::spawn(async move {
+            f.wait(batch.epoch, batch.next, 3, Duration::from_secs(600))
                 .await
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        feed.hurry(3, start.next + 1);
-        feed.publish(&touched(&[], &[7]));
-        let batch = tokio::time::timeout(Duration::from_secs(10), reader)
+        tokio::time::timeout(Duration::from_secs(10), delivered)
             .await
-            .expect("answered without lingering")
+            .expect("delivered")
             .expect("joined");
-        assert_eq!(batch.inodes, vec![7]);
+        again.abort();
     }
 }

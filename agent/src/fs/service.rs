@@ -20,6 +20,10 @@ use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
 use crate::tier::Tier;
 
+/// Longest an open that answers `ESTALE` waits for its mount to deliver the changes before
+/// it (the mount itself waits as long for an open it checks).
+const DELIVERY_WAIT: Duration = Duration::from_secs(2);
+
 pub struct FsService {
     pub(super) group: Arc<Group>,
     pub(super) stripes: Arc<Stripes>,
@@ -140,14 +144,21 @@ impl FsService {
                 // the kernel resolved the name (its entry cache is trusted for a second):
                 // ESTALE makes the kernel look the name up again and open that.
                 if version >= 6 && attr.nlink == 0 {
+                    if version >= 8 {
+                        // The kernel looks the name up again next: its mount must have
+                        // dropped what changed first, or a name changed before that lookup
+                        // but delivered after it would look changed since (ESTALE again).
+                        let changes = &self.group.changes;
+                        let needed = changes.needed_by(session);
+                        changes.delivered(session, needed, DELIVERY_WAIT).await;
+                    }
                     return Err(FsError::Stale);
                 }
                 self.handles.hold(session, handle, ino, pid);
                 if version >= 8 {
                     // The mount checks the names the open used once its watcher has
-                    // delivered this far; a watcher that lingers for more is answered now.
+                    // delivered this far (its own changes it is never sent).
                     let changes = self.group.changes.needed_by(session);
-                    self.group.changes.hurry(session, changes);
                     FsResponse::Opened { attr, changes }
                 } else {
                     FsResponse::Attr(attr)

@@ -268,7 +268,10 @@ async fn kill_9_of_every_agent_loses_nothing_committed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_that_lost_its_unsynced_appends_catches_up() {
     let c = DevCluster::up(4, 85);
-    let learner = *c.non_voters(1).first().expect("4 nodes: 3 voters and a learner");
+    let learner = *c
+        .non_voters(1)
+        .first()
+        .expect("4 nodes: 3 voters and a learner");
     let (leader, _) = wait_for(Duration::from_secs(30), "a metadata leader", || {
         c.meta_leader(1)
     });

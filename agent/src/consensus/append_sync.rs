@@ -2,8 +2,9 @@
 //!
 //! A voter's acknowledgement counts towards a commit, so a voter syncs every append. A
 //! learner's does not count, so a learner syncs only every [`LEARNER_SYNC_EVERY`]-th
-//! append: the others are redb commits without an fsync. A learner that crashes loses at
-//! most those appends; its log is then shorter than the leader last heard, and the leader
+//! append: the others are redb commits without an fsync (made durable by the next synced
+//! commit or a clean close). A learner that crashes (a SIGKILL may do) loses at most those
+//! appends; its log is then shorter than the leader last heard, and the leader
 //! sends the rest again (openraft's `loosen-follower-log-revert`: without it the leader
 //! takes a shorter follower log for a bug). On one machine with six agents this halved the
 //! fsyncs per metadata entry; on a real cluster it saves each learner's disk the same.

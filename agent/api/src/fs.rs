@@ -286,6 +286,11 @@ pub enum FsRequest {
 /// Longest a [`FsRequest::Watch`] waits before it answers with no change.
 pub const MAX_WATCH_MS: u32 = 10_000;
 
+/// Longest an open waits for the mount's watcher to deliver the feed up to the open's
+/// barrier: the mount before it checks the names an open used, the agent before it
+/// answers an open of an inode with no name left `ESTALE`.
+pub const DELIVERY_WAIT_MS: u64 = 2_000;
+
 /// Names and inodes whose cached lookups and attributes a mount must drop, from the
 /// agent's change feed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

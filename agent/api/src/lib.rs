@@ -19,9 +19,9 @@ pub mod units;
 pub use client::AgentClient;
 pub use error::ApiError;
 pub use fs::{
-    ChangeBatch, DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError, FsRequest, FsResponse,
-    FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX, Owner, ROOT_INO, RenameFlags,
-    RequestId, SetAttr, SetTime, Timestamp,
+    ChangeBatch, DELIVERY_WAIT_MS, DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError,
+    FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX, Owner,
+    ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
 };
 pub use maintenance::{DrainPlan, DrainProgress, DrainTarget, OkToStop};
 pub use shoal_placement::{EcProfile, NodeId, StripeId};

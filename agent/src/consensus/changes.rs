@@ -88,10 +88,8 @@ pub struct ChangeFeed {
     /// The next sequence number, for waiters.
     next: watch::Sender<u64>,
     /// How far each session's mount has delivered: the position its last read started
-    /// from (a watcher reads again only once it has delivered the batch before). Bumped
-    /// for [`ChangeFeed::delivered`].
-    read_from: Mutex<HashMap<u64, u64>>,
-    reads: watch::Sender<u64>,
+    /// from (a watcher reads again only once it has delivered the batch before).
+    read_from: watch::Sender<HashMap<u64, u64>>,
 }
 
 impl Default for ChangeFeed {
@@ -111,8 +109,7 @@ impl ChangeFeed {
                 foreign_end: 1,
             }),
             next: watch::Sender::new(1),
-            read_from: Mutex::new(HashMap::new()),
-            reads: watch::Sender::new(0),
+            read_from: watch::Sender::new(HashMap::new()),
         }
     }
 
@@ -192,11 +189,10 @@ impl ChangeFeed {
     /// Like [`Self::read`], waiting up to `wait` for a change when there is none yet.
     pub async fn wait(&self, epoch: u64, after: u64, session: u64, wait: Duration) -> ChangeBatch {
         if epoch == self.epoch && session != 0 {
-            let mut from = self.read_from.lock().unwrap_or_else(|e| e.into_inner());
-            let p = from.entry(session).or_insert(after);
-            *p = (*p).max(after);
-            drop(from);
-            self.reads.send_modify(|n| *n += 1);
+            self.read_from.send_modify(|from| {
+                let p = from.entry(session).or_insert(after);
+                *p = (*p).max(after);
+            });
         }
         let mut next = self.next.subscribe();
         let batch = self.read(epoch, after, session);
@@ -210,12 +206,9 @@ impl ChangeFeed {
     /// Waits (up to `limit`) until `session`'s mount has delivered the changes up to
     /// `position` to its kernel; at once for a session that never read the feed.
     pub async fn delivered(&self, session: u64, position: u64, limit: Duration) {
-        let mut reads = self.reads.subscribe();
-        let done = |_: &u64| {
-            let from = self.read_from.lock().unwrap_or_else(|e| e.into_inner());
-            from.get(&session).is_none_or(|&p| p >= position)
-        };
-        let _ = tokio::time::timeout(limit, reads.wait_for(done)).await;
+        let mut from = self.read_from.subscribe();
+        let done = |from: &HashMap<u64, u64>| from.get(&session).is_none_or(|&p| p >= position);
+        let _ = tokio::time::timeout(limit, from.wait_for(done)).await;
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_agent_api::{
-    FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ,
-    MAX_WATCH_MS, RequestId,
+    DELIVERY_WAIT_MS, FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino,
+    MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, RequestId,
 };
 use shoal_mesh::{GossipHandle, MemberState};
 use shoal_namespace::format::Timestamp;
@@ -19,10 +19,6 @@ use super::handles::OpenHandles;
 use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
 use crate::tier::Tier;
-
-/// Longest an open that answers `ESTALE` waits for its mount to deliver the changes before
-/// it (the mount itself waits as long for an open it checks).
-const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
 pub struct FsService {
     pub(super) group: Arc<Group>,
@@ -150,7 +146,8 @@ impl FsService {
                         // but delivered after it would look changed since (ESTALE again).
                         let changes = &self.group.changes;
                         let needed = changes.needed_by(session);
-                        changes.delivered(session, needed, DELIVERY_WAIT).await;
+                        let limit = Duration::from_millis(DELIVERY_WAIT_MS);
+                        changes.delivered(session, needed, limit).await;
                     }
                     return Err(FsError::Stale);
                 }

@@ -20,15 +20,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fuser::{INodeNo, Notifier};
-use shoal_agent_api::{ChangeBatch, FsRequest, FsResponse, Ino, MAX_WATCH_MS, ROOT_INO};
+use shoal_agent_api::{
+    ChangeBatch, DELIVERY_WAIT_MS, FsRequest, FsResponse, Ino, MAX_WATCH_MS, ROOT_INO,
+};
 use tokio::sync::watch;
 
 use super::agent::Agent;
 
 /// Longest the kernel keeps a name or a directory's attributes without the feed.
 pub const UNWATCHED_TTL: Duration = Duration::from_secs(1);
-/// Longest an open waits for the watcher to deliver what its barrier saw.
-const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 /// Name changes remembered for lookups answered while they were delivered.
 const RECENT: usize = 4096;
 /// Longest walk from an inode towards the root (a loop guard).
@@ -238,7 +238,7 @@ impl Coherence {
         let mut delivered = self.delivered.subscribe();
         let epoch = delivered.borrow().0;
         let reached = tokio::time::timeout(
-            DELIVERY_WAIT,
+            Duration::from_millis(DELIVERY_WAIT_MS),
             delivered.wait_for(|&(e, next)| e != epoch || next >= changes),
         )
         .await;

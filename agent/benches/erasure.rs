@@ -20,7 +20,7 @@ fn main() {
     for (k, m) in [(4u8, 2u8), (8, 3)] {
         let ec = EcProfile { k, m };
         let len = k as usize * (1 << 20);
-        let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let data: bytes::Bytes = (0..len).map(|i| (i * 31 % 251) as u8).collect();
         let g = StripeGeometry::new(len as u64, k, 1 << 20).expect("geometry");
         let shards: Vec<&[u8]> = data.chunks(1 << 20).collect();
         let iters = 200;

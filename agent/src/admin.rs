@@ -140,7 +140,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
             Ok(r) => Response::Status(Box::new(r)),
             Err(e) => Response::Error(e.to_string()),
         },
-        Request::WriteStripe { data, ec } => match node.stripes.write(data, ec).await {
+        Request::WriteStripe { data, ec } => match node.stripes.write(data.into(), ec).await {
             Ok(r) => Response::StripeWritten(r),
             Err(e) => Response::Error(e.to_string()),
         },

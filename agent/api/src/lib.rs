@@ -139,3 +139,44 @@ pub enum Response {
     /// ColdExtents.
     ColdExtents(Vec<ColdExtent>),
 }
+
+impl frame::TrailingBytes for Request {
+    fn split_trailing(&self) -> Option<(Self, &[u8])> {
+        match self {
+            Request::Fs(FsRequest::Write {
+                id,
+                ino,
+                offset,
+                data,
+            }) => Some((
+                Request::Fs(FsRequest::Write {
+                    id: *id,
+                    ino: *ino,
+                    offset: *offset,
+                    data: Vec::new(),
+                }),
+                data,
+            )),
+            _ => None,
+        }
+    }
+
+    fn only_data(_: Vec<u8>) -> Option<Self> {
+        None
+    }
+}
+
+impl frame::TrailingBytes for Response {
+    fn split_trailing(&self) -> Option<(Self, &[u8])> {
+        match self {
+            Response::Fs(FsResponse::Data(data)) => {
+                Some((Response::Fs(FsResponse::Data(Vec::new())), data))
+            }
+            _ => None,
+        }
+    }
+
+    fn only_data(data: Vec<u8>) -> Option<Self> {
+        Some(Response::Fs(FsResponse::Data(data)))
+    }
+}

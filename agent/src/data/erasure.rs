@@ -2,6 +2,8 @@
 
 use std::cell::RefCell;
 
+use bytes::Bytes;
+
 use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
 use shoal_placement::{EcProfile, StripeGeometry};
 
@@ -30,28 +32,33 @@ pub enum ErasureError {
     NotRestored(usize),
 }
 
-/// Cuts `data` into k zero-padded data shards of the geometry's shard length and appends
-/// m parity shards: k+m shards, data first.
+/// Cuts `data` into k data shards of the geometry's shard length (slices of `data`; the
+/// last one zero-padded, a copy, when `data` falls short) and appends m parity shards:
+/// k+m shards, data first.
 pub fn encode(
-    data: &[u8],
+    data: &Bytes,
     ec: EcProfile,
     geometry: &StripeGeometry,
-) -> Result<Vec<Vec<u8>>, ErasureError> {
+) -> Result<Vec<Bytes>, ErasureError> {
     let (k, m) = (ec.k as usize, ec.m as usize);
     let shard_len = geometry.shard_len() as usize;
-    let mut shards: Vec<Vec<u8>> = (0..k)
+    let mut shards: Vec<Bytes> = (0..k)
         .map(|i| {
-            let mut s = vec![0u8; shard_len];
             let start = (i * shard_len).min(data.len());
             let end = ((i + 1) * shard_len).min(data.len());
-            s[..end - start].copy_from_slice(&data[start..end]);
-            s
+            if end - start == shard_len {
+                return data.slice(start..end);
+            }
+            let mut s = Vec::with_capacity(shard_len);
+            s.extend_from_slice(&data[start..end]);
+            s.resize(shard_len, 0);
+            Bytes::from(s)
         })
         .collect();
     if m == 0 {
         return Ok(shards);
     }
-    let parity = ENCODER.with_borrow_mut(|slot| -> Result<Vec<Vec<u8>>, ErasureError> {
+    let parity = ENCODER.with_borrow_mut(|slot| -> Result<Vec<Bytes>, ErasureError> {
         let enc = match slot {
             Some(enc) => {
                 enc.reset(k, m, shard_len)?;
@@ -63,7 +70,7 @@ pub fn encode(
             enc.add_original_shard(s)?;
         }
         let out = enc.encode()?;
-        Ok(out.recovery_iter().map(<[u8]>::to_vec).collect())
+        Ok(out.recovery_iter().map(Bytes::copy_from_slice).collect())
     })?;
     shards.extend(parity);
     Ok(shards)
@@ -133,7 +140,7 @@ mod tests {
     #[test]
     fn any_k_of_k_plus_m_shards_rebuild_the_data() {
         let ec = EcProfile { k: 4, m: 2 };
-        let data: Vec<u8> = (0..1_000_003u32).map(|i| (i * 7 % 256) as u8).collect();
+        let data: Bytes = (0..1_000_003u32).map(|i| (i * 7 % 256) as u8).collect();
         let g = StripeGeometry::new(data.len() as u64, 4, 1 << 20).expect("geometry");
         let shards = encode(&data, ec, &g).expect("encode");
         assert_eq!(shards.len(), 6);
@@ -141,7 +148,7 @@ mod tests {
             let have: Vec<Option<Vec<u8>>> = shards
                 .iter()
                 .enumerate()
-                .map(|(i, s)| (!lost.contains(&i)).then(|| s.clone()))
+                .map(|(i, s)| (!lost.contains(&i)).then(|| s.to_vec()))
                 .collect();
             let back = decode(ec, g.shard_len() as usize, &have).expect("decode");
             let joined: Vec<u8> = back.concat();
@@ -150,7 +157,7 @@ mod tests {
         let too_few: Vec<Option<Vec<u8>>> = shards
             .iter()
             .enumerate()
-            .map(|(i, s)| (i < 3).then(|| s.clone()))
+            .map(|(i, s)| (i < 3).then(|| s.to_vec()))
             .collect();
         assert!(decode(ec, g.shard_len() as usize, &too_few).is_err());
     }

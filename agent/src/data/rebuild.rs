@@ -60,7 +60,7 @@ impl Stripes {
         let all = tokio::task::spawn_blocking(move || {
             let mut data = data_shards.concat();
             data.truncate(len);
-            erasure::encode(&data, ec, &geometry)
+            erasure::encode(&data.into(), ec, &geometry)
         })
         .await??;
         let mut set = JoinSet::new();

@@ -69,7 +69,7 @@ impl Stripes {
     /// `min_write_shards` it fails at once with [`StripeError::TooFewNodes`].
     pub async fn write(
         self: &Arc<Self>,
-        data: Vec<u8>,
+        data: Bytes,
         ec: Option<EcProfile>,
     ) -> Result<StripeRecord, StripeError> {
         let ec = ec.unwrap_or(self.default_ec);
@@ -82,7 +82,6 @@ impl Stripes {
             .map_err(StripeError::Geometry)?;
         let shards =
             tokio::task::spawn_blocking(move || erasure::encode(&data, ec, &geometry)).await??;
-        let shards: Vec<Bytes> = shards.into_iter().map(Bytes::from).collect();
         let crcs: Vec<u32> = shards.iter().map(|s| crc32c::crc32c(s)).collect();
         let mut full_seen: Vec<NodeId> = Vec::new();
         let mut last = None;

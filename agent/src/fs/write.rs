@@ -3,9 +3,9 @@
 //! failed in a way that may pass (a node just died and is not yet declared down) is
 //! retried for a while; corruption or a caller's error is not.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, StripeRecord};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, NewExtent, Outcome, Proposal};
@@ -73,7 +73,7 @@ impl FsService {
                 Err(now) => carried = now,
             }
         }
-        let data = Arc::new(data);
+        let data = Bytes::from(data);
         for attempt in 0..CONFLICT_RETRIES {
             let (inline, version) = &carried;
             let (retry_for, commit_wait) = self.write_patience();
@@ -169,7 +169,7 @@ impl FsService {
         &self,
         inline: &[u8],
         offset: u64,
-        data: &Arc<Vec<u8>>,
+        data: &Bytes,
         retry_for: Duration,
     ) -> Result<Vec<NewExtent>, FsError> {
         let deadline = Instant::now() + retry_for;
@@ -197,16 +197,18 @@ impl FsService {
         &self,
         inline: &[u8],
         offset: u64,
-        data: &Arc<Vec<u8>>,
+        data: &Bytes,
     ) -> Result<Vec<NewExtent>, StripeError> {
         let ec = self.stripes.default_ec();
         let stripe_bytes = ec.k as usize * DEFAULT_SHARD_SIZE as usize;
-        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+        // Slices of the request's data, not copies.
+        let mut pieces: Vec<(u64, Bytes)> = Vec::new();
         if !inline.is_empty() {
-            pieces.push((0, inline.to_vec()));
+            pieces.push((0, Bytes::copy_from_slice(inline)));
         }
-        for (i, chunk) in data.chunks(stripe_bytes).enumerate() {
-            pieces.push((offset + (i * stripe_bytes) as u64, chunk.to_vec()));
+        for (i, at) in (0..data.len()).step_by(stripe_bytes).enumerate() {
+            let end = (at + stripe_bytes).min(data.len());
+            pieces.push((offset + (i * stripe_bytes) as u64, data.slice(at..end)));
         }
         let mut set = JoinSet::new();
         for (n, (at, bytes)) in pieces.into_iter().enumerate() {

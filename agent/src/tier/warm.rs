@@ -55,7 +55,7 @@ impl Tier {
         };
         let bytes = self.recall(None, stripe, loc).await?;
         self.wait_for_budget(bytes.len() as u64).await;
-        let warm = self.stripes.write(bytes.to_vec(), Some(record.ec)).await?;
+        let warm = self.stripes.write(bytes, Some(record.ec)).await?;
         let outcome = self
             .group
             .propose_one(Proposal {

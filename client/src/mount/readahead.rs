@@ -2,7 +2,7 @@
 //!
 //! A handle whose reads follow each other reads whole chunks (`--read-ahead` rounded up to
 //! whole stripes, at chunk-aligned offsets) and serves the kernel's reads from them; once a
-//! chunk has arrived in full, the next one is fetched in the background, while the mount
+//! chunk has arrived in full, the next two are fetched in the background, while the mount
 //! holds fewer than [`PREFETCHED_CHUNKS`] such chunks in all. Random reads go straight to
 //! the agent. Any write to the inode through this mount drops the chunks.
 
@@ -98,8 +98,11 @@ pub struct ReadCache {
     chunks: Vec<Fetch>,
 }
 
-/// Chunks kept per handle: the one being read, the one after, one behind for stragglers.
-const MAX_CHUNKS: usize = 3;
+/// Chunks fetched ahead of the one being read, per handle: with two in flight, the next
+/// fetch overlaps the one before instead of starting when the reader gets there.
+const AHEAD: u64 = 2;
+/// Chunks kept per handle: the one being read, those ahead, one behind for stragglers.
+const MAX_CHUNKS: usize = AHEAD as usize + 2;
 
 impl ReadCache {
     pub fn new(chunk: u64) -> Self {
@@ -170,15 +173,17 @@ pub async fn read(
     }
     if last_full {
         let mut c = cache.lock().await;
-        let next = last + 1;
-        if c.generation == now
-            && !c.chunks.iter().any(|f| f.index == next)
-            && let Ok(permit) = prefetch_budget.clone().try_acquire_owned()
-        {
-            fetch(&mut c, agent, ino, (next, chunk), Some(permit));
-            while c.chunks.len() > MAX_CHUNKS {
-                c.chunks.remove(0);
+        for next in last + 1..=last + AHEAD {
+            if c.generation != now || c.chunks.iter().any(|f| f.index == next) {
+                continue;
             }
+            let Ok(permit) = prefetch_budget.clone().try_acquire_owned() else {
+                break;
+            };
+            fetch(&mut c, agent, ino, (next, chunk), Some(permit));
+        }
+        while c.chunks.len() > MAX_CHUNKS {
+            c.chunks.remove(0);
         }
     }
     Ok(out)

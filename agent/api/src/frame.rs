@@ -190,7 +190,7 @@ const HEAD_PEEK: usize = 16;
 
 /// Where the data starts and how long it is, when `body` (after the version byte) begins
 /// a message that is file data alone.
-fn only_data_frame<T: TrailingBytes>(body: &[u8]) -> Option<(usize, usize)> {
+pub(crate) fn only_data_frame<T: TrailingBytes>(body: &[u8]) -> Option<(usize, usize)> {
     let empty = T::only_data(Vec::new())?;
     let mut prefix = postcard::to_allocvec(&empty).ok()?;
     // The empty byte string's length, 0, ends the encoding; what is before it is the head.

@@ -23,11 +23,16 @@ use super::write::{Chunk, Coalescer, overlaps};
 
 /// Chunks in flight per handle.
 const LANES: usize = 4;
+/// Stripes per chunk a streaming writer sends: each chunk is one request and one metadata
+/// commit (its stripes' extents together), and a commit costs the cluster about as much
+/// CPU as a stripe's data does on this size of machine.
+const WRITE_STRIPES: u64 = 4;
 
 /// Every open file of the mount.
 pub struct OpenFiles {
     agent: Arc<Agent>,
-    stripe: u64,
+    /// Bytes a streaming writer's chunks hold: whole stripes.
+    write_chunk: u64,
     read_chunk: u64,
     budget: Arc<Semaphore>,
     budget_total: usize,
@@ -86,13 +91,16 @@ impl OpenFiles {
         let read_chunk = read_ahead.div_ceil(stripe) * stripe;
         // Room for one full buffer and one more write, whatever the option says, so a
         // writer can always make progress.
-        let floor = stripe as usize + super::MAX_WRITE as usize;
+        let write_chunk = stripe.saturating_mul(WRITE_STRIPES);
+        let floor = usize::try_from(write_chunk)
+            .unwrap_or(usize::MAX)
+            .saturating_add(super::MAX_WRITE as usize);
         let budget_total = usize::try_from(write_buffer)
             .unwrap_or(usize::MAX)
             .clamp(floor, Semaphore::MAX_PERMITS);
         OpenFiles {
             agent,
-            stripe,
+            write_chunk,
             read_chunk,
             budget: Arc::new(Semaphore::new(budget_total)),
             budget_total,
@@ -119,7 +127,7 @@ impl OpenFiles {
             ino,
             generation,
             writer: tokio::sync::Mutex::new(Writer {
-                coalescer: Coalescer::new(self.stripe),
+                coalescer: Coalescer::new(self.write_chunk),
                 permit: None,
             }),
             buffered: AtomicUsize::new(0),
@@ -482,10 +490,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sequential_writes_reach_the_agent_as_stripes_and_flush_sends_the_rest() {
+    async fn sequential_writes_reach_the_agent_as_chunks_of_whole_stripes_and_flush_sends_the_rest()
+    {
         let (files, mut seen) = files("seq", 1 << 30);
         let f = files.open(1, 5);
-        for i in 0..10u64 {
+        for i in 0..40u64 {
             let n = files.write(&f, i * (16 << 10), &[i as u8; 16 << 10]).await;
             assert_eq!(n, Ok(16 << 10));
         }
@@ -494,7 +503,15 @@ mod tests {
         assert!(!files.has_pending(5));
         let mut got = writes(&mut seen);
         got.sort();
-        assert_eq!(got, vec![(0, 65536), (65536, 65536), (131072, 32768)]);
+        let chunk = (STRIPE * WRITE_STRIPES) as usize;
+        assert_eq!(
+            got,
+            vec![
+                (0, chunk),
+                (chunk as u64, chunk),
+                (2 * chunk as u64, chunk / 2)
+            ]
+        );
     }
 
     #[tokio::test]

@@ -1,9 +1,10 @@
 //! Write coalescing: the kernel's writes to one handle (1 MiB at most each) become
-//! stripe-aligned chunks that the agent writes and commits in one request.
+//! chunk-aligned pieces (a chunk is a few whole stripes) that the agent writes and commits
+//! in one request.
 //!
 //! A handle buffers one contiguous range. A write that does not continue it sends the
-//! buffer as it is; a buffer that reaches the next stripe boundary is sent at once. So a
-//! sequential writer sends whole stripes, and a random writer sends each of its writes.
+//! buffer as it is; a buffer that reaches the next chunk boundary is sent at once. So a
+//! sequential writer sends whole chunks, and a random writer sends each of its writes.
 
 use std::ops::Range;
 
@@ -32,19 +33,19 @@ pub fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
 /// The buffer of one open handle.
 #[derive(Debug)]
 pub struct Coalescer {
-    stripe: u64,
+    chunk: u64,
     pending: Option<Chunk>,
 }
 
 /// A write of at least this much is taken for a streaming writer: its buffer is
-/// allocated up to the stripe boundary at once instead of growing by doubling.
+/// allocated up to the chunk boundary at once instead of growing by doubling.
 const STREAMING_WRITE: usize = 128 << 10;
 
 impl Coalescer {
-    /// `stripe`: the cluster's stripe size (greater than zero).
-    pub fn new(stripe: u64) -> Self {
+    /// `chunk`: the chunk size, whole stripes of the cluster (greater than zero).
+    pub fn new(chunk: u64) -> Self {
         Coalescer {
-            stripe: stripe.max(1),
+            chunk: chunk.max(1),
             pending: None,
         }
     }
@@ -99,11 +100,11 @@ impl Coalescer {
         self.pending.take().filter(|p| !p.data.is_empty())
     }
 
-    /// The first stripe boundary after `at` (`u64::MAX` at the very end).
+    /// The first chunk boundary after `at` (`u64::MAX` at the very end).
     fn next_boundary(&self, at: u64) -> u64 {
-        (at / self.stripe)
+        (at / self.chunk)
             .checked_add(1)
-            .and_then(|n| n.checked_mul(self.stripe))
+            .and_then(|n| n.checked_mul(self.chunk))
             .unwrap_or(u64::MAX)
     }
 }

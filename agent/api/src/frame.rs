@@ -43,7 +43,22 @@ pub trait TrailingBytes: Serialize + Sized {
     /// The message that is nothing but `data` (file data read back), if this type has
     /// one: such a frame is read straight into `data`'s buffer, not decoded out of a
     /// buffer of the whole frame and copied.
-    fn only_data(data: Vec<u8>) -> Option<Self>;
+    fn only_data(_data: Vec<u8>) -> Option<Self> {
+        None
+    }
+
+    /// What the encoding of such a message holds before the data's length (see
+    /// [`trailing_prefix`]); computed once, not per frame.
+    fn only_data_prefix() -> Option<&'static [u8]> {
+        None
+    }
+}
+
+/// The encoding of `empty`, a message whose trailing byte string is empty, without that
+/// string's length (a single 0 at its end); `None` when it does not end so.
+pub fn trailing_prefix<T: Serialize>(empty: &T) -> Option<Vec<u8>> {
+    let mut prefix = postcard::to_allocvec(empty).ok()?;
+    (prefix.pop() == Some(0)).then_some(prefix)
 }
 
 /// A trailing byte string at least this long is written from where it lies.
@@ -191,13 +206,8 @@ const HEAD_PEEK: usize = 16;
 /// Where the data starts and how long it is, when `body` (after the version byte) begins
 /// a message that is file data alone.
 pub(crate) fn only_data_frame<T: TrailingBytes>(body: &[u8]) -> Option<(usize, usize)> {
-    let empty = T::only_data(Vec::new())?;
-    let mut prefix = postcard::to_allocvec(&empty).ok()?;
-    // The empty byte string's length, 0, ends the encoding; what is before it is the head.
-    if prefix.pop() != Some(0) || !body.starts_with(&prefix) {
-        return None;
-    }
-    let (data_len, width) = take_varint(&body[prefix.len()..])?;
+    let prefix = T::only_data_prefix()?;
+    let (data_len, width) = take_varint(body.strip_prefix(prefix)?)?;
     Some((prefix.len() + width, data_len))
 }
 

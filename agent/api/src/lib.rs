@@ -160,10 +160,6 @@ impl frame::TrailingBytes for Request {
             _ => None,
         }
     }
-
-    fn only_data(_: Vec<u8>) -> Option<Self> {
-        None
-    }
 }
 
 impl frame::TrailingBytes for Response {
@@ -178,5 +174,12 @@ impl frame::TrailingBytes for Response {
 
     fn only_data(data: Vec<u8>) -> Option<Self> {
         Some(Response::Fs(FsResponse::Data(data)))
+    }
+
+    fn only_data_prefix() -> Option<&'static [u8]> {
+        static PREFIX: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+        PREFIX
+            .get_or_init(|| frame::trailing_prefix(&Response::Fs(FsResponse::Data(Vec::new()))))
+            .as_deref()
     }
 }

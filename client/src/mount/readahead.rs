@@ -173,14 +173,16 @@ pub async fn read(
     }
     if last_full {
         let mut c = cache.lock().await;
-        for next in last + 1..=last + AHEAD {
-            if c.generation != now || c.chunks.iter().any(|f| f.index == next) {
-                continue;
+        if c.generation == now {
+            for next in last + 1..=last + AHEAD {
+                if c.chunks.iter().any(|f| f.index == next) {
+                    continue;
+                }
+                let Ok(permit) = prefetch_budget.clone().try_acquire_owned() else {
+                    break;
+                };
+                fetch(&mut c, agent, ino, (next, chunk), Some(permit));
             }
-            let Ok(permit) = prefetch_budget.clone().try_acquire_owned() else {
-                break;
-            };
-            fetch(&mut c, agent, ino, (next, chunk), Some(permit));
         }
         while c.chunks.len() > MAX_CHUNKS {
             c.chunks.remove(0);

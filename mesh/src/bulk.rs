@@ -237,6 +237,21 @@ impl Conn {
             Framing::Crc { tcp, recv, .. } => read_mac_frame(tcp, recv).await,
         }
     }
+
+    async fn round_trip(&mut self, request: &[u8]) -> std::io::Result<Vec<u8>> {
+        self.send(request).await?;
+        self.recv().await
+    }
+}
+
+/// Whether `e` says the other end had closed the connection (rather than a damaged frame,
+/// a refusal or a timeout).
+fn closed_by_peer(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::UnexpectedEof | K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted
+    )
 }
 
 pub(crate) struct Bulk {
@@ -365,7 +380,10 @@ impl Bulk {
     }
 
     /// One request/response exchange with the node `node` at `addr` on a pooled
-    /// connection.
+    /// connection. A pooled connection the peer has closed under it (the peer restarted,
+    /// or dropped the connection) is found when it is used: the pool to that peer is
+    /// dropped and the request sent once more on a fresh connection. The lane carries
+    /// requests that may be sent twice (shard puts and reads).
     pub(crate) async fn exchange(
         &self,
         addr: SocketAddr,
@@ -373,19 +391,30 @@ impl Bulk {
         request: &[u8],
     ) -> std::io::Result<Vec<u8>> {
         let pooled = self.pool.lock().await.get_mut(&addr).and_then(Vec::pop);
-        let mut conn = match pooled {
+        let (conn, response) = match pooled {
             // A pooled connection is to the node it was when dialled: check it is still
             // the one asked for, and not revoked since.
-            Some(c)
+            Some(mut c)
                 if node.is_none_or(|n| n == c.peer.node)
                     && !self.revocations.is_revoked(&c.peer) =>
             {
-                c
+                match c.round_trip(request).await {
+                    Err(e) if closed_by_peer(&e) => {
+                        debug!(%addr, error = %e, "pooled bulk connection was closed; dialling again");
+                        self.forget(addr).await;
+                        let mut fresh = self.dial(addr, node).await?;
+                        let response = fresh.round_trip(request).await?;
+                        (fresh, response)
+                    }
+                    other => (c, other?),
+                }
             }
-            _ => self.dial(addr, node).await?,
+            _ => {
+                let mut fresh = self.dial(addr, node).await?;
+                let response = fresh.round_trip(request).await?;
+                (fresh, response)
+            }
         };
-        conn.send(request).await?;
-        let response = conn.recv().await?;
         let mut pool = self.pool.lock().await;
         let idle = pool.entry(addr).or_default();
         if idle.len() < POOL_PER_PEER {

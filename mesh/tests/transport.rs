@@ -197,14 +197,23 @@ async fn serve_bulk(
     id: u64,
     mode: shoal_mesh::BulkMode,
 ) -> (std::sync::Arc<Transport>, SocketAddr) {
-    let t = serve(files, id, MeshMetrics::unregistered());
-    t.serve_on_bulk::<Echo>(|_| true);
     // Find a free TCP port on loopback for the bulk lane.
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
     let addr = probe.local_addr().expect("addr");
     drop(probe);
+    (serve_bulk_at(files, id, mode, addr).await, addr)
+}
+
+async fn serve_bulk_at(
+    files: &TlsFiles,
+    id: u64,
+    mode: shoal_mesh::BulkMode,
+    addr: SocketAddr,
+) -> std::sync::Arc<Transport> {
+    let t = serve(files, id, MeshMetrics::unregistered());
+    t.serve_on_bulk::<Echo>(|_| true);
     t.start_bulk(addr, mode).await.expect("bulk lane");
-    (t, addr)
+    t
 }
 
 #[tokio::test]
@@ -232,6 +241,53 @@ async fn bulk_lane_carries_calls_in_secure_and_crc_modes() {
                 "{mode:?}"
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn a_bulk_call_after_the_peer_restarted_goes_through_on_a_fresh_connection() {
+    for mode in [shoal_mesh::BulkMode::Secure, shoal_mesh::BulkMode::Crc] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = new_ca("cluster");
+        let (a, _) = serve_bulk(&node_files(dir.path(), "a", 1, &ca, &ca), 1, mode).await;
+        let b_files = node_files(dir.path(), "b", 2, &ca, &ca);
+        // The first life of b runs on a runtime of its own, so that ending it closes every
+        // connection it holds, as a process exit would.
+        let life = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let b_bulk = {
+            let files = b_files.clone();
+            life.spawn(async move {
+                let (b, addr) = serve_bulk(&files, 2, mode).await;
+                tokio::spawn(async move {
+                    let _b = b;
+                    std::future::pending::<()>().await
+                });
+                addr
+            })
+            .await
+            .expect("first life")
+        };
+        let echo = Echo("shard".into());
+        let expected = format!("2<-{}: shard", NodeId(1));
+        let got = a
+            .call_bulk(NodeId(2), b_bulk, &echo, Duration::from_secs(5))
+            .await;
+        assert_eq!(got.expect("call to the first life"), expected);
+        // Ended (its listener and connections closed) before b binds the address again.
+        tokio::task::spawn_blocking(move || life.shutdown_timeout(Duration::from_secs(5)))
+            .await
+            .expect("end the first life");
+        // b comes back at the same address; a still pools the connection to the old one.
+        let _b = serve_bulk_at(&b_files, 2, mode, b_bulk).await;
+        let got = a
+            .call_bulk(NodeId(2), b_bulk, &echo, Duration::from_secs(5))
+            .await;
+        let got = got.unwrap_or_else(|e| panic!("first call after the restart ({mode:?}): {e}"));
+        assert_eq!(got, expected);
     }
 }
 

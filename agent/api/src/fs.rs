@@ -277,7 +277,8 @@ pub enum FsRequest {
         wait_ms: u32,
     },
     /// Like `GetAttr`, read at the leader's commit point: a stat by path sees what another
-    /// node's close committed before it. Protocol 8 on.
+    /// node's close committed before it. A directory is answered from the local replica
+    /// (the change feed keeps its attributes coherent). Protocol 8 on.
     GetAttrFresh {
         ino: Ino,
     },

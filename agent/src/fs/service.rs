@@ -96,6 +96,16 @@ impl FsService {
             }
             FsRequest::GetAttr { ino } => FsResponse::Attr(self.getattr_fresh(ino).await?),
             FsRequest::GetAttrFresh { ino } => {
+                // A directory's attributes follow another node's changes through the
+                // mount's change feed (its kernel keeps them for the long TTL); the stat
+                // the kernel sends after its own create or unlink in the directory finds
+                // that change applied here already. Only a file's size and mtime must be
+                // the leader's (close-to-open), so only they wait for a read barrier.
+                if let Ok(attr) = store.getattr(ino)
+                    && attr.kind == FileKind::Dir
+                {
+                    return Ok(FsResponse::Attr(attr));
+                }
                 self.group.barrier().await?;
                 FsResponse::Attr(store.getattr(ino)?)
             }

@@ -21,6 +21,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
@@ -46,6 +47,12 @@ const STATUS_NO_HANDLER: u8 = 2;
 pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
     const ENDPOINT: &'static str;
     type Response: Serialize + DeserializeOwned + Send + 'static;
+
+    /// Decodes a response from `body`, a slice of the frame it arrived in. A response
+    /// that carries bulk bytes may take them as slices of `body` instead of copies.
+    fn decode_response(body: Bytes) -> Result<Self::Response, postcard::Error> {
+        postcard::from_bytes(&body)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -677,10 +684,10 @@ impl Transport {
                     QuicFailure::Stream(reason) => stream_err(reason),
                 })?,
         };
+        let response = Bytes::from(response);
         match split_response(&response) {
-            Ok(Ok(body)) => {
-                postcard::from_bytes(body).map_err(|e| MeshError::RpcDecode(e.to_string()))
-            }
+            Ok(Ok(body)) => M::decode_response(response.slice_ref(body))
+                .map_err(|e| MeshError::RpcDecode(e.to_string())),
             Ok(Err(refusal)) => Err(MeshError::RpcRemote {
                 endpoint: M::ENDPOINT,
                 peer,

@@ -78,10 +78,10 @@ pub fn encode(
 
 /// Rebuilds the missing data shards from any k of the k+m (`have[i]` is shard i, or None).
 /// Returns all k data shards.
-pub fn decode(
+pub fn decode<B: AsRef<[u8]>>(
     ec: EcProfile,
     shard_len: usize,
-    have: &[Option<Vec<u8>>],
+    have: &[Option<B>],
 ) -> Result<Vec<Vec<u8>>, ErasureError> {
     let (k, m) = (ec.k as usize, ec.m as usize);
     let present = have.iter().filter(|s| s.is_some()).count();
@@ -93,7 +93,11 @@ pub fn decode(
         });
     }
     if have[..k].iter().all(Option::is_some) {
-        return Ok(have[..k].iter().flatten().cloned().collect());
+        return Ok(have[..k]
+            .iter()
+            .flatten()
+            .map(|s| s.as_ref().to_vec())
+            .collect());
     }
     let mut restored =
         DECODER.with_borrow_mut(|slot| -> Result<Vec<(usize, Vec<u8>)>, ErasureError> {
@@ -106,8 +110,8 @@ pub fn decode(
             };
             for (i, s) in have.iter().enumerate() {
                 match s {
-                    Some(s) if i < k => dec.add_original_shard(i, s)?,
-                    Some(s) => dec.add_recovery_shard(i - k, s)?,
+                    Some(s) if i < k => dec.add_original_shard(i, s.as_ref())?,
+                    Some(s) => dec.add_recovery_shard(i - k, s.as_ref())?,
                     None => {}
                 }
             }
@@ -120,7 +124,7 @@ pub fn decode(
     let mut out = Vec::with_capacity(k);
     for (i, shard) in have[..k].iter().enumerate() {
         match shard {
-            Some(s) => out.push(s.clone()),
+            Some(s) => out.push(s.as_ref().to_vec()),
             None => {
                 let at = restored
                     .iter()

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use shoal_agent_api::{ShardLocation, StripeRead, StripeRecord};
 use shoal_placement::{DEFAULT_SHARD_SIZE, NodeId, ShardSlice, StripeGeometry, StripeId};
 use shoal_store::CheckedRange;
@@ -89,7 +90,7 @@ impl Stripes {
                 (n, got)
             });
         }
-        let mut parts: Vec<Option<Vec<u8>>> = vec![None; slices.len()];
+        let mut parts: Vec<Option<Bytes>> = vec![None; slices.len()];
         for (n, resp) in set.join_all().await {
             match resp {
                 ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
@@ -139,7 +140,7 @@ impl Stripes {
         if whole {
             return match self.call(node, addr, get, RANGE_TIMEOUT).await {
                 ShardResponse::Data(d) if crc32c::crc32c(&d) != crc => {
-                    ShardResponse::Data(Vec::new())
+                    ShardResponse::Data(Bytes::new())
                 }
                 other => other,
             };
@@ -162,14 +163,14 @@ impl Stripes {
                     data_len,
                     shift,
                     first,
-                    blocks: blocks.into(),
-                    table: table.into(),
+                    blocks,
+                    table,
                 };
                 match range.verify(crc, s.offset_in_shard, s.len) {
-                    Ok(bytes) => ShardResponse::Data(bytes.to_vec()),
+                    Ok(bytes) => ShardResponse::Data(bytes),
                     Err(why) => {
                         warn!(stripe = %StripeId(stripe), shard = s.shard_index, %node, %why, "a shard range did not match the record's checksum");
-                        ShardResponse::Data(Vec::new())
+                        ShardResponse::Data(Bytes::new())
                     }
                 }
             }
@@ -254,7 +255,7 @@ impl Stripes {
             let (node, index, crc) = (loc.node, loc.index, loc.crc32c);
             set.spawn(async move { (index, crc, this.call(node, addr, req, WHOLE_TIMEOUT).await) });
         }
-        let mut have: Vec<Option<Vec<u8>>> = vec![None; record.shards.len()];
+        let mut have: Vec<Option<Bytes>> = vec![None; record.shards.len()];
         let mut got = 0;
         // Any k shards will do: stop waiting for slow or dead holders once k have answered.
         while let Some(joined) = set.join_next().await {

@@ -178,7 +178,7 @@ impl Stripes {
                 let put = ShardRequest::Put {
                     stripe: stripe.0,
                     index: c.index,
-                    data: Bytes::from(data),
+                    data,
                 };
                 let stored = this.call(c.to, peers_to, put, PUT_TIMEOUT).await;
                 (c, Some(stored), Ok(known.crc32c))

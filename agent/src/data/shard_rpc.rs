@@ -2,6 +2,7 @@
 //! checksum), delete. Failures travel typed so the coordinator can tell "node full" from
 //! "corrupt" from "missing".
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use shoal_mesh::Rpc;
 
@@ -47,10 +48,12 @@ pub enum ShardFailure {
     Unsupported,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// Byte fields are encoded as bytes (like `serde_bytes`); an answer that arrives over the
+/// mesh keeps them as slices of the frame it came in (see [`ShardResponseRef`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ShardResponse {
     Stored,
-    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    Data(Bytes),
     Deleted(bool),
     Failed {
         kind: ShardFailure,
@@ -61,16 +64,57 @@ pub enum ShardResponse {
         data_len: u64,
         shift: u8,
         first: u64,
-        #[serde(with = "serde_bytes")]
-        blocks: Vec<u8>,
-        #[serde(with = "serde_bytes")]
-        table: Vec<u8>,
+        blocks: Bytes,
+        table: Bytes,
+    },
+}
+
+/// [`ShardResponse`] as it lies in a frame: its byte fields borrowed, not copied. The same
+/// variants in the same order (a unit test holds them to it).
+#[derive(Deserialize)]
+enum ShardResponseRef<'a> {
+    Stored,
+    Data(&'a [u8]),
+    Deleted(bool),
+    Failed {
+        kind: ShardFailure,
+        message: String,
+    },
+    Checked {
+        data_len: u64,
+        shift: u8,
+        first: u64,
+        blocks: &'a [u8],
+        table: &'a [u8],
     },
 }
 
 impl Rpc for ShardRequest {
     const ENDPOINT: &'static str = "store/shard";
     type Response = ShardResponse;
+
+    /// A shard's bytes stay where they arrived: slices of the answer's frame.
+    fn decode_response(body: Bytes) -> Result<ShardResponse, postcard::Error> {
+        Ok(match postcard::from_bytes::<ShardResponseRef>(&body)? {
+            ShardResponseRef::Stored => ShardResponse::Stored,
+            ShardResponseRef::Data(d) => ShardResponse::Data(body.slice_ref(d)),
+            ShardResponseRef::Deleted(existed) => ShardResponse::Deleted(existed),
+            ShardResponseRef::Failed { kind, message } => ShardResponse::Failed { kind, message },
+            ShardResponseRef::Checked {
+                data_len,
+                shift,
+                first,
+                blocks,
+                table,
+            } => ShardResponse::Checked {
+                data_len,
+                shift,
+                first,
+                blocks: body.slice_ref(blocks),
+                table: body.slice_ref(table),
+            },
+        })
+    }
 }
 
 /// Whether an encoded [`ShardRequest`] carries a shard's bytes (a put or a get), the only
@@ -95,7 +139,56 @@ pub fn failure(e: &shoal_store::StoreError) -> ShardResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::{ShardRequest, carries_payload};
+    use super::{Bytes, ShardFailure, ShardRequest, ShardResponse, carries_payload};
+    use shoal_mesh::Rpc;
+
+    #[test]
+    fn every_answer_decodes_from_its_frame_as_it_was_sent_and_bytes_are_not_copied() {
+        let answers = [
+            ShardResponse::Stored,
+            ShardResponse::Data(Bytes::new()),
+            ShardResponse::Data(Bytes::from(vec![7u8; 300_000])),
+            ShardResponse::Deleted(true),
+            ShardResponse::Failed {
+                kind: ShardFailure::Corrupt,
+                message: "block 3".into(),
+            },
+            ShardResponse::Checked {
+                data_len: 9_000,
+                shift: 12,
+                first: 1,
+                blocks: Bytes::from(vec![1u8; 4096]),
+                table: Bytes::from(vec![2u8; 12]),
+            },
+        ];
+        for sent in answers {
+            // The frame as it arrives: something before the body, which is postcard's.
+            let mut frame = vec![0xAA, 0xBB];
+            frame.extend(postcard::to_allocvec(&sent).expect("encode"));
+            let frame = Bytes::from(frame);
+            let body = frame.slice(2..);
+            let got = ShardRequest::decode_response(body.clone()).expect("decode");
+            assert_eq!(got, sent);
+            assert_eq!(
+                got,
+                postcard::from_bytes::<ShardResponse>(&body).expect("plain")
+            );
+            let inside = |b: &Bytes| b.is_empty() || frame.as_ptr_range().contains(&b.as_ptr());
+            match &got {
+                ShardResponse::Data(d) => assert!(inside(d), "data copied"),
+                ShardResponse::Checked { blocks, table, .. } => {
+                    assert!(inside(blocks) && inside(table), "blocks copied")
+                }
+                _ => {}
+            }
+        }
+        // A cut-short answer is an error, never a panic.
+        let full = postcard::to_allocvec(&ShardResponse::Data(Bytes::from_static(b"abc")))
+            .expect("encode");
+        for cut in 0..full.len() {
+            assert!(ShardRequest::decode_response(Bytes::copy_from_slice(&full[..cut])).is_err());
+        }
+    }
 
     #[test]
     fn only_puts_and_gets_travel_on_the_bulk_lane() {

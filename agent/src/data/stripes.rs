@@ -305,7 +305,7 @@ impl Stripes {
                     .get(ShardKey { stripe, index }, offset, len)
                     .await
                 {
-                    Ok(b) => ShardResponse::Data(b.to_vec()),
+                    Ok(b) => ShardResponse::Data(b),
                     Err(e) => {
                         if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
                             warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node; scrub gives it up for repair");
@@ -327,8 +327,8 @@ impl Stripes {
                         data_len: r.data_len,
                         shift: r.shift,
                         first: r.first,
-                        blocks: r.blocks.to_vec(),
-                        table: r.table.to_vec(),
+                        blocks: r.blocks,
+                        table: r.table,
                     },
                     Err(e) => {
                         if matches!(e, shoal_store::StoreError::Corrupt { .. }) {

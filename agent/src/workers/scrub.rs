@@ -9,6 +9,7 @@
 //! Where a pass is, and how many passes ran, survive restarts (`scrub.state` in the data
 //! dir), so a long interval is kept across node reboots.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -172,6 +173,9 @@ pub struct Scrub {
     next_read: Instant,
     saved_at: Instant,
     ticker: Ticker,
+    /// Corrupt shards found (and counted) but not given up yet: kept until given up, so a
+    /// failed proposal is tried again instead of dropping the shard until the next pass.
+    found: BTreeSet<ShardKey>,
 }
 
 impl Scrub {
@@ -195,6 +199,7 @@ impl Scrub {
             next_read: Instant::now(),
             saved_at: Instant::now(),
             ticker: Ticker::every(Duration::from_secs(1)),
+            found: BTreeSet::new(),
         }
     }
 
@@ -252,16 +257,28 @@ impl Scrub {
         }
     }
 
+    /// Counts a corrupt shard (once) and queues it to be given up.
+    fn found(&mut self, key: ShardKey) {
+        if self.found.insert(key) {
+            lock(&self.shared.progress).corrupt_found += 1;
+            self.shared.metrics.corrupt_found.inc();
+        }
+    }
+
+    /// Gives up every queued shard; one that fails stays queued, with those after it.
+    async fn give_up_found(&mut self) -> Result<(), AgentError> {
+        while let Some(key) = self.found.first().copied() {
+            self.give_up(key).await?;
+            self.found.remove(&key);
+        }
+        Ok(())
+    }
+
     /// Gives a corrupt shard up: its slot names no node from now on (only if it names this
     /// one), then the local copy goes. Repair rewrites it.
     async fn give_up(&self, key: ShardKey) -> Result<(), AgentError> {
         let me = self.stripes.me();
         let stripe = StripeId(key.stripe);
-        {
-            let mut p = lock(&self.shared.progress);
-            p.corrupt_found += 1;
-        }
-        self.shared.metrics.corrupt_found.inc();
         let names_me = self
             .group
             .store()
@@ -310,7 +327,8 @@ impl Scrub {
         for &(key, len) in &page {
             self.pace(len).await;
             if self.check(key).await? {
-                self.give_up(key).await?;
+                self.found(key);
+                self.give_up_found().await?;
             }
             let mut p = lock(&self.shared.progress);
             p.saved.after = Some((key.stripe, key.index));
@@ -346,8 +364,9 @@ impl Worker for Scrub {
 
     async fn work(&mut self) -> Result<Step, AgentError> {
         for key in self.stripes.corrupt_reports().take() {
-            self.give_up(key).await?;
+            self.found(key);
         }
+        self.give_up_found().await?;
         if !self.shared.enabled || !self.start_pass_if_due() {
             return Ok(Step::Idle);
         }

@@ -87,6 +87,17 @@ mnt="$dir/node1/mnt"
 # The node leading the metadata group: node 1's mount answers creates and stats faster
 # when its own agent leads (no forwarding hop, leases read locally), so the table says.
 leader_name() {
+  local name tries=0
+  while :; do
+    name="$(leader_once)"
+    if [ "$name" != unknown ] || [ $((tries += 1)) -ge 60 ]; then
+      echo "$name"
+      return
+    fi
+    sleep 0.5
+  done
+}
+leader_once() {
   SHOAL_SOCKET="$dir/node1/agent.sock" "$bin/shoal" status 2>/dev/null | awk '
     /^[0-9a-f]+\*? / { id = $1; sub(/\*$/, "", id); name[id] = $2 }
     /^metadata: leader / { l = $3; sub(/,$/, "", l) }

@@ -39,9 +39,19 @@ pub const RPC_VERSION: u8 = 1;
 /// [`MeshError::MessageTooLarge`] without anything being sent.
 pub const MAX_MESSAGE: usize = 16 << 20;
 
+/// A response frame starts with the RPC version and a status byte.
+const RESPONSE_HEAD: usize = 2;
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
 const STATUS_NO_HANDLER: u8 = 2;
+
+/// `body` after room for a response head (filled in by `answer`).
+fn with_head(body: Vec<u8>) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(RESPONSE_HEAD + body.len());
+    frame.resize(RESPONSE_HEAD, 0);
+    frame.extend_from_slice(&body);
+    frame
+}
 
 /// A request message with its response type, addressed by a stable endpoint name.
 pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
@@ -158,6 +168,8 @@ pub(crate) fn split_request(request: &[u8]) -> Result<(u8, String, NodeId, &[u8]
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// A registered handler: the request's bytes in, the encoded response after
+/// [`RESPONSE_HEAD`] bytes of room (or a refusal) out.
 type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, Refusal>> + Send + Sync>;
 
 const MAX_LOGGED_SOURCES: usize = 1024;
@@ -351,7 +363,15 @@ impl Transport {
                     )
                 })?;
                 let resp = handler(from, msg).await?;
-                postcard::to_allocvec(&resp)
+                // Sized first, then encoded once into the frame after room for its head:
+                // a shard in the answer is copied once here, not again into the frame nor at
+                // every doubling of a growing buffer.
+                let size =
+                    postcard::serialize_with_flavor(&resp, postcard::ser_flavors::Size::default())
+                        .map_err(|e| Refusal::new(FailureClass::Refused, e.to_string()))?;
+                let mut frame = Vec::with_capacity(RESPONSE_HEAD + size);
+                frame.resize(RESPONSE_HEAD, 0);
+                postcard::to_extend(&resp, frame)
                     .map_err(|e| Refusal::new(FailureClass::Refused, e.to_string()))
             })
         });
@@ -460,9 +480,11 @@ impl Transport {
                 })
                 .inc();
         }
-        let mut frame = Vec::with_capacity(body.len() + 2);
-        frame.extend_from_slice(&[RPC_VERSION, status]);
-        frame.extend_from_slice(&body);
+        // Every body from `dispatch` starts with room for the head.
+        let mut frame = body;
+        if let Some(head) = frame.get_mut(..RESPONSE_HEAD) {
+            head.copy_from_slice(&[RPC_VERSION, status]);
+        }
         frame
     }
 
@@ -475,11 +497,13 @@ impl Transport {
         debug!(reason, %message, "refused a request");
         (
             STATUS_ERROR,
-            Refusal::new(FailureClass::Refused, message).encode(),
+            with_head(Refusal::new(FailureClass::Refused, message).encode()),
             None,
         )
     }
 
+    /// The status and body of the answer to `request` (the body after room for the
+    /// response head), and the endpoint when one was found.
     async fn dispatch(
         &self,
         request: &[u8],
@@ -493,14 +517,14 @@ impl Transport {
                     FailureClass::Invalid,
                     format!("malformed request head: {e}"),
                 );
-                return (STATUS_ERROR, r.encode(), None);
+                return (STATUS_ERROR, with_head(r.encode()), None);
             }
         };
         if head.version != RPC_VERSION {
             let msg = format!("unsupported RPC version {}", head.version);
             return (
                 STATUS_ERROR,
-                Refusal::new(FailureClass::Invalid, msg).encode(),
+                with_head(Refusal::new(FailureClass::Invalid, msg).encode()),
                 None,
             );
         }
@@ -543,11 +567,11 @@ impl Transport {
             .cloned();
         let Some((name, handler)) = found else {
             let msg = format!("no handler for {}", head.endpoint);
-            return (STATUS_NO_HANDLER, msg.into_bytes(), None);
+            return (STATUS_NO_HANDLER, with_head(msg.into_bytes()), None);
         };
         match handler(head.from, body).await {
             Ok(resp) => (STATUS_OK, resp, Some(name)),
-            Err(refusal) => (STATUS_ERROR, refusal.encode(), Some(name)),
+            Err(refusal) => (STATUS_ERROR, with_head(refusal.encode()), Some(name)),
         }
     }
 

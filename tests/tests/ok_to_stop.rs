@@ -48,8 +48,11 @@ fn ok_to_stop_says_whether_one_more_stop_keeps_every_stripe_at_k_plus_one() {
     let non_voters = c.non_voters(1);
     let (a, b) = (non_voters[0], non_voters[1]);
     let voters: Vec<u8> = (1..=6).filter(|i| !non_voters.contains(i)).collect();
-    // Asked of a voter that stays up throughout.
+    // Asked of a voter that stays up throughout, once it has applied the layout (on a
+    // loaded machine a voter can still be catching up seconds after `up`; it then answers
+    // that the cluster has no layout yet).
     let obs = voters[1];
+    c.wait_layout(obs);
     for i in 1..=6 {
         let (code, r) = ok_to_stop(&c, obs, &format!("node{i}"));
         assert_eq!(code, 0, "all up: node{i} may stop: {r}");

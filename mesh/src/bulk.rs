@@ -390,37 +390,43 @@ impl Bulk {
         node: Option<NodeId>,
         request: &[u8],
     ) -> std::io::Result<Vec<u8>> {
-        let pooled = self.pool.lock().await.get_mut(&addr).and_then(Vec::pop);
-        let (conn, response) = match pooled {
-            // A pooled connection is to the node it was when dialled: check it is still
-            // the one asked for, and not revoked since.
-            Some(mut c)
-                if node.is_none_or(|n| n == c.peer.node)
-                    && !self.revocations.is_revoked(&c.peer) =>
-            {
-                match c.round_trip(request).await {
-                    Err(e) if closed_by_peer(&e) => {
-                        debug!(%addr, error = %e, "pooled bulk connection was closed; dialling again");
-                        self.forget(addr).await;
-                        let mut fresh = self.dial(addr, node).await?;
-                        let response = fresh.round_trip(request).await?;
-                        (fresh, response)
-                    }
-                    other => (c, other?),
+        // A pooled connection is to the node it was when dialled: check it is still the one
+        // asked for, and not revoked since.
+        let pooled = self
+            .pool
+            .lock()
+            .await
+            .get_mut(&addr)
+            .and_then(Vec::pop)
+            .filter(|c| {
+                node.is_none_or(|n| n == c.peer.node) && !self.revocations.is_revoked(&c.peer)
+            });
+        if let Some(mut conn) = pooled {
+            match conn.round_trip(request).await {
+                Ok(response) => {
+                    self.keep(addr, conn).await;
+                    return Ok(response);
                 }
+                Err(e) if closed_by_peer(&e) => {
+                    debug!(%addr, error = %e, "pooled bulk connection was closed; dialling again");
+                    self.forget(addr).await;
+                }
+                Err(e) => return Err(e),
             }
-            _ => {
-                let mut fresh = self.dial(addr, node).await?;
-                let response = fresh.round_trip(request).await?;
-                (fresh, response)
-            }
-        };
+        }
+        let mut conn = self.dial(addr, node).await?;
+        let response = conn.round_trip(request).await?;
+        self.keep(addr, conn).await;
+        Ok(response)
+    }
+
+    /// Returns an idle connection to the pool (while it has room).
+    async fn keep(&self, addr: SocketAddr, conn: Conn) {
         let mut pool = self.pool.lock().await;
         let idle = pool.entry(addr).or_default();
         if idle.len() < POOL_PER_PEER {
             idle.push(conn);
         }
-        Ok(response)
     }
 
     /// Drops every pooled connection to `peer` (after an error: it may have restarted).

@@ -480,8 +480,13 @@ impl Transport {
                 })
                 .inc();
         }
-        // Every body from `dispatch` starts with room for the head.
-        let mut frame = body;
+        // A handler's answer comes with room for the head (it may be a shard, not copied
+        // again here); the short refusals are copied behind one.
+        let mut frame = if status == STATUS_OK {
+            body
+        } else {
+            with_head(body)
+        };
         if let Some(head) = frame.get_mut(..RESPONSE_HEAD) {
             head.copy_from_slice(&[RPC_VERSION, status]);
         }
@@ -497,13 +502,13 @@ impl Transport {
         debug!(reason, %message, "refused a request");
         (
             STATUS_ERROR,
-            with_head(Refusal::new(FailureClass::Refused, message).encode()),
+            Refusal::new(FailureClass::Refused, message).encode(),
             None,
         )
     }
 
-    /// The status and body of the answer to `request` (the body after room for the
-    /// response head), and the endpoint when one was found.
+    /// The status and body of the answer to `request` (with `STATUS_OK`, the body after
+    /// room for the response head), and the endpoint when one was found.
     async fn dispatch(
         &self,
         request: &[u8],
@@ -517,14 +522,14 @@ impl Transport {
                     FailureClass::Invalid,
                     format!("malformed request head: {e}"),
                 );
-                return (STATUS_ERROR, with_head(r.encode()), None);
+                return (STATUS_ERROR, r.encode(), None);
             }
         };
         if head.version != RPC_VERSION {
             let msg = format!("unsupported RPC version {}", head.version);
             return (
                 STATUS_ERROR,
-                with_head(Refusal::new(FailureClass::Invalid, msg).encode()),
+                Refusal::new(FailureClass::Invalid, msg).encode(),
                 None,
             );
         }
@@ -567,11 +572,11 @@ impl Transport {
             .cloned();
         let Some((name, handler)) = found else {
             let msg = format!("no handler for {}", head.endpoint);
-            return (STATUS_NO_HANDLER, with_head(msg.into_bytes()), None);
+            return (STATUS_NO_HANDLER, msg.into_bytes(), None);
         };
         match handler(head.from, body).await {
             Ok(resp) => (STATUS_OK, resp, Some(name)),
-            Err(refusal) => (STATUS_ERROR, with_head(refusal.encode()), Some(name)),
+            Err(refusal) => (STATUS_ERROR, refusal.encode(), Some(name)),
         }
     }
 

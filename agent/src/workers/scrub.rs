@@ -175,7 +175,7 @@ pub struct Scrub {
     ticker: Ticker,
     /// Corrupt shards found (and counted) but not given up yet: kept until given up, so a
     /// failed proposal is tried again instead of dropping the shard until the next pass.
-    found: BTreeSet<ShardKey>,
+    to_give_up: BTreeSet<ShardKey>,
 }
 
 impl Scrub {
@@ -199,7 +199,7 @@ impl Scrub {
             next_read: Instant::now(),
             saved_at: Instant::now(),
             ticker: Ticker::every(Duration::from_secs(1)),
-            found: BTreeSet::new(),
+            to_give_up: BTreeSet::new(),
         }
     }
 
@@ -259,7 +259,7 @@ impl Scrub {
 
     /// Counts a corrupt shard (once) and queues it to be given up.
     fn found(&mut self, key: ShardKey) {
-        if self.found.insert(key) {
+        if self.to_give_up.insert(key) {
             lock(&self.shared.progress).corrupt_found += 1;
             self.shared.metrics.corrupt_found.inc();
         }
@@ -267,9 +267,9 @@ impl Scrub {
 
     /// Gives up every queued shard; one that fails stays queued, with those after it.
     async fn give_up_found(&mut self) -> Result<(), AgentError> {
-        while let Some(key) = self.found.first().copied() {
+        while let Some(key) = self.to_give_up.first().copied() {
             self.give_up(key).await?;
-            self.found.remove(&key);
+            self.to_give_up.remove(&key);
         }
         Ok(())
     }

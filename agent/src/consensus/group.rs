@@ -25,6 +25,7 @@ use super::metrics::MetaMetrics;
 use super::net::{
     Committed, Forward, ForwardRefused, Hello, Network, RaftMessage, RaftReply, ReadIndex,
 };
+use super::read_rounds::ReadRounds;
 use super::rejoin::{Rejoin, Rejoiner};
 use super::send_gate::SendGate;
 use super::state_machine::StateMachine;
@@ -45,8 +46,8 @@ pub struct Group {
     pub metrics: MetaMetrics,
     /// What the local replica's applies changed, for the mounts' kernel caches.
     pub changes: Arc<super::ChangeFeed>,
-    /// When the last completed read-barrier round started (see [`Self::barrier`]).
-    barrier_round: tokio::sync::Mutex<Option<Instant>>,
+    /// The read-index rounds in flight, shared by concurrent barriers.
+    read_rounds: ReadRounds,
     /// While held, the leader answers read index without a round (see `lease.rs`).
     lease: std::sync::Mutex<ReadLease>,
     /// Space the metadata log can always write.
@@ -141,7 +142,7 @@ impl Group {
             changes,
             lease,
             metrics: metrics.clone(),
-            barrier_round: tokio::sync::Mutex::new(None),
+            read_rounds: ReadRounds::default(),
             ballast,
             rejoining: std::sync::atomic::AtomicBool::new(rejoin.is_some()),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -494,17 +495,15 @@ impl Group {
     /// Waits until the local replica has applied everything committed before this call
     /// (a linearizable read point). Concurrent callers share rounds: a round that started
     /// after a caller arrived covers it (its read index is at least the commit index at
-    /// the caller's arrival), so one round at a time serves every caller queued behind it.
+    /// the caller's arrival); see [`ReadRounds`].
     pub async fn barrier(&self) -> Result<(), ConsensusError> {
-        let arrived = Instant::now();
-        let mut last_round = self.barrier_round.lock().await;
-        if last_round.is_some_and(|started| started >= arrived) {
-            return Ok(());
-        }
-        let started = Instant::now();
-        self.read_index_round().await?;
-        *last_round = Some(started);
-        Ok(())
+        let failed = || ConsensusError::NoLeader {
+            waited_s: LEADER_WAIT.as_secs(),
+            last: None,
+        };
+        self.read_rounds
+            .covered(|| self.read_index_round(), failed)
+            .await
     }
 
     /// One read-index round: the leader's read index, then wait until applied here.

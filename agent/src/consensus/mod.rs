@@ -20,6 +20,7 @@ mod lease;
 mod log_store;
 pub mod metrics;
 pub mod net;
+mod read_rounds;
 pub mod rejoin;
 mod send_gate;
 mod state_machine;

@@ -194,10 +194,10 @@ mod tests {
             "a round ends only its own callers"
         );
         gate.release.add_permits(2);
-        first.await.unwrap().unwrap();
-        second.await.unwrap().unwrap();
+        assert_eq!(done(first).await, Ok(()));
+        assert_eq!(done(second).await, Ok(()));
         for w in waiting {
-            w.await.unwrap().unwrap();
+            assert_eq!(done(w).await, Ok(()));
         }
         assert_eq!(gate.started(), 3);
         assert!(rounds.lock().is_empty(), "ended rounds leave the list");
@@ -217,7 +217,7 @@ mod tests {
         gate.fail.store(true, Ordering::SeqCst);
         gate.release.add_permits(2);
         for b in busy {
-            let _ = b.await.unwrap();
+            let _ = done(b).await;
         }
         let results: Vec<_> = futures_results(joined).await;
         assert!(
@@ -246,15 +246,19 @@ mod tests {
         settle().await;
         assert_eq!(gate.started(), 3);
         gate.release.add_permits(2);
-        other.await.unwrap().unwrap();
-        waiter.await.unwrap().unwrap();
+        assert_eq!(done(other).await, Ok(()));
+        assert_eq!(done(waiter).await, Ok(()));
         assert!(rounds.lock().is_empty());
+    }
+
+    async fn done(caller: Caller) -> Result<(), &'static str> {
+        caller.await.expect("the caller's task ends")
     }
 
     async fn futures_results(callers: [Caller; 2]) -> Vec<Result<(), &'static str>> {
         let mut out = Vec::new();
         for c in callers {
-            out.push(c.await.unwrap());
+            out.push(done(c).await);
         }
         out
     }

@@ -67,18 +67,9 @@ impl ReadRounds {
         Fut: Future<Output = Result<(), E>>,
     {
         let arrived = Instant::now();
-        let mut round = Some(round);
-        loop {
+        let (id, ended) = loop {
             match self.next(arrived) {
-                Next::Start(id, ended) => {
-                    let _running = Running { rounds: self, id };
-                    let Some(run) = round.take() else {
-                        return Err(failed());
-                    };
-                    let result = run().await;
-                    let _ = ended.send(Some(result.is_ok()));
-                    return result;
-                }
+                Next::Start(id, ended) => break (id, ended),
                 Next::Join(mut ended) => match ended.wait_for(Option::is_some).await {
                     Ok(r) if *r == Some(true) => return Ok(()),
                     Ok(_) => return Err(failed()),
@@ -89,7 +80,11 @@ impl ReadRounds {
                     let _ = ended.wait_for(Option::is_some).await;
                 }
             }
-        }
+        };
+        let _running = Running { rounds: self, id };
+        let result = round().await;
+        let _ = ended.send(Some(result.is_ok()));
+        result
     }
 
     fn next(&self, arrived: Instant) -> Next {

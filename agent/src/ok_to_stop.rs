@@ -79,7 +79,7 @@ pub fn verdict(
     let mut reasons = Vec::new();
     if risk.at_k + risk.unreadable > 0 {
         reasons.push(format!(
-            "{} stripe(s) would be left with only k shards available and {} with fewer (unreadable); their other missing shards are in {}",
+            "{} stripe(s) would be left with only k shards available and {} with fewer (unreadable); with it stopped, their missing shards would be in {}",
             risk.at_k,
             risk.unreadable,
             risk.domains.iter().cloned().collect::<Vec<_>>().join(", ")

@@ -63,6 +63,12 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
     fn decode_response(body: Bytes) -> Result<Self::Response, postcard::Error> {
         postcard::from_bytes(&body)
     }
+
+    /// Decodes a request from `body`, a slice of the frame it arrived in; like
+    /// [`Rpc::decode_response`], a request that carries bulk bytes may keep them there.
+    fn decode_request(body: Bytes) -> Result<Self, postcard::Error> {
+        postcard::from_bytes(&body)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -170,7 +176,7 @@ pub(crate) fn split_request(request: &[u8]) -> Result<(u8, String, NodeId, &[u8]
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A registered handler: the request's bytes in, the encoded response after
 /// [`RESPONSE_HEAD`] bytes of room (or a refusal) out.
-type Handler = Arc<dyn Fn(NodeId, &[u8]) -> BoxFuture<Result<Vec<u8>, Refusal>> + Send + Sync>;
+type Handler = Arc<dyn Fn(NodeId, Bytes) -> BoxFuture<Result<Vec<u8>, Refusal>> + Send + Sync>;
 
 const MAX_LOGGED_SOURCES: usize = 1024;
 
@@ -311,7 +317,7 @@ impl Transport {
         let (this, rejecter) = (self.clone(), self.clone());
         let dispatch = move |request: Vec<u8>, peer: Arc<NodeCert>| {
             let this = this.clone();
-            async move { this.answer(&request, &peer, Lane::Bulk).await }
+            async move { this.answer(request.into(), &peer, Lane::Bulk).await }
         };
         let on_reject = move |remote: SocketAddr, reason: String| rejecter.reject(remote, &reason);
         Ok(Some(tokio::spawn(bulk::serve(
@@ -352,8 +358,8 @@ impl Transport {
         Fut: Future<Output = Result<M::Response, Refusal>> + Send + 'static,
     {
         let handler = Arc::new(handler);
-        let erased: Handler = Arc::new(move |from, body: &[u8]| {
-            let decoded = postcard::from_bytes::<M>(body);
+        let erased: Handler = Arc::new(move |from, body: Bytes| {
+            let decoded = M::decode_request(body);
             let handler = handler.clone();
             Box::pin(async move {
                 let msg = decoded.map_err(|e| {
@@ -455,7 +461,7 @@ impl Transport {
                 return;
             }
         };
-        let frame = self.answer(&request, peer, Lane::Quic).await;
+        let frame = self.answer(request.into(), peer, Lane::Quic).await;
         if let Err(e) = send.write_all(&frame).await {
             debug!(error = %e, "response write failed");
             return;
@@ -467,7 +473,7 @@ impl Transport {
 
     /// Serves one framed request from `peer` on `lane`: dispatch, count, and frame the
     /// response.
-    async fn answer(&self, request: &[u8], peer: &NodeCert, lane: Lane) -> Vec<u8> {
+    async fn answer(&self, request: Bytes, peer: &NodeCert, lane: Lane) -> Vec<u8> {
         let (status, body, endpoint) = self.dispatch(request, peer, lane).await;
         if let Some(endpoint) = endpoint {
             let outcome = if status == STATUS_OK { "ok" } else { "error" };
@@ -511,12 +517,12 @@ impl Transport {
     /// room for the response head), and the endpoint when one was found.
     async fn dispatch(
         &self,
-        request: &[u8],
+        request: Bytes,
         peer: &NodeCert,
         lane: Lane,
     ) -> (u8, Vec<u8>, Option<&'static str>) {
-        let (head, body) = match postcard::take_from_bytes::<RequestHead>(request) {
-            Ok(x) => x,
+        let (head, body) = match postcard::take_from_bytes::<RequestHead>(&request) {
+            Ok((head, body)) => (head, request.slice_ref(body)),
             Err(e) => {
                 let r = Refusal::new(
                     FailureClass::Invalid,
@@ -557,7 +563,7 @@ impl Transport {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(head.endpoint.as_str())
                 .copied();
-            if !filter.is_some_and(|allow| allow(body)) {
+            if !filter.is_some_and(|allow| allow(&body)) {
                 return self.refuse(
                     "lane",
                     format!("{} is not served on the bulk lane", head.endpoint),
@@ -691,8 +697,15 @@ impl Transport {
             endpoint: M::ENDPOINT.to_owned(),
             from: self.me,
         };
-        let request = postcard::to_allocvec(&head).map_err(|e| stream_err(e.to_string()))?;
-        let request = postcard::to_extend(msg, request).map_err(|e| stream_err(e.to_string()))?;
+        // Sized first, then encoded once: a shard in the request is copied once, not again
+        // at every doubling of a growing buffer.
+        let sized = |e: postcard::Error| stream_err(e.to_string());
+        let size = postcard::serialize_with_flavor(&head, postcard::ser_flavors::Size::default())
+            .map_err(sized)?
+            + postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
+                .map_err(sized)?;
+        let request = postcard::to_extend(&head, Vec::with_capacity(size)).map_err(sized)?;
+        let request = postcard::to_extend(msg, request).map_err(sized)?;
         if request.len() > MAX_MESSAGE {
             return Err(MeshError::MessageTooLarge {
                 endpoint: M::ENDPOINT,

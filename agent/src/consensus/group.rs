@@ -446,6 +446,7 @@ impl Group {
         let started = Instant::now();
         let mut pause = Duration::from_millis(20);
         loop {
+            let asked = Instant::now();
             let res = match self.leader() {
                 Some(l) if l == self.me => self.submit_local(proposals.clone()).await,
                 Some(l) => self.ask_leader(l, &Forward(proposals.clone())).await,
@@ -453,6 +454,7 @@ impl Group {
             };
             match res {
                 Ok((outcomes, index)) if outcomes.len() == proposals.len() => {
+                    let committed = asked.elapsed();
                     // Read-your-writes: what this agent serves next must include them.
                     let applied = self
                         .raft
@@ -462,6 +464,11 @@ impl Group {
                     if let Err(e) = applied {
                         warn!(error = %e, "committed proposal not applied locally in time");
                     }
+                    debug!(
+                        commit_us = committed.as_micros() as u64,
+                        applied_us = asked.elapsed().as_micros() as u64,
+                        "proposal committed and applied here"
+                    );
                     return Ok(outcomes);
                 }
                 Ok((outcomes, _)) => {

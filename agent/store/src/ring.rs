@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use io_uring::{IoUring, opcode, squeue, types};
 use tokio::sync::oneshot;
 use tracing::error;
@@ -22,7 +23,7 @@ use tracing::error;
 /// already moved.
 enum Op {
     Write {
-        buf: Vec<u8>,
+        buf: Bytes,
         start: usize,
         end: usize,
         done: usize,
@@ -125,8 +126,15 @@ impl Ring {
         self.tx.send(req).map_err(|_| stopped())
     }
 
-    /// Writes all of `buf` at `offset`.
-    pub async fn write_all(&self, file: Arc<File>, buf: Vec<u8>, offset: u64) -> io::Result<()> {
+    /// Writes all of `buf` at `offset` (a `Vec` or a slice of a larger buffer: `Bytes`
+    /// keeps its memory in place, so no copy is made to hand it to the kernel).
+    pub async fn write_all(
+        &self,
+        file: Arc<File>,
+        buf: impl Into<Bytes>,
+        offset: u64,
+    ) -> io::Result<()> {
+        let buf = buf.into();
         let end = buf.len();
         self.write_range(file, buf, 0..end, offset).await
     }
@@ -136,10 +144,11 @@ impl Ring {
     pub async fn write_range(
         &self,
         file: Arc<File>,
-        buf: Vec<u8>,
+        buf: impl Into<Bytes>,
         range: std::ops::Range<usize>,
         offset: u64,
     ) -> io::Result<()> {
+        let buf = buf.into();
         let (reply, rx) = oneshot::channel();
         let (start, end) = (range.start, range.end.min(buf.len()));
         let op = Op::Write {

@@ -71,6 +71,12 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
     }
 }
 
+/// The size of `value`'s postcard encoding, without encoding it: a buffer of that size
+/// takes the encoding without growing (and copying) on the way.
+fn encoded_len<T: Serialize + ?Sized>(value: &T) -> Result<usize, postcard::Error> {
+    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
+}
+
 #[derive(Serialize, Deserialize)]
 struct RequestHead {
     version: u8,
@@ -372,9 +378,8 @@ impl Transport {
                 // Sized first, then encoded once into the frame after room for its head:
                 // a shard in the answer is copied once here, not again into the frame nor at
                 // every doubling of a growing buffer.
-                let size =
-                    postcard::serialize_with_flavor(&resp, postcard::ser_flavors::Size::default())
-                        .map_err(|e| Refusal::new(FailureClass::Refused, e.to_string()))?;
+                let size = encoded_len(&resp)
+                    .map_err(|e| Refusal::new(FailureClass::Refused, e.to_string()))?;
                 let mut frame = Vec::with_capacity(RESPONSE_HEAD + size);
                 frame.resize(RESPONSE_HEAD, 0);
                 postcard::to_extend(&resp, frame)
@@ -700,10 +705,7 @@ impl Transport {
         // Sized first, then encoded once: a shard in the request is copied once, not again
         // at every doubling of a growing buffer.
         let sized = |e: postcard::Error| stream_err(e.to_string());
-        let size = postcard::serialize_with_flavor(&head, postcard::ser_flavors::Size::default())
-            .map_err(sized)?
-            + postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
-                .map_err(sized)?;
+        let size = encoded_len(&head).map_err(sized)? + encoded_len(msg).map_err(sized)?;
         let request = postcard::to_extend(&head, Vec::with_capacity(size)).map_err(sized)?;
         let request = postcard::to_extend(msg, request).map_err(sized)?;
         if request.len() > MAX_MESSAGE {

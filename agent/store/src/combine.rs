@@ -40,16 +40,73 @@ fn shift_by(bytes: u64) -> u32 {
     result
 }
 
+/// Multiplication by one fixed factor, a byte of the other operand at a time: the product
+/// is linear in that operand, so it is the XOR of four products looked up by byte.
+struct Multiplier {
+    tables: [[u32; 256]; 4],
+}
+
+impl Multiplier {
+    fn new(factor: u32) -> Multiplier {
+        let mut tables = [[0u32; 256]; 4];
+        for (j, table) in tables.iter_mut().enumerate() {
+            for bit in 0..8 {
+                // In the reversed representation bit 31 is x^0: byte j's bit `bit` of a
+                // u32 (a value `1 << (8j + bit)`) is x^(31 - 8j - bit).
+                let product = multiply(1u32 << (8 * j + bit), factor);
+                let at = 1usize << bit;
+                for v in 0..at {
+                    table[at | v] = table[v] ^ product;
+                }
+            }
+        }
+        Multiplier { tables }
+    }
+
+    fn times(&self, a: u32) -> u32 {
+        let [b0, b1, b2, b3] = a.to_le_bytes();
+        self.tables[0][usize::from(b0)]
+            ^ self.tables[1][usize::from(b1)]
+            ^ self.tables[2][usize::from(b2)]
+            ^ self.tables[3][usize::from(b3)]
+    }
+}
+
+/// The multiplier past one block of the size new shard files use, built once.
+fn standard_block() -> &'static Multiplier {
+    static TABLES: std::sync::OnceLock<Multiplier> = std::sync::OnceLock::new();
+    TABLES.get_or_init(|| Multiplier::new(shift_by(1 << crate::header::BLOCK_SHIFT)))
+}
+
 /// The crc32c of the concatenation of blocks of `block` bytes (the last one `data_len`'s
 /// remainder) whose crc32cs `crcs` yields in order.
 pub(crate) fn fold(crcs: impl IntoIterator<Item = u32>, block: u64, data_len: u64) -> u32 {
-    let full = shift_by(block);
+    if block == 1 << crate::header::BLOCK_SHIFT {
+        let tables = standard_block();
+        fold_with(crcs, block, data_len, |crc| tables.times(crc))
+    } else {
+        let full = shift_by(block);
+        fold_with(crcs, block, data_len, |crc| multiply(crc, full))
+    }
+}
+
+/// [`fold`], with `past_block` multiplying a crc by x^(8·block).
+fn fold_with(
+    crcs: impl IntoIterator<Item = u32>,
+    block: u64,
+    data_len: u64,
+    past_block: impl Fn(u32) -> u32,
+) -> u32 {
     let mut whole = 0u32;
     let mut at = 0u64;
     for crc in crcs {
         let len = block.min(data_len.saturating_sub(at));
-        let by = if len == block { full } else { shift_by(len) };
-        whole = multiply(whole, by) ^ crc;
+        let shifted = if len == block {
+            past_block(whole)
+        } else {
+            multiply(whole, shift_by(len))
+        };
+        whole = shifted ^ crc;
         at += len;
     }
     whole
@@ -73,6 +130,24 @@ mod tests {
             );
         }
         assert_eq!(fold([], 4096, 0), crc32c::crc32c(b""));
+    }
+
+    #[test]
+    fn the_table_multiplier_agrees_with_the_bit_by_bit_one() {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for _ in 0..20 {
+            let factor = next();
+            let tables = Multiplier::new(factor);
+            for a in [0, 1, 1 << 31, u32::MAX, next(), next(), next()] {
+                assert_eq!(tables.times(a), multiply(a, factor), "{a:#x} · {factor:#x}");
+            }
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tracing::warn;
 
 use crate::CheckedRange;
 use crate::header::{self, BLOCK_SHIFT, HEADER_LEN, ShardHeader};
+use crate::open_shards::{OpenShard, OpenShards};
 use crate::{Ring, ShardKey, ShardStore, StoreError, StoreUsage, slice};
 
 /// (stripe, index) → (data length, data crc32c).
@@ -43,6 +44,8 @@ struct State {
     /// Bytes of writes in progress, counted against the limit.
     reserved: u64,
     writing: BTreeSet<ShardKey>,
+    /// Files kept open after a range read; an entry goes with its index entry.
+    open: OpenShards,
 }
 
 pub struct DiskStore {
@@ -443,10 +446,12 @@ impl DiskStore {
         }))
     }
 
-    /// The blocks holding `[offset, end)` and the block table, read together and checked;
-    /// `None` for a version-1 file (no block table), which is read whole instead. The
-    /// layout of this release's block size is read at once; a file of an earlier release's
-    /// block size (its header says which) is read again with its own.
+    /// The blocks holding `[offset, end)` and the block table, checked; `None` for a
+    /// version-1 file (no block table), which is read whole instead. A shard read before
+    /// is still open with its table ([`OpenShards`]): one read. Otherwise the header and
+    /// table are read together with the blocks, laid out as this release's block size
+    /// would have them; a file of an earlier release's block size (its header says which)
+    /// is read again with its own.
     async fn read_blocks(
         &self,
         key: ShardKey,
@@ -454,11 +459,37 @@ impl DiskStore {
         offset: u64,
         end: u64,
     ) -> Result<Option<CheckedRange>, StoreError> {
-        let (file, path) = self.open_shard(key)?;
         let corrupt = |reason: String| StoreError::Corrupt { key, reason };
+        let kept = self.lock().open.get(key, (data_len, crc));
+        if let Some(open) = kept {
+            let shift = open.header.block_shift;
+            let from = (offset >> shift) << shift;
+            let to = (end.next_multiple_of(1 << shift)).min(data_len);
+            let blocks = self
+                .read_at(
+                    open.file.clone(),
+                    open.header.data_offset() + from,
+                    to - from,
+                )
+                .await
+                .map_err(io_err("read", &self.path(key)))?;
+            if blocks.len() as u64 != to - from {
+                return Err(corrupt("shard file is shorter than its header says".into()));
+            }
+            open.header
+                .verify_blocks(&open.table, from >> shift, &blocks)
+                .map_err(corrupt)?;
+            return Ok(Some(CheckedRange {
+                data_len,
+                shift,
+                first: from >> shift,
+                blocks,
+                table: open.table,
+            }));
+        }
+        let (file, path) = self.open_shard(key)?;
         let mut shift = BLOCK_SHIFT;
         loop {
-            // The header and block table, and the blocks holding the range, read at once.
             let start = HEADER_LEN as u64 + 4 * header::block_count(data_len, shift);
             let from = (offset >> shift) << shift;
             let to = (end.next_multiple_of(1 << shift)).min(data_len);
@@ -487,15 +518,39 @@ impl DiskStore {
             if head.len() as u64 != start || blocks.len() as u64 != to - from {
                 return Err(corrupt("shard file is shorter than its header says".into()));
             }
-            h.verify_blocks(&head[HEADER_LEN..], from >> shift, &blocks)
+            let table = head.slice(HEADER_LEN..);
+            h.verify_blocks(&table, from >> shift, &blocks)
                 .map_err(corrupt)?;
+            self.keep_open(key, (data_len, crc), file, h, table.clone());
             return Ok(Some(CheckedRange {
                 data_len,
                 shift,
                 first: from >> shift,
                 blocks,
-                table: head.slice(HEADER_LEN..),
+                table,
             }));
+        }
+    }
+
+    /// Keeps a checked shard file open, unless its index entry changed meanwhile (a
+    /// delete drops the entry under the same lock: nothing keeps a deleted file).
+    fn keep_open(
+        &self,
+        key: ShardKey,
+        entry: (u64, u32),
+        file: Arc<File>,
+        header: ShardHeader,
+        table: Bytes,
+    ) {
+        let mut st = self.lock();
+        if st.index.get(&key) == Some(&entry) {
+            let open = OpenShard {
+                entry,
+                file,
+                header,
+                table,
+            };
+            st.open.keep(key, open);
         }
     }
 
@@ -773,6 +828,7 @@ impl DiskStore {
             Err(e) => return Err(io_err("remove", &path)(e)),
         }
         let mut st = self.lock();
+        st.open.drop_key(key);
         if st.index.remove(&key).is_some() {
             st.used -= file_size(len, self.direct);
         }

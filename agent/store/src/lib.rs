@@ -16,6 +16,7 @@ pub mod fuzz;
 mod header;
 mod mem;
 mod metrics;
+mod open_shards;
 mod ring;
 
 pub use checked::CheckedRange;

@@ -21,6 +21,7 @@ mod node;
 mod ok_to_stop;
 mod resources;
 mod revoke;
+pub mod runtime_threads;
 mod status;
 mod system_rpc;
 pub mod tier;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use shoal_agent::{AgentConfig, LogFormat, Node};
+use shoal_agent::{AgentConfig, LogFormat, Node, runtime_threads};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -42,7 +42,14 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     init_logging(&config)?;
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let reserved = config.resources.as_ref().and_then(|r| r.cores());
+    let env = std::env::var(runtime_threads::ENV).ok();
+    let (threads, why) = runtime_threads::worker_threads(env.as_deref(), reserved, online)
+        .map_err(anyhow::Error::msg)?;
+    info!(threads, reason = %why, "async runtime sized");
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
         .enable_all()
         .thread_name("shoal-agent")
         .build()

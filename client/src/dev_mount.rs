@@ -34,7 +34,8 @@ pub fn mount_all(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<Vec
         }
         std::fs::create_dir_all(&mnt)
             .with_context(|| format!("cannot create {}", mnt.display()))?;
-        let child = spawn_mount(&me, &nd, &mnt).with_context(|| format!("mounting node{i}"))?;
+        let child =
+            spawn_mount(&me, &nd, &mnt, nodes).with_context(|| format!("mounting node{i}"))?;
         waiting.push((nd, mnt, child));
     }
     let deadline = Instant::now() + timeout;
@@ -66,7 +67,9 @@ pub fn mount_all(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<Vec
     Ok(points)
 }
 
-fn spawn_mount(me: &Path, nd: &Path, mnt: &Path) -> anyhow::Result<Child> {
+/// Starts one node's mount, its runtime sized like the agents' (a dev cluster of `nodes`
+/// shares this machine's cores).
+fn spawn_mount(me: &Path, nd: &Path, mnt: &Path, nodes: u8) -> anyhow::Result<Child> {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -77,6 +80,7 @@ fn spawn_mount(me: &Path, nd: &Path, mnt: &Path) -> anyhow::Result<Child> {
         .arg(mnt)
         .arg("--socket")
         .arg(nd.join("agent.sock"))
+        .envs(crate::dev_cluster::shared_worker_threads(nodes))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -38,6 +38,21 @@ pub struct ResourcesConfig {
     pub enforcement: Enforcement,
 }
 
+impl ResourcesConfig {
+    /// The cores this reservation gives the agent, as far as the config alone says: a
+    /// cpuset's size, or the quota. `None` where it names neither, both, or an unreadable
+    /// list: the guard refuses those at start, saying why.
+    pub fn cores(&self) -> Option<f64> {
+        match (&self.cpus, self.cpu_cores) {
+            (Some(text), None) => crate::CpuList::parse(text)
+                .filter(|l| !l.is_empty())
+                .map(|l| l.len() as f64),
+            (None, Some(c)) if c.is_finite() && c > 0.0 => Some(c),
+            _ => None,
+        }
+    }
+}
+
 fn default_min_free_cores() -> f64 {
     1.0
 }
@@ -49,4 +64,37 @@ fn default_cgroup() -> String {
 }
 fn default_enforcement() -> Enforcement {
     Enforcement::Required
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reserving(cpus: Option<&str>, cpu_cores: Option<f64>) -> ResourcesConfig {
+        ResourcesConfig {
+            cpus: cpus.map(str::to_owned),
+            cpu_cores,
+            memory: "1GiB".into(),
+            min_free_cores: default_min_free_cores(),
+            min_free_memory: default_min_free_memory(),
+            cgroup: default_cgroup(),
+            enforcement: default_enforcement(),
+        }
+    }
+
+    #[test]
+    fn the_reserved_cores_are_the_cpuset_size_or_the_quota() {
+        assert_eq!(reserving(Some("0-3,6"), None).cores(), Some(5.0));
+        assert_eq!(reserving(None, Some(2.5)).cores(), Some(2.5));
+        assert_eq!(reserving(None, None).cores(), None, "neither");
+        assert_eq!(reserving(Some("0-1"), Some(2.0)).cores(), None, "both");
+        assert_eq!(reserving(Some("two"), None).cores(), None, "unreadable");
+        assert_eq!(reserving(Some(""), None).cores(), None, "empty");
+        assert_eq!(reserving(None, Some(0.0)).cores(), None, "no time");
+        assert_eq!(
+            reserving(None, Some(f64::NAN)).cores(),
+            None,
+            "not a number"
+        );
+    }
 }

@@ -417,8 +417,13 @@ impl DiskStore {
             self.ring.fsync(file).await.map_err(io_err("fsync", &tmp))?;
             let dest = self.path(key);
             std::fs::rename(&tmp, &dest).map_err(io_err("rename", &dest))?;
+            // Through the ring too: an fsync on the runtime thread stops every task on it
+            // (with one runtime thread, the whole agent) until the disk answers.
             let dir = File::open(&self.shards).map_err(io_err("open", &self.shards))?;
-            dir.sync_all().map_err(io_err("fsync", &self.shards))
+            self.ring
+                .fsync(Arc::new(dir))
+                .await
+                .map_err(io_err("fsync", &self.shards))
         }
         .await;
         if res.is_err() {

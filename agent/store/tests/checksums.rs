@@ -32,12 +32,17 @@ fn is_corrupt(r: Result<Bytes, StoreError>) -> Option<String> {
     }
 }
 
+/// A disk store on `dir`, and what its start-up recovery did.
+async fn open(dir: &std::path::Path, direct: bool) -> (DiskStore, shoal_store::Recovery) {
+    let ring = Ring::start(32).expect("io_uring");
+    DiskStore::open_with(dir, LIMIT, ring, direct)
+        .await
+        .expect("open")
+}
+
 async fn range_reads_check_their_blocks(direct: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ring = Ring::start(32).expect("io_uring");
-    let (store, _) = DiskStore::open_with(dir.path(), LIMIT, ring, direct)
-        .await
-        .expect("open");
+    let (store, _) = open(dir.path(), direct).await;
     let data = pattern(16 * BLOCK as usize + 100);
     store
         .put(key(), Bytes::from(data.clone()))
@@ -90,10 +95,7 @@ async fn range_reads_check_their_blocks(direct: bool) {
     flip(&path, HEADER_LEN as u64 + 4 * 5);
     assert!(is_corrupt(get(0, None).await).is_some(), "the whole shard");
     drop(store);
-    let ring = Ring::start(32).expect("io_uring");
-    let (store, _) = DiskStore::open_with(dir.path(), LIMIT, ring, direct)
-        .await
-        .expect("open again");
+    let (store, _) = open(dir.path(), direct).await;
     let get = |offset: u64, len: Option<u64>| store.get(key(), offset, len);
     assert!(is_corrupt(get(5 * BLOCK, Some(10)).await).is_some());
     assert_eq!(
@@ -117,10 +119,7 @@ fn deleted_open_files(dir: &std::path::Path) -> Vec<String> {
 #[tokio::test]
 async fn a_shard_written_again_after_a_delete_reads_its_new_data() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ring = Ring::start(32).expect("io_uring");
-    let (store, _) = DiskStore::open_with(dir.path(), LIMIT, ring, false)
-        .await
-        .expect("open");
+    let (store, _) = open(dir.path(), false).await;
     let old = Bytes::from(pattern(4 * BLOCK as usize));
     let new: Bytes = old.iter().map(|b| b ^ 0xff).collect();
     store.put(key(), old.clone()).await.expect("put");
@@ -170,10 +169,7 @@ async fn version_1_shard_files_are_still_read() {
     let data = pattern(3 * BLOCK as usize + 5);
     let path = shards.join(key().to_string());
     std::fs::write(&path, version_1_file(key(), &data)).expect("write");
-    let ring = Ring::start(32).expect("io_uring");
-    let (store, recovery) = DiskStore::open(dir.path(), LIMIT, ring)
-        .await
-        .expect("open");
+    let (store, recovery) = open(dir.path(), false).await;
     assert_eq!(recovery.reindexed, 1, "{recovery:?}");
     assert_eq!(store.get(key(), 0, None).await.expect("whole"), data);
     assert_eq!(
@@ -209,10 +205,7 @@ async fn shard_files_of_64_kib_blocks_are_still_read_by_range_and_checked() {
     let data = pattern((3 << 16) + 5);
     let path = shards.join(key().to_string());
     std::fs::write(&path, blocks_of_64_kib_file(key(), &data)).expect("write");
-    let ring = Ring::start(32).expect("io_uring");
-    let (store, recovery) = DiskStore::open(dir.path(), LIMIT, ring)
-        .await
-        .expect("open");
+    let (store, recovery) = open(dir.path(), false).await;
     assert_eq!(recovery.reindexed, 1, "{recovery:?}");
     let at = (1 << 16) + 100;
     assert_eq!(

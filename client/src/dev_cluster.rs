@@ -280,7 +280,7 @@ const WORKER_THREADS: &str = "TOKIO_WORKER_THREADS";
 /// CPUs shared among the nodes, at least 1. Every dev node runs on this one machine: with a
 /// runtime thread per CPU in each process, the threads mostly wake each other up to take
 /// turns. Measured with 6 nodes on 2 CPUs, creates through one mount: a third fewer context
-/// switches and about a sixth less CPU per create with one thread each.
+/// switches and 5–15% less CPU per create with one thread each.
 fn core_share(online: usize, nodes: u8) -> usize {
     (online / usize::from(nodes.max(1))).max(1)
 }

@@ -467,9 +467,7 @@ impl DiskStore {
         let corrupt = |reason: String| StoreError::Corrupt { key, reason };
         let kept = self.lock().open.get(key, (data_len, crc));
         if let Some(open) = kept {
-            let shift = open.header.block_shift;
-            let from = (offset >> shift) << shift;
-            let to = (end.next_multiple_of(1 << shift)).min(data_len);
+            let (from, to) = block_span(offset, end, open.header.block_shift, data_len);
             let blocks = self
                 .read_at(
                     open.file.clone(),
@@ -478,26 +476,15 @@ impl DiskStore {
                 )
                 .await
                 .map_err(io_err("read", &self.path(key)))?;
-            if blocks.len() as u64 != to - from {
-                return Err(corrupt("shard file is shorter than its header says".into()));
-            }
-            open.header
-                .verify_blocks(&open.table, from >> shift, &blocks)
-                .map_err(corrupt)?;
-            return Ok(Some(CheckedRange {
-                data_len,
-                shift,
-                first: from >> shift,
-                blocks,
-                table: open.table,
-            }));
+            return checked_range(&open.header, open.table, from, to, blocks)
+                .map(Some)
+                .map_err(corrupt);
         }
         let (file, path) = self.open_shard(key)?;
         let mut shift = BLOCK_SHIFT;
         loop {
             let start = HEADER_LEN as u64 + 4 * header::block_count(data_len, shift);
-            let from = (offset >> shift) << shift;
-            let to = (end.next_multiple_of(1 << shift)).min(data_len);
+            let (from, to) = block_span(offset, end, shift, data_len);
             let (head, blocks) = tokio::try_join!(
                 self.read_at(file.clone(), 0, start),
                 self.read_at(file.clone(), start + from, to - from),
@@ -520,37 +507,22 @@ impl DiskStore {
                 shift = h.block_shift;
                 continue;
             }
-            if head.len() as u64 != start || blocks.len() as u64 != to - from {
+            if head.len() as u64 != start {
                 return Err(corrupt("shard file is shorter than its header says".into()));
             }
             let table = head.slice(HEADER_LEN..);
-            h.verify_blocks(&table, from >> shift, &blocks)
-                .map_err(corrupt)?;
-            self.keep_open(key, (data_len, crc), file, h, table.clone());
-            return Ok(Some(CheckedRange {
-                data_len,
-                shift,
-                first: from >> shift,
-                blocks,
-                table,
-            }));
+            let range = checked_range(&h, table.clone(), from, to, blocks).map_err(corrupt)?;
+            self.keep_open(key, file, h, table);
+            return Ok(Some(range));
         }
     }
 
     /// Keeps a checked shard file open, unless its index entry changed meanwhile (a
     /// delete drops the entry under the same lock: nothing keeps a deleted file).
-    fn keep_open(
-        &self,
-        key: ShardKey,
-        entry: (u64, u32),
-        file: Arc<File>,
-        header: ShardHeader,
-        table: Bytes,
-    ) {
+    fn keep_open(&self, key: ShardKey, file: Arc<File>, header: ShardHeader, table: Bytes) {
         let mut st = self.lock();
-        if st.index.get(&key) == Some(&entry) {
+        if st.index.get(&key) == Some(&(header.data_len, header.data_crc)) {
             let open = OpenShard {
-                entry,
                 file,
                 header,
                 table,
@@ -587,6 +559,35 @@ impl DiskStore {
         let got = (bytes.len() - skip).min(len as usize);
         Ok(bytes.slice(skip..skip + got))
     }
+}
+
+/// The whole blocks of 2^`shift` bytes holding `[offset, end)` of a shard of `data_len`
+/// bytes: where they start and end.
+fn block_span(offset: u64, end: u64, shift: u8, data_len: u64) -> (u64, u64) {
+    let from = (offset >> shift) << shift;
+    (from, end.next_multiple_of(1 << shift).min(data_len))
+}
+
+/// `blocks`, read for `[from, to)` of the shard, checked against `header`'s block `table`.
+fn checked_range(
+    header: &ShardHeader,
+    table: Bytes,
+    from: u64,
+    to: u64,
+    blocks: Bytes,
+) -> Result<CheckedRange, String> {
+    if blocks.len() as u64 != to - from {
+        return Err("shard file is shorter than its header says".into());
+    }
+    let shift = header.block_shift;
+    header.verify_blocks(&table, from >> shift, &blocks)?;
+    Ok(CheckedRange {
+        data_len: header.data_len,
+        shift,
+        first: from >> shift,
+        blocks,
+        table,
+    })
 }
 
 /// Fails clearly where the filesystem refuses O_DIRECT (tmpfs, some overlays).

@@ -3,9 +3,8 @@
 //! no second read for the table, no `close`).
 //!
 //! A shard file is written once under its key and never changed in place; it is only
-//! deleted (and a key written again after that names a new file). An entry is kept only
-//! with the index entry (length, checksum) its header was checked against, and is used
-//! only while the index still holds that entry. Whoever removes a key from the index drops
+//! deleted (and a key written again after that names a new file). An entry is used only
+//! while the index still holds the length and checksum its header was checked against. Whoever removes a key from the index drops
 //! its entry under the same lock, so a deleted file's space is never held by the cache.
 
 use std::collections::HashMap;
@@ -22,12 +21,11 @@ use crate::header::ShardHeader;
 /// than that reopen some files.
 pub const CAPACITY: usize = 1024;
 
-/// One open shard file, checked against an index entry.
+/// One open shard file, its header checked against an index entry.
 #[derive(Clone)]
 pub struct OpenShard {
-    /// The index entry (data length, data crc32c) the header matched.
-    pub entry: (u64, u32),
     pub file: Arc<File>,
+    /// Its data length and crc32c are the index entry it matched.
     pub header: ShardHeader,
     /// The block table, as read from the file.
     pub table: Bytes,
@@ -39,9 +37,12 @@ pub struct OpenShards {
 }
 
 impl OpenShards {
-    /// The open file of `key`, if it was checked against `entry`.
+    /// The open file of `key`, if it was checked against `entry` (length, crc32c).
     pub fn get(&self, key: ShardKey, entry: (u64, u32)) -> Option<OpenShard> {
-        self.files.get(&key).filter(|o| o.entry == entry).cloned()
+        self.files
+            .get(&key)
+            .filter(|o| (o.header.data_len, o.header.data_crc) == entry)
+            .cloned()
     }
 
     /// Keeps `shard` open; when full, closes one other file first (whichever the map
@@ -71,12 +72,15 @@ impl OpenShards {
 mod tests {
     use super::*;
 
-    fn shard(file: &Arc<File>, entry: (u64, u32)) -> OpenShard {
+    fn shard(file: &Arc<File>, (data_len, data_crc): (u64, u32)) -> OpenShard {
         let (header, table) = ShardHeader::for_data(key(1), b"abc");
         OpenShard {
-            entry,
             file: file.clone(),
-            header,
+            header: ShardHeader {
+                data_len,
+                data_crc,
+                ..header
+            },
             table: Bytes::from(table),
         }
     }

@@ -27,6 +27,10 @@ const MARKER_VERSION: u8 = 1;
 /// built from a durable state.
 const UNFLUSHED_APPLIES: u32 = 64;
 
+/// Most proposals an unsynced apply commits on the state machine's task (more go to the
+/// blocking pool).
+const INLINE_PROPOSALS: usize = 16;
+
 /// The state machine; cheap to clone.
 #[derive(Clone)]
 pub struct StateMachine {
@@ -199,7 +203,8 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
             self.unflushed
                 .store(0, std::sync::atomic::Ordering::Relaxed);
         }
-        let (mut outcomes, touched) = tokio::task::spawn_blocking(move || {
+        let proposals: usize = batches.iter().map(|b| b.proposals.len()).sum();
+        let work = move || {
             let outcomes = if flush {
                 store.apply(&batches, &bytes)
             } else {
@@ -212,10 +217,17 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
                 }
             }
             Ok::<_, shoal_namespace::NamespaceError>((outcomes, touched))
-        })
-        .await
-        .map_err(|e| sm_err(ErrorVerb::Write, e))?
-        .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        };
+        // A commit without sync of a few proposals costs microseconds, less than handing it
+        // to the blocking pool and back; a synced one, or a long batch, goes there.
+        let done = if !flush && proposals <= INLINE_PROPOSALS {
+            work()
+        } else {
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?
+        };
+        let (mut outcomes, touched) = done.map_err(|e| sm_err(ErrorVerb::Write, e))?;
         // Published before the apply returns: whoever sees this index applied finds its
         // changes in the feed.
         self.changes.publish(&touched);

@@ -13,7 +13,7 @@
 //! While the feed is not there (an older agent), names and attributes are cached for at
 //! most [`UNWATCHED_TTL`], as before.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,9 @@ struct Record {
 pub struct Names {
     by_child: HashMap<Ino, Record>,
     by_name: HashMap<(Ino, String), Ino>,
+    /// Every inode handed to the kernel and not forgotten since (it may cache their
+    /// attributes), besides the root, which it always holds.
+    held: HashSet<Ino>,
     /// The last name changes delivered, with their positions.
     recent: VecDeque<(u64, Ino, String)>,
     /// Name changes delivered so far.
@@ -73,6 +76,7 @@ impl Names {
                 .take_while(|(at, _, _)| *at > since)
                 .any(|(_, p, n)| *p == parent && n == name);
         self.by_name.insert((parent, name.to_owned()), ino);
+        self.held.insert(ino);
         self.by_child.insert(
             ino,
             Record {
@@ -105,6 +109,7 @@ impl Names {
 
     /// The kernel forgot `ino`.
     pub fn forget(&mut self, ino: Ino) {
+        self.held.remove(&ino);
         if let Some(r) = self.by_child.remove(&ino) {
             let key = (r.parent, r.name);
             if self.by_name.get(&key) == Some(&ino) {
@@ -113,7 +118,14 @@ impl Names {
         }
     }
 
-    /// Another node changed `parent/name`; the inode it named here, if any.
+    /// Whether the kernel may hold `ino` (and cache its attributes).
+    pub fn holds(&self, ino: Ino) -> bool {
+        ino == ROOT_INO || self.held.contains(&ino)
+    }
+
+    /// Another node changed `parent/name`; the inode it named here, if any (when none, the
+    /// kernel has no entry for the name: this mount answers a missing name with an error,
+    /// which the kernel does not cache).
     pub fn changed(&mut self, parent: Ino, name: &str) -> Option<Ino> {
         self.position += 1;
         if self.recent.len() == RECENT
@@ -161,6 +173,19 @@ impl Names {
             at = r.parent;
         }
         stale
+    }
+}
+
+/// What the kernel is told to drop after a batch of the feed.
+#[derive(Debug, Default, PartialEq)]
+struct Drops {
+    names: Vec<(Ino, String)>,
+    inodes: Vec<Ino>,
+}
+
+impl Drops {
+    fn is_empty(&self) -> bool {
+        self.names.is_empty() && self.inodes.is_empty()
     }
 }
 
@@ -252,32 +277,36 @@ impl Coherence {
         self.names().stale_path(ino)
     }
 
-    /// Applies one batch from the feed: marks, then tells the kernel.
-    fn deliver(&self, batch: &ChangeBatch, renewed: bool, kernel: &Notifier) {
-        let mut drop_names = Vec::new();
-        let mut drop_inodes = batch.inodes.clone();
-        {
-            let mut names = self.names();
-            if batch.reset || renewed {
-                let (n, i) = names.reset();
-                drop_names = n;
-                drop_inodes.extend(i);
-            }
-            for (parent, name) in &batch.names {
-                if let Some(ino) = names.changed(*parent, name) {
-                    drop_inodes.push(ino);
-                }
-                drop_names.push((*parent, name.clone()));
+    /// Marks one batch from the feed; what the kernel must drop: the names it was given
+    /// that changed, and the inodes it holds whose attributes changed (or, after a reset,
+    /// everything it was given).
+    fn mark(&self, batch: &ChangeBatch, renewed: bool) -> Drops {
+        let mut names = self.names();
+        let mut drops = Drops::default();
+        if batch.reset || renewed {
+            (drops.names, drops.inodes) = names.reset();
+        }
+        for (parent, name) in &batch.names {
+            if let Some(ino) = names.changed(*parent, name) {
+                drops.inodes.push(ino);
+                drops.names.push((*parent, name.clone()));
             }
         }
-        for (parent, name) in &drop_names {
+        drops
+            .inodes
+            .extend(batch.inodes.iter().filter(|&&i| names.holds(i)));
+        drops
+    }
+
+    /// Tells the kernel to drop `drops`.
+    fn notify(&self, drops: &Drops, kernel: &Notifier) {
+        for (parent, name) in &drops.names {
             self.count(kernel.inval_entry(INodeNo(*parent), OsStr::new(name)));
         }
-        for ino in drop_inodes {
+        for &ino in &drops.inodes {
             // Offset -1: the attributes only; a file's pages are dropped at its next open.
             self.count(kernel.inval_inode(INodeNo(ino), -1, 0));
         }
-        self.delivered.send_replace((batch.epoch, batch.next));
     }
 
     fn count(&self, r: std::io::Result<()>) {
@@ -305,12 +334,15 @@ impl Coherence {
                     // unknown.
                     let renewed = epoch != 0 && batch.epoch != epoch;
                     (epoch, after) = (batch.epoch, batch.next);
-                    let (me, k) = (self.clone(), kernel.clone());
-                    let delivered =
-                        tokio::task::spawn_blocking(move || me.deliver(&batch, renewed, &k));
-                    if delivered.await.is_err() {
-                        return;
+                    let drops = self.mark(&batch, renewed);
+                    if !drops.is_empty() {
+                        let (me, k) = (self.clone(), kernel.clone());
+                        let told = tokio::task::spawn_blocking(move || me.notify(&drops, &k));
+                        if told.await.is_err() {
+                            return;
+                        }
                     }
+                    self.delivered.send_replace((batch.epoch, batch.next));
                     if !self.live.swap(true, Ordering::Relaxed) {
                         tracing::info!("kernel caches follow the agent's change feed");
                     }
@@ -386,6 +418,42 @@ mod tests {
         assert!(n.stale_path(5));
         assert!(!n.entered(ROOT_INO, "b", 6, since), "sent before the reset");
         assert!(n.entered(ROOT_INO, "b", 6, n.position()));
+    }
+
+    fn batch(names: &[(Ino, &str)], inodes: &[Ino]) -> ChangeBatch {
+        ChangeBatch {
+            epoch: 1,
+            next: 1,
+            names: names.iter().map(|(p, n)| (*p, n.to_string())).collect(),
+            inodes: inodes.to_vec(),
+            ..ChangeBatch::default()
+        }
+    }
+
+    #[test]
+    fn the_kernel_is_told_only_what_it_was_given() {
+        let c = Coherence::default();
+        c.entered(ROOT_INO, "d", 10, 0);
+        c.entered(10, "f", 11, 0);
+        // Another node made d/g and changed inode 12: neither was handed to this kernel.
+        let none = c.mark(&batch(&[(10, "g")], &[12]), false);
+        assert_eq!(none, Drops::default(), "nothing to tell the kernel");
+        // A change under the root, and to d's entry for f: the root and what it holds.
+        let some = c.mark(&batch(&[(10, "f")], &[ROOT_INO, 10, 12]), false);
+        assert_eq!(
+            some,
+            Drops {
+                names: vec![(10, "f".to_string())],
+                inodes: vec![11, ROOT_INO, 10],
+            }
+        );
+        c.forget(10);
+        let after = c.mark(&batch(&[], &[10]), false);
+        assert_eq!(after, Drops::default(), "the kernel forgot d");
+        // Unknown names still move the position: a lookup under way is not cached.
+        let since = c.position();
+        c.mark(&batch(&[(10, "h")], &[]), false);
+        assert!(!c.entered(10, "h", 13, since));
     }
 
     #[test]

@@ -554,7 +554,14 @@ impl DiskStore {
             (vec![0u8; size], 0)
         };
         buf.truncate(start + size);
-        let bytes = Bytes::from(self.ring.read_into(file, buf, start, from).await?);
+        let read = if self.direct {
+            self.ring.read_into(file, buf, start, from).await?
+        } else {
+            self.ring
+                .read_into_cached_first(file, buf, start, from)
+                .await?
+        };
+        let bytes = Bytes::from(read);
         let skip = ((pos - from) as usize).min(bytes.len());
         let got = (bytes.len() - skip).min(len as usize);
         Ok(bytes.slice(skip..skip + got))

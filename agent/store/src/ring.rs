@@ -237,8 +237,10 @@ impl Ring {
     }
 }
 
-/// Longest read [`Ring::read_into_cached_first`] copies on the calling thread: a 1 MiB
-/// stripe's share of one data shard in a 4+2 layout.
+/// Longest read [`Ring::read_into_cached_first`] copies on the calling thread (a tokio
+/// worker): a copy of this size takes tens of microseconds, about what the rest of serving
+/// one request costs; longer reads (whole shards, a sequential reader's 1 MiB ranges) go to
+/// the ring thread.
 pub const CACHED_READ_MAX: usize = 256 * 1024;
 
 /// Copies what the page cache holds of `buf.len()` bytes at `offset` into `buf`, from the

@@ -191,7 +191,7 @@ impl Ring {
         start: usize,
         offset: u64,
     ) -> io::Result<Vec<u8>> {
-        let done = if buf.len() - start.min(buf.len()) <= CACHED_READ_MAX {
+        let done = if buf.len().saturating_sub(start) <= CACHED_READ_MAX {
             read_cached(&file, &mut buf[start..], offset)
         } else {
             0

@@ -6,6 +6,7 @@
 //! machine checks again against the node's state; the repair worker does the moving.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use shoal_agent_api::{DrainPlan, DrainProgress, DrainTarget};
 use shoal_mesh::{MemberState, MemberView};
@@ -19,6 +20,28 @@ use crate::{AgentError, Node};
 
 /// Stripes read from the replica per page.
 const PAGE: usize = 1024;
+
+/// How long an operator's question waits for this node's replica to catch up with the
+/// cluster before it is answered from the replica as it is.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// Brings this node's replica up to everything the cluster committed before the call (a
+/// read barrier), so that an answer includes a change made through another node a moment
+/// ago. Without a leader within [`CATCH_UP_WAIT`] the answer comes from the replica as it
+/// is (an operator still gets one during an outage), and the agent's log says so; a change
+/// is checked again by the state machine when it applies, so it never rests on such a view.
+pub(crate) async fn catch_up(node: &Node) {
+    match tokio::time::timeout(CATCH_UP_WAIT, node.group.barrier()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "answering from the local replica, which may be behind")
+        }
+        Err(_) => tracing::warn!(
+            waited_s = CATCH_UP_WAIT.as_secs(),
+            "no read barrier in time; answering from the local replica, which may be behind"
+        ),
+    }
+}
 
 /// A node named by an operator: its id and name.
 pub struct Named {
@@ -100,6 +123,7 @@ struct Asked {
 
 /// Finds the node `which` names and checks that its layout state allows `change`.
 async fn ask(node: &Node, which: &str, change: NodeChange) -> Result<Asked, AgentError> {
+    catch_up(node).await;
     let members = node.gossip.members().await?;
     let layout = node.group.store().cluster_layout()?;
     let target = find_node(&members, layout.as_ref(), which)?;
@@ -388,9 +412,10 @@ fn stripes_needing(node: &Node, id: NodeId) -> Result<u64, AgentError> {
     Ok(needed)
 }
 
-/// `shoal drain status [NODE]`: every draining or drained node (or the one asked about),
-/// as this agent's last scan saw it.
+/// `shoal drain status [NODE]`: every draining or drained node (or the one asked about):
+/// its state as of the question, its progress as this agent's last scan saw it.
 pub async fn status(node: &Node, which: Option<&str>) -> Result<Vec<DrainProgress>, AgentError> {
+    catch_up(node).await;
     let members = node.gossip.members().await?;
     let store = node.group.store();
     let Some(layout) = store.cluster_layout()? else {

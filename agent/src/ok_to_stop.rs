@@ -107,8 +107,9 @@ pub fn verdict(
 }
 
 /// Assesses stopping the node named `which` (a name or a 16-hex-digit id) from this
-/// node's replica and gossip view.
+/// node's replica, caught up with the cluster first, and gossip view.
 pub async fn assess(node: &Node, which: &str) -> Result<OkToStop, AgentError> {
+    crate::drain::catch_up(node).await;
     let members = node.gossip.members().await?;
     let store = node.group.store();
     let layout = crate::drain::committed_layout(node)?;

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use shoal_tests::netfault::{self, Partition};
 use shoal_tests::{DevCluster, Written, check_files, shard_files, shoal, wait_for, write_files};
 
 /// A 2+1 cluster of `nodes` agents with mounts in `domains` failure domains, started
@@ -216,6 +217,40 @@ fn a_node_drains_under_a_live_workload_and_every_file_reads_back() {
         || c.layout_state(writer, &id).is_none().then_some(()),
     );
     check_files(&c, reader, &files);
+}
+
+#[test]
+fn a_drain_started_through_one_node_shows_in_another_nodes_status_at_once() {
+    if !netfault::available() {
+        eprintln!("SKIPPED: needs root and nftables");
+        return;
+    }
+    let c = cluster(5, 64, 5, &[]);
+    let non_voters = c.non_voters(1);
+    let (observer, drained) = (non_voters[0], non_voters[1]);
+    let starter = (1..=5).find(|i| !non_voters.contains(i)).expect("a voter");
+    let id = c.node_id(drained);
+    let mut files = Vec::new();
+    write_files(&c, starter, 0..4, &mut files);
+    // The observer misses the drain's commit while it is cut off (the voters commit it
+    // without it)...
+    {
+        let _cut = Partition::isolate(c.ip(observer));
+        let (code, _, out, err) = cli(&c, starter, &["drain", &id, "--json"]);
+        assert_eq!(code, 0, "{out}{err}");
+        // Long enough for the leader to back off from sending to it.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    // ...and, asked the moment it is back, answers from everything committed before the
+    // question, not from what its replica happens to have applied.
+    let d = drain_status(&c, observer, &id);
+    assert_ne!(
+        d["state"], "active",
+        "the drain started before the question: {d}"
+    );
+    let (code, _, out, err) = cli(&c, observer, &["undrain", &id]);
+    assert_eq!(code, 0, "undrain through the observer: {out}{err}");
+    check_files(&c, observer, &files);
 }
 
 #[test]

@@ -84,3 +84,40 @@ async fn an_open_unlinked_file_survives_its_node_being_cut_off() {
         "the leader purged while the holder was cut off"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_from_a_partition_reads_before_gossip_sees_the_others_again() {
+    if !netfault::available() {
+        eprintln!("SKIPPED: needs root and nftables");
+        return;
+    }
+    // 2+1 over four nodes: the non-voter is the reader, so its partition costs the
+    // metadata group nothing.
+    let c = DevCluster::up_with(4, 44, &["--ec", "2+1"]);
+    c.wait_layout(1);
+    let reader = *c.non_voters(1).first().expect("a non-voter");
+    let writer = (1..=4).find(|&i| i != reader).expect("a writer");
+    let mut fs = Fs::connect(&c, writer).await;
+    let ino = fs.mknod(ROOT_INO, "f", FileKind::File).await;
+    let data = pattern(300_000, 7);
+    fs.write(ino, 0, data.clone()).await;
+    {
+        let _cut = Partition::isolate(c.ip(reader));
+        wait_for(
+            Duration::from_secs(30),
+            "the others down for the reader",
+            || {
+                let nodes = c.status(reader)?["nodes"].as_array()?.clone();
+                nodes
+                    .iter()
+                    .filter(|n| n["state"] == "down")
+                    .count()
+                    .eq(&3)
+                    .then_some(())
+            },
+        );
+    }
+    // Gossip takes a moment to hear the others again; the holders answer before it does.
+    let mut fs = Fs::connect(&c, reader).await;
+    assert_eq!(fs.read(ino, 0, 300_000).await, data);
+}

@@ -24,6 +24,9 @@ pub(crate) struct Addrs {
 pub(crate) struct Peers {
     pub layout: Layout,
     pub addrs: HashMap<NodeId, Addrs>,
+    /// The last addresses of nodes left out of `addrs` (gossip says suspect or down, or a
+    /// shard write just failed on them): asked only when a read has no other way.
+    pub last_known: HashMap<NodeId, Addrs>,
     pub names: HashMap<NodeId, String>,
     /// Live nodes left out of placement for want of room (facts or a recent answer).
     pub full: Vec<NodeId>,
@@ -46,6 +49,11 @@ impl Peers {
         names.sort();
         names.dedup();
         names.join(", ")
+    }
+
+    /// How to reach `node` now: while gossip counts it alive and no write just failed on it.
+    pub fn reach(&self, node: NodeId) -> Option<Addrs> {
+        self.addrs.get(&node).copied()
     }
 
     pub fn name(&self, node: NodeId) -> String {
@@ -89,6 +97,7 @@ pub(crate) fn peers(
     let mut names = HashMap::new();
     let mut refusing = Vec::new();
     let mut opening = Vec::new();
+    let mut last_known = HashMap::new();
     // A layout node may take shards in a moment while gossip's newest word on it is
     // nothing, "suspect", or "alive" without its facts yet (this agent just started, or
     // it just came back), or "alive" while the layout still says down (the steward has
@@ -117,12 +126,17 @@ pub(crate) fn peers(
                 .collect()
         })
         .unwrap_or_default();
-    for m in members
-        .into_iter()
-        .filter(|m| m.state == MemberState::Alive)
-    {
+    for m in members {
         let Some(f) = m.facts else { continue };
         let id = m.id.node;
+        let reach = Addrs {
+            rpc: f.rpc_addr,
+            bulk: f.bulk_addr,
+        };
+        if m.state != MemberState::Alive {
+            last_known.insert(id, reach);
+            continue;
+        }
         if f.store_opening {
             opening.push(id);
         } else if !f.store_accepting {
@@ -137,19 +151,21 @@ pub(crate) fn peers(
             f.failure_domain.as_str(),
             f.capacity_bytes.max(1),
         ));
-        addrs.insert(
-            id,
-            Addrs {
-                rpc: f.rpc_addr,
-                bulk: f.bulk_addr,
-            },
-        );
+        addrs.insert(id, reach);
         names.insert(id, f.name);
     }
+    // Several generations of a node may be listed: the alive one wins.
+    last_known.retain(|id, _| !addrs.contains_key(id));
     let suspects: Vec<NodeId> = suspects
         .iter()
         .copied()
-        .filter(|n| addrs.remove(n).is_some())
+        .filter(|n| match addrs.remove(n) {
+            Some(a) => {
+                last_known.insert(*n, a);
+                true
+            }
+            None => false,
+        })
         .collect();
     full.retain(|id| addrs.contains_key(id));
     full.sort_unstable();
@@ -182,6 +198,7 @@ pub(crate) fn peers(
     Ok(Peers {
         layout,
         addrs,
+        last_known,
         names,
         full,
         suspects,
@@ -275,6 +292,30 @@ mod tests {
             !p.addrs.contains_key(&NodeId(4)),
             "a suspect is not reached"
         );
+    }
+
+    #[test]
+    fn nodes_not_reached_keep_their_last_address_for_a_last_resort_read() {
+        let mut down = member(2, true, 1 << 30);
+        down.state = MemberState::Down;
+        let mut old_generation = member(3, true, 1 << 30);
+        old_generation.state = MemberState::Down;
+        let members = vec![
+            member(1, true, 1 << 30),
+            down,
+            old_generation,
+            member(3, true, 1 << 30),
+            member(4, true, 1 << 30),
+        ];
+        let p = peers(Some(&layout(&[1, 2, 3, 4])), members, &[NodeId(4)], vec![]).expect("peers");
+        let addr = |id: u64| Some(member(id, true, 0).facts.expect("facts").rpc_addr);
+        assert_eq!(p.reach(NodeId(2)), None, "down for gossip");
+        assert_eq!(p.last_known.get(&NodeId(2)).map(|a| a.rpc), addr(2));
+        assert_eq!(p.reach(NodeId(4)), None, "a shard write just failed on it");
+        assert_eq!(p.last_known.get(&NodeId(4)).map(|a| a.rpc), addr(4));
+        assert_eq!(p.reach(NodeId(3)).map(|a| a.rpc), addr(3), "alive again");
+        assert!(!p.last_known.contains_key(&NodeId(3)));
+        assert!(!p.last_known.contains_key(&NodeId(1)));
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl Stripes {
         self.metrics.read.inc();
         let mut set = JoinSet::new();
         let mut bad = Vec::new();
+        let mut unreached = false;
         for (n, s) in slices.iter().enumerate() {
             let loc = &record.shards[s.shard_index as usize];
             if loc.node.is_none() {
@@ -76,8 +77,13 @@ impl Stripes {
                 bad.push(s.shard_index);
                 continue;
             }
+            let Some(addr) = peers.reach(loc.node) else {
+                // Gossip does not count its holder alive: read around it (the degraded
+                // read still asks it when nothing else will do).
+                unreached = true;
+                continue;
+            };
             let this = self.clone();
-            let addr = peers.addrs.get(&loc.node).copied();
             let (node, slice, crc) = (loc.node, *s, loc.crc32c);
             let (stripe, whole) = (
                 record.id.0,
@@ -100,7 +106,7 @@ impl Stripes {
                 }
             }
         }
-        if bad.is_empty() {
+        if bad.is_empty() && !unreached {
             // One copy per part (a byte-wise `flatten` here took 70% of a reader's CPU).
             let mut data = Vec::with_capacity(len as usize);
             for part in parts.into_iter().flatten() {
@@ -125,12 +131,13 @@ impl Stripes {
     async fn fetch_checked(
         self: &Arc<Self>,
         node: NodeId,
-        addr: Option<Addrs>,
+        addr: Addrs,
         stripe: u128,
         s: ShardSlice,
         crc: u32,
         whole: bool,
     ) -> ShardResponse {
+        let addr = Some(addr);
         let get = ShardRequest::Get {
             stripe,
             index: s.shard_index,
@@ -243,9 +250,21 @@ impl Stripes {
             source,
         };
         let mut set = JoinSet::new();
-        for loc in degraded_sources(record, &bad).map_err(unreadable)? {
+        let sources = degraded_sources(record, &bad).map_err(unreadable)?;
+        // Holders gossip does not count alive are asked too when the others are fewer than
+        // k: gossip lags behind a healed partition, and a read that can succeed must not
+        // fail on its word.
+        let last_resort = sources
+            .iter()
+            .filter(|l| peers.reach(l.node).is_some())
+            .count()
+            < usize::from(record.ec.k);
+        for loc in sources {
             let this = self.clone();
-            let addr = peers.addrs.get(&loc.node).copied();
+            let addr = match peers.reach(loc.node) {
+                None if last_resort => peers.last_known.get(&loc.node).copied(),
+                reach => reach,
+            };
             let req = ShardRequest::Get {
                 stripe: record.id.0,
                 index: loc.index,

@@ -3,8 +3,8 @@
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 
-use shoal_agent_api::frame::{read_any_frame, write_frame, write_frame_as};
-use shoal_agent_api::{API_VERSION, Request, Response};
+use shoal_agent_api::frame::{read_any_frame, write_data_frame_as, write_frame, write_frame_as};
+use shoal_agent_api::{API_VERSION, FsRequest, FsResponse, Request, Response};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
@@ -99,6 +99,19 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
             Response::Error(format!(
                 "this agent speaks protocol {API_VERSION}; the client speaks {version}: use the shoal binary of the agent's release"
             ))
+        } else if let Request::Fs(FsRequest::Read { ino, offset, len }) = request {
+            // File data goes out in the parts it was read in, not joined first.
+            match node.fs.read(ino, offset, len).await {
+                Ok(parts) => {
+                    let sent =
+                        write_data_frame_as::<_, Response, _>(&mut stream, version, &parts).await;
+                    if sent.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => Response::Fs(FsResponse::Error(e)),
+            }
         } else {
             handle(&node, request, pid, version).await
         };

@@ -96,6 +96,44 @@ where
     Ok(())
 }
 
+/// Writes one frame marked as protocol `version` of the message of type `T` that is file
+/// data alone ([`TrailingBytes::only_data`]), whose bytes are `parts` one after another:
+/// the frame's head, then each part from where it lies. The bytes on the wire are those
+/// of the message holding the parts joined.
+pub async fn write_data_frame_as<W, T, P>(
+    w: &mut W,
+    version: u8,
+    parts: &[P],
+) -> Result<(), ApiError>
+where
+    W: AsyncWrite + Unpin,
+    T: TrailingBytes,
+    P: AsRef<[u8]>,
+{
+    let data_len: usize = parts.iter().map(|p| p.as_ref().len()).sum();
+    let Some(prefix) = T::only_data_prefix() else {
+        return Err(ApiError::Decode(
+            "this message type has no data-only form".into(),
+        ));
+    };
+    let mut head = Vec::with_capacity(4 + 1 + prefix.len() + 5);
+    head.extend_from_slice(&[0; 4]);
+    head.push(version);
+    head.extend_from_slice(prefix);
+    put_varint(&mut head, data_len);
+    let len = head.len() - 4 + data_len;
+    if len > MAX_FRAME {
+        return Err(ApiError::TooLarge(len));
+    }
+    head[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    w.write_all(&head).await?;
+    for part in parts {
+        w.write_all(part.as_ref()).await?;
+    }
+    w.flush().await?;
+    Ok(())
+}
+
 /// The whole frame of `msg`: length, version, body.
 fn encode_frame<T: Serialize>(version: u8, msg: &T) -> Result<Vec<u8>, ApiError> {
     // Sized first, then encoded once into the frame: a stripe's data is copied once here,
@@ -269,6 +307,38 @@ mod tests {
         f.push(API_VERSION);
         f.extend_from_slice(&body);
         f
+    }
+
+    #[tokio::test]
+    async fn data_in_parts_goes_out_as_the_message_holding_it_joined() {
+        let whole = data(300_007);
+        for cuts in [
+            vec![],
+            vec![0],
+            vec![5, 70_000],
+            vec![1 << 16, 1 << 17, 300_000],
+        ] {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for c in cuts.iter().copied().chain([whole.len()]) {
+                parts.push(whole[at..c].to_vec());
+                at = c;
+            }
+            let mut wire = Vec::new();
+            write_data_frame_as::<_, Response, _>(&mut wire, API_VERSION, &parts)
+                .await
+                .expect("write");
+            let read = Response::Fs(crate::FsResponse::Data(whole.clone()));
+            assert_eq!(wire, plain(&read), "cut at {cuts:?}");
+        }
+        let mut wire = Vec::new();
+        write_data_frame_as::<_, Response, Vec<u8>>(&mut wire, API_VERSION, &[])
+            .await
+            .expect("write");
+        assert_eq!(wire, plain(&Response::Fs(crate::FsResponse::Data(vec![]))));
+        let refused =
+            write_data_frame_as::<_, Request, Vec<u8>>(&mut Vec::new(), API_VERSION, &[]).await;
+        assert!(refused.is_err(), "a request has no data-only form");
     }
 
     fn data(n: usize) -> Vec<u8> {

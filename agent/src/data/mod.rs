@@ -17,6 +17,7 @@ mod write;
 
 pub use corrupt::CorruptReports;
 pub use error::{ShardFault, ShardFaults, StripeError};
+pub use read::StripeParts;
 pub use rebuild::{Rebuild, Rebuilt};
 pub use shard_rpc::carries_payload;
 pub use stripes::{StripeSettings, Stripes};

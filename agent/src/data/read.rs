@@ -47,13 +47,31 @@ pub(super) fn degraded_sources<'r>(
 }
 
 impl Stripes {
-    /// Reads `[offset, offset+len)` of a stripe.
+    /// Reads `[offset, offset+len)` of a stripe into one buffer.
     pub async fn read(
         self: &Arc<Self>,
         record: &StripeRecord,
         offset: u64,
         len: u64,
     ) -> Result<StripeRead, StripeError> {
+        let read = self.read_parts(record, offset, len).await?;
+        Ok(StripeRead {
+            // One copy per part (a byte-wise `flatten` here took 70% of a reader's CPU).
+            data: read.parts.concat(),
+            decoded: read.decoded,
+            bad_shards: read.bad_shards,
+        })
+    }
+
+    /// Reads `[offset, offset+len)` of a stripe as the parts it arrived in (shard ranges,
+    /// or decoded data shards), in order: a caller that gathers several stripes copies
+    /// each byte once.
+    pub async fn read_parts(
+        self: &Arc<Self>,
+        record: &StripeRecord,
+        offset: u64,
+        len: u64,
+    ) -> Result<StripeParts, StripeError> {
         let ec = record.ec;
         record.check()?;
         let geometry = StripeGeometry::new(record.len, ec.k, DEFAULT_SHARD_SIZE)
@@ -107,13 +125,8 @@ impl Stripes {
             }
         }
         if bad.is_empty() && !unreached {
-            // One copy per part (a byte-wise `flatten` here took 70% of a reader's CPU).
-            let mut data = Vec::with_capacity(len as usize);
-            for part in parts.into_iter().flatten() {
-                data.extend_from_slice(&part);
-            }
-            return Ok(StripeRead {
-                data,
+            return Ok(StripeParts {
+                parts: parts.into_iter().flatten().collect(),
                 decoded: false,
                 bad_shards: vec![],
             });
@@ -215,22 +228,16 @@ impl Stripes {
         bad: Vec<u8>,
         offset: u64,
         len: u64,
-    ) -> Result<StripeRead, StripeError> {
+    ) -> Result<StripeParts, StripeError> {
         let (data_shards, bad) = self.data_shards(record, peers, bad).await?;
-        let joined = data_shards.concat();
-        let out_of_range = || StripeError::OutOfRange {
+        let parts = range_of(data_shards, offset, len).ok_or(StripeError::OutOfRange {
             stripe: record.id,
             offset,
             len,
             size: record.len,
-        };
-        let end = usize::try_from(offset.saturating_add(len)).map_err(|_| out_of_range())?;
-        let data = joined
-            .get(offset as usize..end)
-            .ok_or_else(out_of_range)?
-            .to_vec();
-        Ok(StripeRead {
-            data,
+        })?;
+        Ok(StripeParts {
+            parts,
             decoded: true,
             bad_shards: bad,
         })
@@ -311,6 +318,37 @@ impl Stripes {
     }
 }
 
+/// A stripe range as read: its bytes in order, in the parts they came in.
+pub struct StripeParts {
+    pub parts: Vec<Bytes>,
+    /// True when shards had to be decoded (a data shard was missing, slow or corrupt).
+    pub decoded: bool,
+    /// Shard indexes that could not be used.
+    pub bad_shards: Vec<u8>,
+}
+
+/// `[offset, offset+len)` of the concatenation of `shards`, as slices of them (no copy);
+/// `None` when the range goes past their end.
+fn range_of(shards: Vec<Vec<u8>>, offset: u64, len: u64) -> Option<Vec<Bytes>> {
+    let total: u64 = shards.iter().map(|s| s.len() as u64).sum();
+    if offset.checked_add(len)? > total {
+        return None;
+    }
+    let (mut at, end) = (offset, offset + len);
+    let mut start = 0u64;
+    let mut parts = Vec::new();
+    for shard in shards {
+        let shard_end = start + shard.len() as u64;
+        if at < end && at < shard_end {
+            let (from, to) = ((at - start) as usize, (end.min(shard_end) - start) as usize);
+            parts.push(Bytes::from(shard).slice(from..to));
+            at = end.min(shard_end);
+        }
+        start = shard_end;
+    }
+    Some(parts)
+}
+
 fn short(r: &ShardResponse) -> String {
     match r {
         ShardResponse::Failed { kind, message } => format!("{kind:?}: {message}"),
@@ -340,6 +378,20 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_range_of_decoded_shards_is_sliced_from_them() {
+        let shards = vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8]];
+        let cat = |p: Option<Vec<Bytes>>| p.map(|p| p.concat());
+        assert_eq!(cat(range_of(shards.clone(), 0, 8)), Some((1..=8).collect()));
+        assert_eq!(cat(range_of(shards.clone(), 2, 3)), Some(vec![3, 4, 5]));
+        assert_eq!(cat(range_of(shards.clone(), 3, 3)), Some(vec![4, 5, 6]));
+        assert_eq!(cat(range_of(shards.clone(), 7, 1)), Some(vec![8]));
+        assert_eq!(cat(range_of(shards.clone(), 8, 0)), Some(vec![]));
+        assert_eq!(range_of(shards.clone(), 4, 2).map(|p| p.len()), Some(1));
+        assert_eq!(cat(range_of(shards.clone(), 7, 2)), None, "past the end");
+        assert_eq!(cat(range_of(shards, u64::MAX, 2)), None);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::{Buf, Bytes};
 use shoal_agent_api::{
     DELIVERY_WAIT_MS, FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino,
     MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, RequestId,
@@ -186,10 +187,7 @@ impl FsService {
                 FsResponse::Done
             }
             FsRequest::Read { ino, offset, len } => {
-                if len > MAX_READ {
-                    return Err(FsError::Invalid);
-                }
-                FsResponse::Data(self.read(ino, offset, len as u64).await?)
+                FsResponse::Data(self.read(ino, offset, len).await?.concat())
             }
             FsRequest::StatFs => FsResponse::StatFs(self.statfs().await?),
             FsRequest::Watch {
@@ -311,20 +309,29 @@ impl FsService {
         }
     }
 
-    async fn read(&self, ino: Ino, offset: u64, len: u64) -> Result<Vec<u8>, FsError> {
+    /// `len` bytes of file `ino` from `offset` (fewer at its end), in order, in the parts
+    /// they were read in: the local socket writes them out one after another, so file data
+    /// is not copied into one buffer first.
+    pub async fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<Bytes>, FsError> {
+        if len > MAX_READ {
+            return Err(FsError::Invalid);
+        }
+        let len = u64::from(len);
         let data = self.group.store().file_range(ino, offset, len)?;
         regular_file(data.attr.kind)?;
         let end = offset.saturating_add(len).min(data.attr.size);
         if offset >= end {
             return Ok(Vec::new());
         }
-        // Pieces of the answer: (file offset, bytes), assembled in order at the end.
-        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+        // Pieces of the answer: (file offset, bytes in parts), assembled in order at the end.
+        let mut pieces: Vec<(u64, Vec<Bytes>)> = Vec::new();
         let inline_end = (data.inline.len() as u64).min(end);
         if offset < inline_end {
             pieces.push((
                 offset,
-                data.inline[offset as usize..inline_end as usize].to_vec(),
+                vec![Bytes::copy_from_slice(
+                    &data.inline[offset as usize..inline_end as usize],
+                )],
             ));
         }
         if let Some(tier) = &self.tier {
@@ -342,7 +349,7 @@ impl FsService {
                     let tier = tier.clone();
                     reads.spawn(async move {
                         let r = tier.read_cold(ino, e.stripe.id, loc, at, t - s).await;
-                        (s, t, r)
+                        (s, t, r.map(|d| vec![Bytes::from(d)]))
                     });
                 }
                 (Some(_), None) => {
@@ -354,19 +361,17 @@ impl FsService {
                 (None, _) => {
                     let stripes = self.stripes.clone();
                     reads.spawn(async move {
-                        let r = stripes.read(&e.stripe, at, t - s).await;
-                        (s, t, r.map(|r| r.data).map_err(FsError::from))
+                        let r = stripes.read_parts(&e.stripe, at, t - s).await;
+                        (s, t, r.map(|r| r.parts).map_err(FsError::from))
                     });
                 }
             }
         }
         while let Some(joined) = reads.join_next().await {
             let (s, t, r) = joined.map_err(|e| FsError::Io(e.to_string()))?;
-            let mut bytes = r?;
-            bytes.truncate((t - s) as usize);
-            pieces.push((s, bytes));
+            pieces.push((s, clip(r?, t - s)));
         }
-        Ok(assemble(offset, end, pieces))
+        Ok(lay_out(offset, end, pieces))
     }
 
     async fn statfs(&self) -> Result<FsStats, FsError> {
@@ -395,31 +400,52 @@ impl FsService {
     }
 }
 
-/// The bytes of `[offset, end)` from pieces at file offsets within it (holes and short
-/// pieces read as zeros). One piece that covers the range is the answer as it is: a
-/// stripe's bytes are not copied again (nor a zeroed buffer made for them).
-fn assemble(offset: u64, end: u64, mut pieces: Vec<(u64, Vec<u8>)>) -> Vec<u8> {
+/// The bytes of `[offset, end)`, in order, from pieces at file offsets within it (each in
+/// parts): holes and short pieces read as zeros, bytes past `end` are dropped. Nothing is
+/// copied but the zeros.
+fn lay_out(offset: u64, end: u64, mut pieces: Vec<(u64, Vec<Bytes>)>) -> Vec<Bytes> {
     let len = (end - offset) as usize;
-    if pieces.len() == 1 && pieces[0].0 == offset {
-        let (_, mut bytes) = pieces.remove(0);
-        bytes.resize(len, 0);
-        return bytes;
-    }
     pieces.sort_by_key(|(at, _)| *at);
-    let mut out = Vec::with_capacity(len);
-    for (at, bytes) in pieces {
-        let at = (at - offset) as usize;
-        if at > out.len() {
-            out.resize(at, 0);
+    let mut out = Vec::new();
+    let mut filled = 0;
+    let zeros = |n: usize| Bytes::from(vec![0; n]);
+    for (at, parts) in pieces {
+        let at = ((at - offset) as usize).min(len);
+        if at > filled {
+            out.push(zeros(at - filled));
+            filled = at;
         }
         // Extents do not overlap; should two, the earlier one's bytes stay.
-        let skip = out.len() - at;
-        if skip < bytes.len() {
-            out.extend_from_slice(&bytes[skip..]);
+        let mut skip = filled - at;
+        for mut part in parts {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            part.advance(skip);
+            skip = 0;
+            part.truncate(len - filled);
+            filled += part.len();
+            if !part.is_empty() {
+                out.push(part);
+            }
         }
     }
-    out.resize(len, 0);
+    if filled < len {
+        out.push(zeros(len - filled));
+    }
     out
+}
+
+/// The first `len` bytes of `parts`.
+fn clip(mut parts: Vec<Bytes>, len: u64) -> Vec<Bytes> {
+    let mut left = len as usize;
+    for p in parts.iter_mut() {
+        p.truncate(left);
+        left -= p.len();
+    }
+    parts.retain(|p| !p.is_empty());
+    parts
 }
 
 /// The mount session a request acts for: its handles' or its request id's.
@@ -471,20 +497,59 @@ fn entry(r: FsResponse) -> FsResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::assemble;
+    use bytes::Bytes;
+
+    use super::{clip, lay_out};
+
+    fn one(b: &[u8]) -> Vec<Bytes> {
+        vec![Bytes::copy_from_slice(b)]
+    }
+
+    fn assemble(offset: u64, end: u64, pieces: Vec<(u64, Vec<Bytes>)>) -> Vec<u8> {
+        let parts = lay_out(offset, end, pieces);
+        assert!(parts.iter().all(|p| !p.is_empty()), "{parts:?}");
+        parts.concat()
+    }
 
     #[test]
     fn one_piece_covering_the_range_is_the_answer() {
-        assert_eq!(assemble(10, 14, vec![(10, vec![1, 2, 3, 4])]), [1, 2, 3, 4]);
+        assert_eq!(
+            assemble(10, 14, vec![(10, one(&[1, 2, 3, 4]))]),
+            [1, 2, 3, 4]
+        );
         // Short: the rest reads as zeros.
-        assert_eq!(assemble(10, 14, vec![(10, vec![1, 2])]), [1, 2, 0, 0]);
+        assert_eq!(assemble(10, 14, vec![(10, one(&[1, 2]))]), [1, 2, 0, 0]);
+        // In parts, passed on as they are.
+        let parts = vec![(10, [one(&[1]), one(&[2, 3]), one(&[4])].concat())];
+        assert_eq!(lay_out(10, 14, parts.clone()), parts[0].1);
+        assert_eq!(assemble(10, 14, parts), [1, 2, 3, 4]);
     }
 
     #[test]
     fn pieces_in_any_order_with_holes_between_them() {
-        let pieces = vec![(16, vec![7, 8]), (10, vec![1, 2]), (13, vec![4])];
+        let pieces = vec![(16, one(&[7, 8])), (10, one(&[1, 2])), (13, one(&[4]))];
         assert_eq!(assemble(10, 18, pieces), [1, 2, 0, 4, 0, 0, 7, 8]);
         assert_eq!(assemble(10, 13, vec![]), [0, 0, 0]);
-        assert_eq!(assemble(10, 13, vec![(12, vec![9])]), [0, 0, 9]);
+        assert_eq!(assemble(10, 13, vec![(12, one(&[9]))]), [0, 0, 9]);
+        assert!(lay_out(10, 10, vec![]).is_empty());
+    }
+
+    #[test]
+    fn overlapping_and_overlong_pieces_keep_the_earlier_bytes_and_the_length() {
+        let pieces = vec![
+            (10, [one(&[1, 2]), one(&[3])].concat()),
+            (11, one(&[8, 9, 4, 5, 6])),
+        ];
+        assert_eq!(assemble(10, 15, pieces), [1, 2, 3, 4, 5]);
+        assert_eq!(assemble(10, 12, vec![(11, one(&[5, 6, 7]))]), [0, 5]);
+    }
+
+    #[test]
+    fn clip_keeps_the_first_bytes_of_the_parts() {
+        let parts = [one(&[1, 2]), one(&[3, 4]), one(&[5])].concat();
+        assert_eq!(clip(parts.clone(), 3).concat(), [1, 2, 3]);
+        assert_eq!(clip(parts.clone(), 2).len(), 1);
+        assert_eq!(clip(parts.clone(), 9).concat(), [1, 2, 3, 4, 5]);
+        assert!(clip(parts, 0).is_empty());
     }
 }

@@ -186,6 +186,8 @@ impl FsService {
                 self.handles.release(session, handle);
                 FsResponse::Done
             }
+            // The local socket serves reads through `read` itself and writes the parts out
+            // without joining them (admin.rs); this joined answer is for other callers.
             FsRequest::Read { ino, offset, len } => {
                 FsResponse::Data(self.read(ino, offset, len).await?.concat())
             }

@@ -10,7 +10,9 @@
 #   --op OP        create: N empty files made one at a time in one directory (open with
 #                  O_CREAT|O_EXCL, close), through node 1's mount (default);
 #                  randread: 4K random reads, libaio, queue depth 16, O_DIRECT, for 15 s, on a
-#                  1 GiB file written through node 1's mount just before (caches dropped)
+#                  1 GiB file written through node 1's mount just before (caches dropped);
+#                  seqread: that file read once from start to end in 1 MiB reads (caches
+#                  dropped first); one operation is one MiB
 #   --count N      creates (default 1000)
 #   --dir DIR      the cluster's directory, wiped first (default /var/tmp/shoal-cpu-per-op)
 #
@@ -46,7 +48,7 @@ while [ $# -gt 0 ]; do
     *) echo "cpu-per-op.sh: unknown argument $1" >&2; usage ;;
   esac
 done
-case "$op" in create|randread) ;; *) echo "cpu-per-op.sh: --op is create or randread" >&2; usage ;; esac
+case "$op" in create|randread|seqread) ;; *) echo "cpu-per-op.sh: --op is create, randread or seqread" >&2; usage ;; esac
 [[ "$count" =~ ^[1-9][0-9]*$ ]] || { echo "cpu-per-op.sh: --count must be a positive number" >&2; usage; }
 [ "$(id -u)" = 0 ] || die "run as root (FUSE mounts, dropping caches)"
 for b in shoal shoal-agent; do
@@ -108,6 +110,15 @@ PY
       || die "fio failed (output in $dir.fio.json)"
     after=$(snapshot); s1=$(steal)
     read -r ops rate < <(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['jobs'][0]['read']; print(r['total_ios'], f\"{r['iops']:.0f} IOPS\")" "$dir.fio.json") ;;
+  seqread)
+    dd if=/dev/urandom of="$mnt/seqread" bs=1M count=1024 conv=fsync status=none
+    sync; echo 3 >/proc/sys/vm/drop_caches
+    before=$(snapshot); s0=$(steal)
+    t0=$(date +%s%N)
+    dd if="$mnt/seqread" of=/dev/null bs=1M status=none || die "reading the file failed"
+    t1=$(date +%s%N)
+    after=$(snapshot); s1=$(steal)
+    ops=1024; rate="$((1024 * 1000000000 / (t1 - t0))) MiB/s" ;;
 esac
 
 tick_us=$((1000000 / $(getconf CLK_TCK)))

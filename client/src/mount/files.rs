@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use fuser::Errno;
 use shoal_agent_api::{FsRequest, FsResponse, Ino};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -300,7 +301,7 @@ impl OpenFiles {
     }
 
     /// Reads through the handle's read-ahead.
-    pub async fn read(&self, file: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    pub async fn read(&self, file: &OpenFile, offset: u64, size: u32) -> Result<Bytes, Errno> {
         readahead::read(
             &file.reader,
             &file.generation,

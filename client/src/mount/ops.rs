@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use fuser::Errno;
 use shoal_agent_api::{
     DirEntry, FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner, RenameFlags, SetAttr,
@@ -281,13 +282,15 @@ impl FsState {
         Ok((attr, fh))
     }
 
-    pub async fn read(&self, fh: u64, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    pub async fn read(&self, fh: u64, ino: Ino, offset: u64, size: u32) -> Result<Bytes, Errno> {
         if self.files.has_pending(ino) {
             self.files.flush_inode(ino).await;
         }
         match self.files.get(fh) {
             Some(file) => self.files.read(&file, offset, size).await,
-            None => read_direct(&self.agent, ino, offset, size).await,
+            None => read_direct(&self.agent, ino, offset, size)
+                .await
+                .map(Bytes::from),
         }
     }
 

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::{Bytes, BytesMut};
 use fuser::Errno;
 use shoal_agent_api::{FsRequest, FsResponse, Ino};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -78,7 +79,7 @@ impl Window {
     }
 }
 
-type Fetched = Option<Result<Arc<Vec<u8>>, Errno>>;
+type Fetched = Option<Result<Bytes, Errno>>;
 
 struct Fetch {
     index: u64,
@@ -114,7 +115,8 @@ impl ReadCache {
     }
 }
 
-/// Reads `[offset, offset + size)` of `ino` through the handle's cache.
+/// Reads `[offset, offset + size)` of `ino` through the handle's cache. A read within one
+/// chunk is a slice of it, not a copy.
 pub async fn read(
     cache: &tokio::sync::Mutex<ReadCache>,
     generation: &AtomicU64,
@@ -123,7 +125,7 @@ pub async fn read(
     ino: Ino,
     offset: u64,
     size: u32,
-) -> Result<Vec<u8>, Errno> {
+) -> Result<Bytes, Errno> {
     let mut c = cache.lock().await;
     let now = generation.load(Ordering::Acquire);
     if c.generation != now {
@@ -133,7 +135,7 @@ pub async fn read(
     let (first, last) = match c.window.plan(offset, size) {
         Plan::Direct => {
             drop(c);
-            return read_direct(agent, ino, offset, size).await;
+            return read_direct(agent, ino, offset, size).await.map(Bytes::from);
         }
         Plan::Chunks { first, last } => (first, last),
     };
@@ -149,7 +151,7 @@ pub async fn read(
     }
     drop(c);
     let end = offset.saturating_add(u64::from(size));
-    let mut out = Vec::with_capacity(size as usize);
+    let mut pieces = Vec::with_capacity(needed.len());
     let mut last_full = false;
     for (index, mut rx) in needed {
         let data = match rx.wait_for(Option::is_some).await.map(|r| r.clone()) {
@@ -162,9 +164,9 @@ pub async fn read(
         };
         let start = index * chunk;
         let from = (offset.max(start) - start) as usize;
-        let to = (end.min(start + chunk) - start) as usize;
-        if let Some(bytes) = data.get(from..to.min(data.len())) {
-            out.extend_from_slice(bytes);
+        let to = ((end.min(start + chunk) - start) as usize).min(data.len());
+        if from < to {
+            pieces.push(data.slice(from..to));
         }
         last_full = data.len() as u64 == chunk;
         if (data.len() as u64) < chunk {
@@ -188,7 +190,19 @@ pub async fn read(
             c.chunks.remove(0);
         }
     }
-    Ok(out)
+    Ok(joined(pieces))
+}
+
+/// One piece as it is; several (a read across chunks) copied into one.
+fn joined(mut pieces: Vec<Bytes>) -> Bytes {
+    if pieces.len() <= 1 {
+        return pieces.pop().unwrap_or_default();
+    }
+    let mut out = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+    for piece in &pieces {
+        out.extend_from_slice(piece);
+    }
+    out.freeze()
 }
 
 /// Starts fetching chunk `index` (of `chunk` bytes) into the cache; its result.
@@ -204,7 +218,7 @@ fn fetch(
     let len = u32::try_from(chunk).unwrap_or(u32::MAX);
     tokio::spawn(async move {
         let result = read_direct(&agent, ino, index * chunk, len).await;
-        let _ = tx.send(Some(result.map(Arc::new)));
+        let _ = tx.send(Some(result.map(Bytes::from)));
     });
     c.chunks.push(Fetch {
         index,
@@ -236,6 +250,18 @@ pub async fn read_direct(agent: &Agent, ino: Ino, offset: u64, len: u32) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_within_one_chunk_is_that_chunk_and_pieces_join_in_order() {
+        let chunk = Bytes::from(vec![7u8; 16]);
+        let one = joined(vec![chunk.slice(4..8)]);
+        assert_eq!(&one[..], &[7u8; 4]);
+        // The same memory, not a copy.
+        assert_eq!(one.as_ptr(), chunk[4..].as_ptr());
+        let two = joined(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"cd")]);
+        assert_eq!(&two[..], b"abcd");
+        assert!(joined(Vec::new()).is_empty());
+    }
 
     #[test]
     fn first_read_goes_direct_and_a_following_read_uses_chunks() {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::dev_cluster::{node_dir, running_pid_in, stop_process};
+use crate::mountinfo::is_mounted;
 
 pub const MOUNT_PID: &str = "mount.pid";
 
@@ -140,82 +141,8 @@ fn unmount(mnt: &Path) {
     eprintln!("warning: {} is still mounted", mnt.display());
 }
 
-/// Whether `path` is a FUSE mountpoint (by /proc/self/mountinfo, which works for a mount
-/// whose process died, where statfs fails).
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let Some(path) = path.to_str() else {
-        return false;
-    };
-    fuse_mount_listed(&text, path)
-}
-
-/// Whether mountinfo `text` lists a FUSE filesystem mounted on `path`.
-fn fuse_mount_listed(text: &str, path: &str) -> bool {
-    text.lines().any(|line| {
-        let Some((left, right)) = line.split_once(" - ") else {
-            return false;
-        };
-        let mount_point = left.split(' ').nth(4).map(unescape);
-        let fstype = right.split(' ').next().unwrap_or("");
-        mount_point.as_deref() == Some(path) && (fstype == "fuse" || fstype.starts_with("fuse."))
-    })
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo` octal escapes.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push(d.iter().fold(0u8, |n, c| n.wrapping_mul(8) + (c - b'0')));
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 fn log_tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(n).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MOUNTINFO: &str = "\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-98 22 0:51 / /tmp/dev/node1/mnt rw,nosuid,nodev,relatime shared:50 - fuse.shoal shoal rw,user_id=0,group_id=0,default_permissions
-99 22 0:52 / /tmp/my\\040dir/mnt rw shared:51 - fuse.shoal shoal rw
-100 22 0:53 / /tmp/dev/node2/mnt rw shared:52 - tmpfs tmpfs rw
-";
-
-    #[test]
-    fn mountinfo_finds_fuse_mounts_by_path() {
-        assert!(fuse_mount_listed(MOUNTINFO, "/tmp/dev/node1/mnt"));
-        assert!(fuse_mount_listed(MOUNTINFO, "/tmp/my dir/mnt"));
-        assert!(!fuse_mount_listed(MOUNTINFO, "/tmp/dev/node2/mnt"));
-        assert!(!fuse_mount_listed(MOUNTINFO, "/tmp/dev/node3/mnt"));
-        assert!(!fuse_mount_listed(MOUNTINFO, "/"));
-    }
-
-    #[test]
-    fn octal_escapes_are_decoded() {
-        assert_eq!(unescape("a\\040b\\134c"), "a b\\c");
-        assert_eq!(unescape("trailing\\04"), "trailing\\04");
-    }
 }

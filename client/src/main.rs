@@ -8,6 +8,7 @@ mod dev_mount;
 mod drain_bench;
 mod maintenance;
 mod mount;
+mod mountinfo;
 mod repair_bench;
 mod stat;
 mod status;

@@ -139,6 +139,7 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
         stripe,
         "mounted"
     );
+    raise_kernel_read_ahead(&mountpoint);
     if let Some(fd) = ready {
         fstab::report(fd, Ok(()));
     }
@@ -173,6 +174,40 @@ pub fn run(args: MountArgs, ready: Option<OwnedFd>) -> anyhow::Result<()> {
     rt.block_on(state.files.flush_everything());
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     result.context("FUSE session failed")
+}
+
+/// The kernel's own read-ahead on the mount, in KiB: one whole request of the largest size
+/// the mount takes (its default, 128 KiB, splits a sequential read into eight times as
+/// many requests, each a round trip through the mount).
+const KERNEL_READ_AHEAD_KB: u64 = (MAX_WRITE as u64) >> 10;
+
+/// Raises the kernel's read-ahead for the new mount (its backing device's
+/// `read_ahead_kb`) to [`KERNEL_READ_AHEAD_KB`] when it is lower; a mount that may not
+/// (not root) works as before, with smaller read requests.
+fn raise_kernel_read_ahead(mountpoint: &std::path::Path) {
+    let Some(device) = crate::mountinfo::fuse_device(mountpoint) else {
+        tracing::debug!("mount not found in mountinfo; kernel read-ahead left as it is");
+        return;
+    };
+    let knob = std::path::PathBuf::from(format!("/sys/class/bdi/{device}/read_ahead_kb"));
+    let now = std::fs::read_to_string(&knob)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    if now.is_some_and(|kb| kb >= KERNEL_READ_AHEAD_KB) {
+        return;
+    }
+    match std::fs::write(&knob, KERNEL_READ_AHEAD_KB.to_string()) {
+        Ok(()) => tracing::debug!(
+            device,
+            kb = KERNEL_READ_AHEAD_KB,
+            "kernel read-ahead raised"
+        ),
+        Err(e) => tracing::info!(
+            device,
+            error = %e,
+            "kernel read-ahead left at its default (sequential reads send smaller requests)"
+        ),
+    }
 }
 
 /// Joins the agent's reservation and learns the stripe size.

@@ -587,10 +587,37 @@ fn one_gib_file_streams_back_identical() {
         );
     }
     assert_eq!(f.read(&mut buf).expect("read at the end"), 0);
+    // The mount raised the kernel's read-ahead so that a sequential read comes in 1 MiB
+    // requests, not 128 KiB ones.
+    assert!(
+        kernel_read_ahead_kb(&c.mnt(2)) >= 1024,
+        "kernel read-ahead on node 2's mount"
+    );
     eprintln!(
         "1 GiB: written (and fsynced) through node 1 in {written:?}, read back through node 2 in {:?}",
         started.elapsed() - written
     );
+}
+
+/// The kernel's read-ahead (KiB) for the FUSE mount on `mnt`, from its backing device.
+fn kernel_read_ahead_kb(mnt: &Path) -> u64 {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mnt = mnt.to_str().expect("utf-8 path");
+    let device = info
+        .lines()
+        .filter(|l| l.contains(" - fuse"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&mnt)).then(|| f[2].to_string())
+        })
+        .last()
+        .unwrap_or_else(|| panic!("{mnt} not in mountinfo"));
+    let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    std::fs::read_to_string(&knob)
+        .unwrap_or_else(|e| panic!("{knob}: {e}"))
+        .trim()
+        .parse()
+        .expect("a number")
 }
 
 /// Runs `sh -c script` as `uid`:`gid` (no supplementary groups); (success, stderr).

@@ -11,14 +11,18 @@
 //!   trusted storage network (as Ceph's messenger offers), but a frame that was injected,
 //!   altered, replayed, reordered or dropped ends the connection.
 //!
-//! Frames, lane version 2 (ALPN `shoal-bulk/2`):
-//! - `secure`: `| length u32 BE | crc32c u32 BE | payload |` inside TLS;
+//! Frames, lane version 3 (ALPN `shoal-bulk/3`):
+//! - `secure`: `| length u32 BE | payload |` inside TLS, which authenticates every record;
 //! - `crc`: `| length u32 BE | payload | BLAKE3(key, seq u64 BE ++ length ++ payload) (32) |`.
 //!
 //! One request at a time per connection; concurrency comes from the pool. The lane carries
-//! only the requests the transport lets it (shard payloads), never control messages. The
-//! previous release's lane (ALPN `shoal-bulk/1`, crc32c-only plaintext frames in `crc`) is
-//! still served in `secure` mode, where TLS protects it, for a rolling upgrade.
+//! only the requests the transport lets it (shard payloads), never control messages.
+//!
+//! Earlier releases' lanes, for a rolling upgrade: version 2 (`shoal-bulk/2`) is served and
+//! offered beside version 3 (its `secure` frames carry a crc32c after the length, which
+//! TLS's own authentication made redundant; its `crc` frames are version 3's); version 1
+//! (`shoal-bulk/1`, crc32c-only plaintext frames in `crc`) is still served in `secure`
+//! mode, where TLS protects it. The server picks the newest version both ends speak.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,9 +41,13 @@ use crate::node_cert::{NodeCert, Revocations};
 use crate::rpc::peer_node;
 use crate::tls::TlsMaterial;
 
-pub(crate) const BULK_ALPN: &[u8] = b"shoal-bulk/2";
-/// The previous release's lane, served in `secure` mode only.
+pub(crate) const BULK_ALPN: &[u8] = b"shoal-bulk/3";
+/// The previous release's lane: `secure` frames with a crc32c.
+const BULK_ALPN_V2: &[u8] = b"shoal-bulk/2";
+/// The release before that, served in `secure` mode only.
 const BULK_ALPN_V1: &[u8] = b"shoal-bulk/1";
+/// What this node offers when it dials, newest first.
+const OFFERED: &[&[u8]] = &[BULK_ALPN, BULK_ALPN_V2];
 const MAX_FRAME: usize = 17 << 20;
 const ACK: u8 = 0x06;
 const TAG_LEN: usize = 32;
@@ -116,7 +124,11 @@ fn mac_keys<C>(conn: &rustls::ConnectionCommon<C>) -> std::io::Result<(Mac, Mac)
 
 /// How a connection's frames travel after the handshake.
 enum Framing {
-    Secure(Box<TlsStream<TcpStream>>),
+    /// Frames inside TLS; `crc`: each with a crc32c (lane versions 1 and 2).
+    Secure {
+        tls: Box<TlsStream<TcpStream>>,
+        crc: bool,
+    },
     /// Plaintext frames with a MAC each (`send`, `recv`: this end's two directions).
     Crc {
         tcp: TcpStream,
@@ -131,11 +143,26 @@ pub(crate) struct Conn {
     pub(crate) peer: Arc<NodeCert>,
 }
 
-async fn write_crc_frame<W: AsyncWrite + Unpin>(w: &mut W, payload: &[u8]) -> std::io::Result<()> {
+/// Whether a `secure` connection that agreed on `alpn` puts a crc32c in its frames.
+fn secure_frames_have_crc(alpn: Option<&[u8]>) -> bool {
+    alpn != Some(BULK_ALPN)
+}
+
+/// A `secure` frame: its length, with `crc` a crc32c of the payload, then the payload.
+async fn write_secure_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    payload: &[u8],
+    crc: bool,
+) -> std::io::Result<()> {
     let mut head = [0u8; 8];
     head[..4].copy_from_slice(&(payload.len() as u32).to_be_bytes());
-    head[4..].copy_from_slice(&crc32c::crc32c(payload).to_be_bytes());
-    w.write_all(&head).await?;
+    let head = if crc {
+        head[4..].copy_from_slice(&crc32c::crc32c(payload).to_be_bytes());
+        &head[..]
+    } else {
+        &head[..4]
+    };
+    w.write_all(head).await?;
     w.write_all(payload).await?;
     w.flush().await
 }
@@ -162,13 +189,17 @@ async fn read_exactly<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::R
     Ok(payload)
 }
 
-async fn read_crc_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
-    let mut head = [0u8; 8];
+async fn read_secure_frame<R: AsyncRead + Unpin>(r: &mut R, crc: bool) -> std::io::Result<Vec<u8>> {
+    let mut head = [0u8; 4];
     r.read_exact(&mut head).await?;
-    let len = frame_len(u32::from_be_bytes([head[0], head[1], head[2], head[3]]))?;
-    let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+    let len = frame_len(u32::from_be_bytes(head))?;
+    let mut want = None;
+    if crc {
+        r.read_exact(&mut head).await?;
+        want = Some(u32::from_be_bytes(head));
+    }
     let payload = read_exactly(r, len).await?;
-    if crc32c::crc32c(&payload) != crc {
+    if want.is_some_and(|crc| crc32c::crc32c(&payload) != crc) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "bulk frame checksum mismatch",
@@ -214,7 +245,9 @@ async fn read_mac_frame<R: AsyncRead + Unpin>(
 /// Reads frames of both kinds off `bytes` until one fails (for the fuzz targets).
 pub(crate) async fn read_frames(mut bytes: &[u8]) {
     let copy = bytes;
-    while read_crc_frame(&mut bytes).await.is_ok() {}
+    while read_secure_frame(&mut bytes, true).await.is_ok() {}
+    let mut bytes = copy;
+    while read_secure_frame(&mut bytes, false).await.is_ok() {}
     let mut mac = Mac {
         key: [7; 32],
         seq: 0,
@@ -226,14 +259,14 @@ pub(crate) async fn read_frames(mut bytes: &[u8]) {
 impl Conn {
     pub(crate) async fn send(&mut self, payload: &[u8]) -> std::io::Result<()> {
         match &mut self.framing {
-            Framing::Secure(s) => write_crc_frame(s, payload).await,
+            Framing::Secure { tls, crc } => write_secure_frame(tls, payload, *crc).await,
             Framing::Crc { tcp, send, .. } => write_mac_frame(tcp, send, payload).await,
         }
     }
 
     pub(crate) async fn recv(&mut self) -> std::io::Result<Vec<u8>> {
         match &mut self.framing {
-            Framing::Secure(s) => read_crc_frame(s).await,
+            Framing::Secure { tls, crc } => read_secure_frame(tls, *crc).await,
             Framing::Crc { tcp, recv, .. } => read_mac_frame(tcp, recv).await,
         }
     }
@@ -278,13 +311,26 @@ impl Bulk {
             .map_err(|e| MeshError::Tls(e.to_string()))?;
         // The previous release's lane only where TLS protects it.
         let served: &[&[u8]] = match mode {
-            BulkMode::Secure => &[BULK_ALPN, BULK_ALPN_V1],
-            _ => &[BULK_ALPN],
+            BulkMode::Secure => &[BULK_ALPN, BULK_ALPN_V2, BULK_ALPN_V1],
+            _ => &[BULK_ALPN, BULK_ALPN_V2],
         };
+        Self::speaking(mode, tls, server_name, revocations, served, OFFERED)
+    }
+
+    /// A lane that serves the versions `served` and offers `offered` when it dials, each
+    /// newest first.
+    fn speaking(
+        mode: BulkMode,
+        tls: &TlsMaterial,
+        server_name: rustls::pki_types::ServerName<'static>,
+        revocations: Arc<Revocations>,
+        served: &[&[u8]],
+        offered: &[&[u8]],
+    ) -> Result<Self, MeshError> {
         Ok(Bulk {
             mode,
             acceptor: TlsAcceptor::from(Arc::new(tls.rustls_server_alpns(served)?)),
-            connector: TlsConnector::from(Arc::new(tls.rustls_client(BULK_ALPN)?)),
+            connector: TlsConnector::from(Arc::new(tls.rustls_client_alpns(offered)?)),
             server_name,
             pool: Mutex::new(HashMap::new()),
             revocations,
@@ -323,7 +369,10 @@ impl Bulk {
                     recv: to_server,
                 }
             }
-            _ => Framing::Secure(Box::new(TlsStream::Server(tls))),
+            _ => Framing::Secure {
+                crc: secure_frames_have_crc(tls.get_ref().1.alpn_protocol()),
+                tls: Box::new(TlsStream::Server(tls)),
+            },
         };
         Ok(Conn {
             framing,
@@ -371,7 +420,10 @@ impl Bulk {
                     recv: to_client,
                 }
             }
-            _ => Framing::Secure(Box::new(TlsStream::Client(tls))),
+            _ => Framing::Secure {
+                crc: secure_frames_have_crc(tls.get_ref().1.alpn_protocol()),
+                tls: Box::new(TlsStream::Client(tls)),
+            },
         };
         Ok(Conn {
             framing,
@@ -498,17 +550,117 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn crc_frames_round_trip_and_damage_is_detected() {
+    async fn secure_frames_round_trip_and_a_crc_finds_damage() {
+        for crc in [true, false] {
+            let mut buf = Vec::new();
+            write_secure_frame(&mut buf, b"payload", crc)
+                .await
+                .expect("write");
+            assert_eq!(buf.len(), 4 + usize::from(crc) * 4 + 7, "crc {crc}");
+            let mut r = &buf[..];
+            assert_eq!(
+                read_secure_frame(&mut r, crc).await.expect("read"),
+                b"payload"
+            );
+            let huge = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+            assert!(read_secure_frame(&mut &huge[..], crc).await.is_err());
+        }
         let mut buf = Vec::new();
-        write_crc_frame(&mut buf, b"payload").await.expect("write");
-        let mut r = &buf[..];
-        assert_eq!(read_crc_frame(&mut r).await.expect("read"), b"payload");
-        let mut bad = buf.clone();
-        let last = bad.len() - 1;
-        bad[last] ^= 1;
-        assert!(read_crc_frame(&mut &bad[..]).await.is_err());
-        let huge = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
-        assert!(read_crc_frame(&mut &huge[..]).await.is_err());
+        write_secure_frame(&mut buf, b"payload", true)
+            .await
+            .expect("write");
+        let last = buf.len() - 1;
+        buf[last] ^= 1;
+        assert!(read_secure_frame(&mut &buf[..], true).await.is_err());
+    }
+
+    /// A cluster CA and one node certificate signed by it, as files in `dir`.
+    fn material(dir: &std::path::Path) -> TlsMaterial {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.distinguished_name.push(DnType::CommonName, "test CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).expect("self-sign").pem();
+        let key = KeyPair::generate().expect("key");
+        let mut node = CertificateParams::new(vec!["shoal-node".to_owned()]).expect("params");
+        let uri = crate::node_cert::node_uri(NodeId(1), 1_000);
+        node.subject_alt_names
+            .push(rcgen::SanType::URI(uri.try_into().expect("ia5")));
+        let cert = node
+            .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
+            .expect("sign");
+        let files = crate::TlsFiles {
+            ca_cert: dir.join("ca.pem"),
+            node_cert: dir.join("node.pem"),
+            node_key: dir.join("node.key"),
+        };
+        std::fs::write(&files.ca_cert, ca_pem).expect("write");
+        std::fs::write(&files.node_cert, cert.pem()).expect("write");
+        std::fs::write(&files.node_key, key.serialize_pem()).expect("write");
+        files.load().expect("load")
+    }
+
+    fn lane(tls: &TlsMaterial, mode: BulkMode, served: &[&[u8]], offered: &[&[u8]]) -> Bulk {
+        let name = rustls::pki_types::ServerName::try_from("shoal-node").expect("name");
+        let revocations = Arc::new(Revocations::default());
+        Bulk::speaking(mode, tls, name, revocations, served, offered).expect("lane")
+    }
+
+    /// One exchange from `client` to `server`: whether the frames carried a crc32c on
+    /// either end, and the answer.
+    async fn exchange(server: Bulk, client: Bulk) -> (bool, bool, Vec<u8>) {
+        let listener = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut conn = server.accept(tcp).await.expect("server handshake");
+            let request = conn.recv().await.expect("request");
+            conn.send(&[&request[..], b" back"].concat())
+                .await
+                .expect("answer");
+            matches!(conn.framing, Framing::Secure { crc: true, .. })
+        });
+        let mut conn = client.dial(addr, None).await.expect("client handshake");
+        let answer = conn.round_trip(b"there").await.expect("round trip");
+        let client_crc = matches!(conn.framing, Framing::Secure { crc: true, .. });
+        (serving.await.expect("server"), client_crc, answer)
+    }
+
+    #[tokio::test]
+    async fn lanes_of_this_and_the_previous_releases_agree_on_their_frames() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tls = material(dir.path());
+        let secure = BulkMode::Secure;
+        let today = || {
+            lane(
+                &tls,
+                secure,
+                &[BULK_ALPN, BULK_ALPN_V2, BULK_ALPN_V1],
+                OFFERED,
+            )
+        };
+        // Version 3 on both ends: no crc32c inside TLS.
+        let (s, c, answer) = exchange(today(), today()).await;
+        assert_eq!((s, c, &answer[..]), (false, false, &b"there back"[..]));
+        // A dialler of the previous releases (2, then 1) gets the crc32c frames it expects.
+        for old in [BULK_ALPN_V2, BULK_ALPN_V1] {
+            let caller = lane(&tls, secure, &[old], &[old]);
+            let (s, c, answer) = exchange(today(), caller).await;
+            assert_eq!((s, c, &answer[..]), (true, true, &b"there back"[..]));
+        }
+        // A server of the previous release answers today's dialler in version 2.
+        let old_server = lane(&tls, secure, &[BULK_ALPN_V2, BULK_ALPN_V1], &[BULK_ALPN_V2]);
+        let (s, c, answer) = exchange(old_server, today()).await;
+        assert_eq!((s, c, &answer[..]), (true, true, &b"there back"[..]));
+        // `crc` mode: versions 2 and 3 send the same MAC frames.
+        let crc = BulkMode::Crc;
+        let old_server = lane(&tls, crc, &[BULK_ALPN_V2], &[BULK_ALPN_V2]);
+        let caller = lane(&tls, crc, &[BULK_ALPN, BULK_ALPN_V2], OFFERED);
+        let (_, _, answer) = exchange(old_server, caller).await;
+        assert_eq!(answer, b"there back");
     }
 
     fn mac(byte: u8) -> Mac {

@@ -185,6 +185,14 @@ impl TlsMaterial {
 
     /// rustls client side: TLS 1.3, trusts only the cluster CA, presents the node cert.
     pub(crate) fn rustls_client(&self, alpn: &[u8]) -> Result<rustls::ClientConfig, MeshError> {
+        self.rustls_client_alpns(&[alpn])
+    }
+
+    /// [`Self::rustls_client`] offering several protocols (the server picks).
+    pub(crate) fn rustls_client_alpns(
+        &self,
+        alpns: &[&[u8]],
+    ) -> Result<rustls::ClientConfig, MeshError> {
         let tls = |e: &dyn std::fmt::Display| MeshError::Tls(e.to_string());
         let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -192,7 +200,7 @@ impl TlsMaterial {
             .with_root_certificates(self.roots.clone())
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| tls(&e))?;
-        crypto.alpn_protocols = vec![alpn.to_vec()];
+        crypto.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
         crypto.resumption = rustls::client::Resumption::disabled();
         Ok(crypto)
     }

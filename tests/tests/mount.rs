@@ -610,7 +610,7 @@ fn kernel_read_ahead_kb(mnt: &Path) -> u64 {
             let f: Vec<&str> = l.split(' ').collect();
             (f.get(4) == Some(&mnt)).then(|| f[2].to_string())
         })
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("{mnt} not in mountinfo"));
     let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
     std::fs::read_to_string(&knob)

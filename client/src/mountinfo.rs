@@ -22,9 +22,10 @@ fn fuse_device_listed(text: &str, path: &str) -> Option<String> {
         let fields: Vec<&str> = left.split(' ').collect();
         let mount_point = unescape(fields.get(4)?);
         let fstype = right.split(' ').next().unwrap_or("");
-        (mount_point == path && (fstype == "fuse" || fstype.starts_with("fuse.")))
-            .then(|| fields.get(2).map(|d| d.to_string()))
-            .flatten()
+        if mount_point != path || !(fstype == "fuse" || fstype.starts_with("fuse.")) {
+            return None;
+        }
+        fields.get(2).map(|d| d.to_string())
     })
 }
 

@@ -309,7 +309,7 @@ impl Bulk {
     ) -> Result<Self, MeshError> {
         let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
             .map_err(|e| MeshError::Tls(e.to_string()))?;
-        // The previous release's lane only where TLS protects it.
+        // Version 1 only where TLS protects it.
         let served: &[&[u8]] = match mode {
             BulkMode::Secure => &[BULK_ALPN, BULK_ALPN_V2, BULK_ALPN_V1],
             _ => &[BULK_ALPN, BULK_ALPN_V2],

@@ -599,19 +599,10 @@ fn one_gib_file_streams_back_identical() {
     );
 }
 
-/// The kernel's read-ahead (KiB) for the FUSE mount on `mnt`, from its backing device.
+/// The kernel's read-ahead (KiB) for the mount on `mnt`, from its backing device.
 fn kernel_read_ahead_kb(mnt: &Path) -> u64 {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let mnt = mnt.to_str().expect("utf-8 path");
-    let device = info
-        .lines()
-        .filter(|l| l.contains(" - fuse"))
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(4) == Some(&mnt)).then(|| f[2].to_string())
-        })
-        .next_back()
-        .unwrap_or_else(|| panic!("{mnt} not in mountinfo"));
+    let device = run(Command::new("mountpoint").arg("-d").arg(mnt));
+    let device = device.trim();
     let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
     std::fs::read_to_string(&knob)
         .unwrap_or_else(|e| panic!("{knob}: {e}"))

@@ -288,9 +288,7 @@ impl FsState {
         }
         match self.files.get(fh) {
             Some(file) => self.files.read(&file, offset, size).await,
-            None => read_direct(&self.agent, ino, offset, size)
-                .await
-                .map(Bytes::from),
+            None => read_direct(&self.agent, ino, offset, size).await,
         }
     }
 

@@ -135,7 +135,7 @@ pub async fn read(
     let (first, last) = match c.window.plan(offset, size) {
         Plan::Direct => {
             drop(c);
-            return read_direct(agent, ino, offset, size).await.map(Bytes::from);
+            return read_direct(agent, ino, offset, size).await;
         }
         Plan::Chunks { first, last } => (first, last),
     };
@@ -218,7 +218,7 @@ fn fetch(
     let len = u32::try_from(chunk).unwrap_or(u32::MAX);
     tokio::spawn(async move {
         let result = read_direct(&agent, ino, index * chunk, len).await;
-        let _ = tx.send(Some(result.map(Bytes::from)));
+        let _ = tx.send(Some(result));
     });
     c.chunks.push(Fetch {
         index,
@@ -230,11 +230,11 @@ fn fetch(
 }
 
 /// One `Read` request; more bytes than asked for are cut off.
-pub async fn read_direct(agent: &Agent, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+pub async fn read_direct(agent: &Agent, ino: Ino, offset: u64, len: u32) -> Result<Bytes, Errno> {
     match agent.fs(FsRequest::Read { ino, offset, len }).await? {
         FsResponse::Data(mut data) => {
             data.truncate(len as usize);
-            Ok(data)
+            Ok(Bytes::from(data))
         }
         other => {
             tracing::warn!(

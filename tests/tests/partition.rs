@@ -101,6 +101,8 @@ async fn a_node_back_from_a_partition_reads_before_gossip_sees_the_others_again(
     let ino = fs.mknod(ROOT_INO, "f", FileKind::File).await;
     let data = pattern(300_000, 7);
     fs.write(ino, 0, data.clone()).await;
+    // The reader's replica has the write before the cut (its read below asks no leader).
+    c.wait_for_identical_replicas(Duration::from_secs(30));
     {
         let _cut = Partition::isolate(c.ip(reader));
         wait_for(

@@ -30,7 +30,7 @@ pub struct Window {
 /// own read-ahead requests are at most a few hundred KiB apart).
 const NEAR_SLACK: u64 = 512 << 10;
 
-/// How many reads in a row must each land near the one before before chunks are used: a
+/// How many reads in a row must each land near the previous one for chunks to be used: a
 /// random reader of a large file lands near its previous read now and then (one 4 KiB
 /// read in about a thousand of a 1 GiB file), and each such read would fetch a chunk and
 /// two more ahead (24 MiB by default) for 4 KiB; two in a row, about one in a million.

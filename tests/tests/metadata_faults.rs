@@ -290,9 +290,7 @@ async fn a_learner_that_lost_its_unsynced_appends_catches_up() {
     c.stop_agent(learner);
     let old = c.path().join("meta-before");
     std::fs::create_dir_all(&old).expect("mkdir");
-    for f in ["log.redb", "state.redb"] {
-        std::fs::copy(meta.join(f), old.join(f)).expect("copy");
-    }
+    copy_meta(&meta, &old);
     c.respawn_agent(learner);
     for i in 0..100 {
         fs.mknod(dir, &format!("b{i}"), FileKind::File).await;
@@ -300,9 +298,7 @@ async fn a_learner_that_lost_its_unsynced_appends_catches_up() {
     // The leader has heard the learner acknowledge all of it.
     c.wait_for_identical_replicas(Duration::from_secs(60));
     c.kill_agent(learner);
-    for f in ["log.redb", "state.redb"] {
-        std::fs::copy(old.join(f), meta.join(f)).expect("put back");
-    }
+    copy_meta(&old, &meta);
     c.respawn_agent(learner);
     for i in 0..20 {
         fs.mknod(dir, &format!("c{i}"), FileKind::File).await;
@@ -318,4 +314,20 @@ async fn a_learner_that_lost_its_unsynced_appends_catches_up() {
         assert!(l.lookup(dir, name).await.is_ok(), "{name} on the learner");
     }
     eprintln!("all four replicas at index {index}");
+}
+
+/// Copies a member's Raft log (its segment files) and replica from `from` to `to`,
+/// replacing what `to` had.
+fn copy_meta(from: &std::path::Path, to: &std::path::Path) {
+    let (log_from, log_to) = (from.join("log"), to.join("log"));
+    if log_to.exists() {
+        std::fs::remove_dir_all(&log_to).expect("remove the log");
+    }
+    std::fs::create_dir_all(&log_to).expect("mkdir");
+    for seg in std::fs::read_dir(&log_from).expect("list the log") {
+        let seg = seg.expect("segment").path();
+        let name = seg.file_name().expect("name");
+        std::fs::copy(&seg, log_to.join(name)).expect("copy a segment");
+    }
+    std::fs::copy(from.join("state.redb"), to.join("state.redb")).expect("copy the replica");
 }

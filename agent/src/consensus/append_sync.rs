@@ -2,21 +2,22 @@
 //!
 //! A voter's acknowledgement counts towards a commit, so a voter syncs every append. A
 //! learner's does not count, so a learner syncs only every [`LEARNER_SYNC_EVERY`]-th
-//! append: the others are redb commits without an fsync (made durable by the next synced
-//! commit or a clean close). A learner that crashes (a SIGKILL may do) loses at most those
-//! appends; its log is then shorter than the leader last heard, and the leader
-//! sends the rest again (openraft's `loosen-follower-log-revert`: without it the leader
-//! takes a shorter follower log for a bug). On one machine with six agents this halved the
-//! fsyncs per metadata entry; on a real cluster it saves each learner's disk the same.
+//! append: the others are written to its log's segment without an `fdatasync` (made durable
+//! by the next synced record, or by the kernel's writeback). A learner whose machine loses
+//! power (a process kill loses nothing: the writes are in the page cache) may lose at most
+//! those appends; its log is then shorter than the leader last heard, and the leader sends
+//! the rest again (openraft's `loosen-follower-log-revert`: without it the leader takes a
+//! shorter follower log for a bug). On one machine with six agents this halved the fsyncs
+//! per metadata entry; on a real cluster it saves each learner's disk the same.
 //!
 //! Safety when a learner becomes a voter: openraft changes voters through a joint
 //! configuration, and the append that brings the joint entry sees this member among its
-//! voters, so it is synced, and with it every append before it (a durable redb commit
-//! persists the commits without fsync before it). Until that entry is acknowledged the
-//! new configuration commits nothing, and the old one needs a majority of its own voters,
-//! all of which synced. When in doubt (after a restart, before the group says what this
-//! member is, and after a truncation, which may have removed the entry that made it a
-//! learner) every append is synced.
+//! voters, so it is synced, and with it every append before it (one `fdatasync` of the
+//! segment covers every write before it, and a segment is synced before the next one
+//! starts). Until that entry is acknowledged the new configuration commits nothing, and the
+//! old one needs a majority of its own voters, all of which synced. When in doubt (after a
+//! restart, before the group says what this member is, and after a truncation, which may
+//! have removed the entry that made it a learner) every append is synced.
 
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 

@@ -6,14 +6,17 @@ use shoal_namespace::{NamespaceError, Outcome};
 
 use super::net::ForwardRefused;
 
-/// An error from openraft or redb, kept whole for its message and source chain.
+/// An error from openraft, kept whole for its message and source chain.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsensusError {
-    /// The Raft log file could not be opened.
+    /// The Raft log could not be opened (or moved out of an earlier release's file).
     #[error("metadata log {path}: {source}")]
-    Log { path: PathBuf, source: redb::Error },
+    Log {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The local replica (the namespace state machine) failed.
     #[error(transparent)]
     Namespace(#[from] NamespaceError),

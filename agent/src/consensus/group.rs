@@ -96,13 +96,11 @@ impl Group {
             source,
         })?;
         let ballast = Arc::new(Ballast::open(dir));
-        let log_path = dir.join("log.redb");
-        let log = LogStore::open(&log_path, me, ballast.clone()).map_err(|source| {
-            ConsensusError::Log {
-                path: log_path,
+        let log =
+            LogStore::open(dir, me, ballast.clone()).map_err(|source| ConsensusError::Log {
+                path: dir.join("log"),
                 source,
-            }
-        })?;
+            })?;
         let store =
             Arc::new(NamespaceStore::open(&dir.join("state.redb")).map_err(ConsensusError::from)?);
         let changes = Arc::new(super::ChangeFeed::new());

@@ -1,15 +1,15 @@
-//! The Raft log, vote and commit index in a redb file.
+//! The Raft log, vote and commit index, kept in [`Wal`] segment files in `meta/log/`.
 //!
-//! Every call that openraft needs durable commits one redb transaction with immediate
-//! durability before it returns (and before the flush callback of `append` fires), as
-//! openraft's contract requires. The commit index is the exception: openraft does not need
-//! it durable (a restarted member learns it from the leader again), so it is kept in memory
-//! and written by the next transaction that commits anyway, not by one of its own (that
-//! was one fsync per entry on every member). The other exception is a learner's appends:
-//! [`AppendSync`] says which it syncs. redb work that may wait for the disk (a synced
-//! commit) or take long (a read of many entries) runs on the blocking pool; a commit
-//! without sync of a few small entries, or a read of a few, runs on the calling task: it
-//! costs microseconds, less than the two thread switches of a hand-over.
+//! Every call that openraft needs durable is synced before it returns (and before the
+//! flush callback of `append` fires), as openraft's contract requires. The commit index is
+//! the exception: openraft does not need it durable (a restarted member learns it from the
+//! leader again), so it is written without a sync and becomes durable with the next synced
+//! record. The other exception is a learner's appends: [`AppendSync`] says which it syncs.
+//! Work that waits for the disk (a sync) or takes long (a read of many entries) runs on the
+//! blocking pool; an unsynced append of a few small entries, or a read of a few, runs on the
+//! calling task: a `pwrite` or a read from the page cache, less than the two thread
+//! switches of a hand-over. A log an earlier release kept in `meta/log.redb` is moved into
+//! the segments at the first start (`log_import.rs`).
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -18,19 +18,13 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogId, LogState, RaftLogReader, Vote};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::append_sync::AppendSync;
 use super::ballast::Ballast;
 use super::types::{Entry, MetaRaft, StorageError, storage_error};
-
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
-const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
-const PURGED: &str = "last_purged";
+use super::wal::{Key, Wal};
 /// Version byte in front of every value this file stores. Version 2: log entries carry
 /// the leader's stamp in their batch; version 1 values (no stamp) are still read.
 const FORMAT: u8 = 2;
@@ -41,7 +35,7 @@ const INLINE_ENTRIES: u64 = 4;
 /// Most bytes of entries an unsynced append commits on the calling task.
 const INLINE_BYTES: usize = 64 << 10;
 
-/// Where a piece of redb work runs.
+/// Where a piece of log work runs.
 #[derive(Clone, Copy)]
 enum Where {
     /// On the calling task: short, and never waits for the disk.
@@ -50,27 +44,17 @@ enum Where {
     Blocking,
 }
 
-/// The log store; cheap to clone (one shared database).
+/// The log store; cheap to clone (one shared log).
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<Database>,
+    wal: Arc<Wal>,
     /// Space the log can always write (given up before a write on a nearly full disk).
     ballast: Arc<Ballast>,
-    /// The commit index openraft last saved, not yet written (see the module doc).
-    committed: Arc<std::sync::Mutex<Pending>>,
     /// Which appends are synced before they are acknowledged.
     sync: Arc<AppendSync>,
 }
 
-/// The commit index as openraft last saved it, and whether the file has it yet.
-#[derive(Default)]
-struct Pending {
-    /// `None` until openraft saves one in this process.
-    latest: Option<Option<LogId<u64>>>,
-    written: bool,
-}
-
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
     let mut out = vec![FORMAT];
     out.extend(postcard::to_allocvec(v).map_err(|e| e.to_string())?);
     Ok(out)
@@ -78,7 +62,7 @@ fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
 
 /// Decodes a value of a type whose encoding did not change between versions 1 and 2
 /// (vote, commit index, purge point).
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {
         Some((&(FORMAT | FORMAT_V1), body)) => {
             postcard::from_bytes(body).map_err(|e| e.to_string())
@@ -135,17 +119,21 @@ mod v1 {
 }
 
 impl LogStore {
-    /// Opens (or creates) member `me`'s log.
-    pub fn open(path: &Path, me: u64, ballast: Arc<Ballast>) -> Result<LogStore, redb::Error> {
-        let db = Database::create(path)?;
-        let txn = db.begin_write()?;
-        txn.open_table(LOG)?;
-        txn.open_table(STATE)?;
-        txn.commit()?;
+    /// Opens (or creates) member `me`'s log in the metadata directory `dir`.
+    pub fn open(dir: &Path, me: u64, ballast: Arc<Ballast>) -> std::io::Result<LogStore> {
+        let wal_dir = dir.join("log");
+        let old = dir.join("log.redb");
+        if !wal_dir.exists() && old.exists() {
+            super::log_import::import(&old, &wal_dir)?;
+        }
+        let wal = Wal::open(&wal_dir)?;
+        if old.exists() {
+            std::fs::remove_file(&old)?;
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         Ok(LogStore {
-            db: Arc::new(db),
+            wal: Arc::new(wal),
             ballast,
-            committed: Arc::default(),
             sync: Arc::new(AppendSync::new(me)),
         })
     }
@@ -156,23 +144,14 @@ impl LogStore {
         self.sync.clone()
     }
 
-    /// Runs `f` (a read) on the blocking pool.
-    async fn blocking<T, F>(&self, f: F) -> Result<T, String>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Database) -> Result<T, String> + Send + 'static,
-    {
-        self.run(Where::Blocking, f).await
-    }
-
     /// Runs `f` where `place` says.
     async fn run<T, F>(&self, place: Where, f: F) -> Result<T, String>
     where
         T: Send + 'static,
-        F: FnOnce(&Database) -> Result<T, String> + Send + 'static,
+        F: FnOnce(&Wal) -> Result<T, String> + Send + 'static,
     {
-        let db = self.db.clone();
-        let work = move || f(&db);
+        let wal = self.wal.clone();
+        let work = move || f(&wal);
         match place {
             Where::Here => work(),
             Where::Blocking => tokio::task::spawn_blocking(work)
@@ -181,89 +160,29 @@ impl LogStore {
         }
     }
 
-    /// Runs `f` in a write transaction on the blocking pool and commits it durably, with
-    /// the commit index openraft saved since the last write.
+    /// Runs a write that is synced before it returns, on the blocking pool.
     async fn write<F>(&self, f: F) -> Result<(), String>
     where
-        F: FnOnce(&redb::WriteTransaction) -> Result<(), String> + Send + 'static,
+        F: FnOnce(&Wal) -> std::io::Result<()> + Send + 'static,
     {
-        self.write_with(Durability::Immediate, Where::Blocking, f)
-            .await
-    }
-
-    /// [`Self::write`] with the given durability, run where `place` says.
-    async fn write_with<F>(&self, durability: Durability, place: Where, f: F) -> Result<(), String>
-    where
-        F: FnOnce(&redb::WriteTransaction) -> Result<(), String> + Send + 'static,
-    {
-        let committed = self.committed.clone();
         let ballast = self.ballast.clone();
-        self.run(place, move |db| {
+        self.run(Where::Blocking, move |wal| {
             ballast.before_write();
-            let mut txn = db.begin_write().map_err(|e| e.to_string())?;
-            txn.set_durability(durability).map_err(|e| e.to_string())?;
-            f(&txn)?;
-            let carried = {
-                let pending = committed.lock().unwrap_or_else(|p| p.into_inner());
-                match (pending.written, pending.latest) {
-                    (false, Some(c)) => Some(c),
-                    _ => None,
-                }
-            };
-            if let Some(c) = carried {
-                let bytes = encode(&c)?;
-                let mut state = txn.open_table(STATE).map_err(|e| e.to_string())?;
-                state
-                    .insert(COMMITTED, bytes.as_slice())
-                    .map_err(|e| e.to_string())?;
-            }
-            txn.commit().map_err(|e| e.to_string())?;
-            if let Some(c) = carried {
-                let mut pending = committed.lock().unwrap_or_else(|p| p.into_inner());
-                // A newer index may have been saved meanwhile: that one is still to write.
-                if pending.latest == Some(c) {
-                    pending.written = true;
-                }
-            }
-            Ok(())
+            f(wal).map_err(|e| e.to_string())
         })
         .await
     }
 
-    fn get_state<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>, String> {
-        let txn = db.begin_read().map_err(|e| e.to_string())?;
-        let table = txn.open_table(STATE).map_err(|e| e.to_string())?;
-        match table.get(key).map_err(|e| e.to_string())? {
-            Some(v) => decode(v.value()).map(Some),
-            None => Ok(None),
-        }
+    fn get_state<T: DeserializeOwned>(wal: &Wal, key: Key) -> Result<Option<T>, String> {
+        wal.get(key).map(|v| decode(&v)).transpose()
     }
 
-    fn put_state<T: Serialize>(
-        txn: &redb::WriteTransaction,
-        key: &str,
-        value: &T,
-    ) -> Result<(), String> {
-        let bytes = encode(value)?;
-        let mut table = txn.open_table(STATE).map_err(|e| e.to_string())?;
-        table
-            .insert(key, bytes.as_slice())
-            .map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
-    fn entries(db: &Database, start: Bound<u64>, end: Bound<u64>) -> Result<Vec<Entry>, String> {
-        let txn = db.begin_read().map_err(|e| e.to_string())?;
-        let table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        for row in table
-            .range::<u64>((start, end))
+    fn entries(wal: &Wal, start: Bound<u64>, end: Bound<u64>) -> Result<Vec<Entry>, String> {
+        wal.read(start, end)
             .map_err(|e| e.to_string())?
-        {
-            let (_, v) = row.map_err(|e| e.to_string())?;
-            out.push(decode_entry(v.value())?);
-        }
-        Ok(out)
+            .iter()
+            .map(|b| decode_entry(b))
+            .collect()
     }
 }
 
@@ -285,7 +204,7 @@ impl RaftLogReader<MetaRaft> for LogStore {
             _ => false,
         };
         let place = if few { Where::Here } else { Where::Blocking };
-        self.run(place, move |db| LogStore::entries(db, start, end))
+        self.run(place, move |wal| LogStore::entries(wal, start, end))
             .await
             .map_err(|e| log_err(ErrorVerb::Read, e))
     }
@@ -295,12 +214,10 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<MetaRaft>, StorageError> {
-        self.blocking(|db| {
-            let purged: Option<LogId<u64>> = LogStore::get_state(db, PURGED)?;
-            let txn = db.begin_read().map_err(|e| e.to_string())?;
-            let table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-            let last = match table.last().map_err(|e| e.to_string())? {
-                Some((_, v)) => Some(decode_entry(v.value())?.log_id),
+        self.run(Where::Blocking, |wal| {
+            let purged: Option<LogId<u64>> = wal.purged().map(|v| decode(&v)).transpose()?;
+            let last = match wal.last().map_err(|e| e.to_string())? {
+                Some(bytes) => Some(decode_entry(&bytes)?.log_id),
                 None => None,
             };
             Ok(LogState {
@@ -317,41 +234,30 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
-        let vote = *vote;
-        self.write(move |txn| LogStore::put_state(txn, VOTE, &vote))
+        let bytes =
+            encode(vote).map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))?;
+        self.write(move |wal| wal.set(Key::Vote, &bytes, true))
             .await
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError> {
-        self.blocking(|db| LogStore::get_state(db, VOTE))
-            .await
+        LogStore::get_state(&self.wal, Key::Vote)
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Read, e))
     }
 
-    /// Kept for the next write (see the module doc): never a transaction of its own.
+    /// Written without a sync (see the module doc).
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
-        let mut pending = self.committed.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.latest != Some(committed) {
-            *pending = Pending {
-                latest: Some(committed),
-                written: false,
-            };
-        }
-        Ok(())
+        let err = |e: String| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
+        let bytes = encode(&committed).map_err(err)?;
+        self.wal
+            .set(Key::Committed, &bytes, false)
+            .map_err(|e| err(e.to_string()))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
-        if let Some(c) = self
-            .committed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .latest
-        {
-            return Ok(c);
-        }
-        self.blocking(|db| Ok(LogStore::get_state::<Option<LogId<u64>>>(db, COMMITTED)?.flatten()))
-            .await
+        LogStore::get_state::<Option<LogId<u64>>>(&self.wal, Key::Committed)
+            .map(Option::flatten)
             .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Read, e))
     }
 
@@ -365,37 +271,29 @@ impl RaftLogStorage<MetaRaft> for LogStore {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let durability = if self.sync.before_append(&entries) {
-            Durability::Immediate
-        } else {
-            Durability::None
-        };
+        let synced = self.sync.before_append(&entries);
         let rows: Result<Vec<(u64, Vec<u8>)>, String> = entries
             .iter()
             .map(|e| encode(e).map(|b| (e.log_id.index, b)))
             .collect();
         let rows = rows.map_err(|e| log_err(ErrorVerb::Write, e))?;
         let bytes: usize = rows.iter().map(|(_, b)| b.len()).sum();
-        let place = if matches!(durability, Durability::None) && bytes <= INLINE_BYTES {
+        let place = if !synced && bytes <= INLINE_BYTES {
             Where::Here
         } else {
             Where::Blocking
         };
         let started = std::time::Instant::now();
+        let ballast = self.ballast.clone();
         let res = self
-            .write_with(durability, place, move |txn| {
-                let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                for (index, bytes) in &rows {
-                    table
-                        .insert(*index, bytes.as_slice())
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(())
+            .run(place, move |wal| {
+                ballast.before_write();
+                wal.append(&rows, synced).map_err(|e| e.to_string())
             })
             .await;
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
-            synced = matches!(durability, Durability::Immediate),
+            synced,
             "log append"
         );
         match res {
@@ -412,26 +310,16 @@ impl RaftLogStorage<MetaRaft> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
         self.sync.truncated();
-        self.write(move |txn| {
-            let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-            table
-                .retain_in(log_id.index.., |_, _| false)
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| log_err(ErrorVerb::Delete, e))
+        self.write(move |wal| wal.truncate(log_id.index))
+            .await
+            .map_err(|e| log_err(ErrorVerb::Delete, e))
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.write(move |txn| {
-            LogStore::put_state(txn, PURGED, &log_id)?;
-            let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-            table
-                .retain_in(..=log_id.index, |_, _| false)
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| log_err(ErrorVerb::Delete, e))
+        let bytes = encode(&log_id).map_err(|e| log_err(ErrorVerb::Delete, e))?;
+        self.write(move |wal| wal.purge(log_id.index, &bytes))
+            .await
+            .map_err(|e| log_err(ErrorVerb::Delete, e))
     }
 }
 
@@ -479,34 +367,41 @@ mod tests {
         0, // target: None
     ];
 
-    /// The commit index rides on the next durable write, never in a write of its own.
+    /// What openraft reads back at start: the vote, the commit index, the log's ends.
     #[tokio::test]
-    async fn commit_index_is_written_with_the_next_write() {
+    async fn the_log_comes_back_as_it_was_left() {
         use openraft::storage::RaftLogStorage;
+        use openraft::testing::log_id;
+        use openraft::{RaftLogReader, Vote};
         use std::sync::Arc;
 
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("log.redb");
         let ballast = || Arc::new(super::Ballast::open(dir.path()));
-        let first = LogId::new(CommittedLeaderId::new(1, 1), 3);
-        let second = LogId::new(CommittedLeaderId::new(1, 1), 4);
+        let committed = LogId::new(CommittedLeaderId::new(1, 1), 4);
+        let entry = |i: u64| Entry {
+            log_id: log_id(1, 1, i),
+            payload: EntryPayload::Blank,
+        };
         {
-            let mut log = super::LogStore::open(&path, 1, ballast()).expect("open");
-            log.save_committed(Some(first)).await.expect("save");
-            assert_eq!(log.read_committed().await.expect("read"), Some(first));
-            log.save_vote(&openraft::Vote::new(1, 1))
-                .await
-                .expect("vote");
-            // Saved after the last write: only in memory.
-            log.save_committed(Some(second)).await.expect("save");
-            assert_eq!(log.read_committed().await.expect("read"), Some(second));
+            let mut log = super::LogStore::open(dir.path(), 1, ballast()).expect("open");
+            log.save_vote(&Vote::new(1, 1)).await.expect("vote");
+            let rows: Vec<(u64, Vec<u8>)> = (1..8)
+                .map(|i| (i, encode(&entry(i)).expect("encode")))
+                .collect();
+            log.wal.append(&rows, true).expect("append");
+            log.purge(log_id(1, 1, 2)).await.expect("purge");
+            log.truncate(log_id(1, 1, 6)).await.expect("truncate");
+            log.save_committed(Some(committed)).await.expect("save");
         }
-        let mut log = super::LogStore::open(&path, 1, ballast()).expect("reopen");
-        assert_eq!(log.read_committed().await.expect("read"), Some(first));
-        assert_eq!(
-            log.read_vote().await.expect("vote"),
-            Some(openraft::Vote::new(1, 1))
-        );
+        let mut log = super::LogStore::open(dir.path(), 1, ballast()).expect("reopen");
+        assert_eq!(log.read_committed().await.expect("read"), Some(committed));
+        assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(1, 1)));
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 2)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 1, 5)));
+        let got = log.try_get_log_entries(0..10).await.expect("read");
+        let ids: Vec<u64> = got.iter().map(|e| e.log_id.index).collect();
+        assert_eq!(ids, vec![3, 4, 5]);
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod error;
 pub mod fuzz;
 mod group;
 mod lease;
+mod log_import;
 mod log_store;
 pub mod metrics;
 pub mod net;
@@ -26,6 +27,7 @@ mod send_gate;
 mod state_machine;
 mod types;
 pub mod voters;
+mod wal;
 
 pub use batcher::Batcher;
 pub use changes::ChangeFeed;

@@ -1,0 +1,195 @@
+use std::ops::Bound;
+
+use super::{Key, MAGIC, Wal};
+
+fn entries(range: std::ops::Range<u64>) -> Vec<(u64, Vec<u8>)> {
+    range
+        .map(|i| (i, format!("entry {i}").into_bytes()))
+        .collect()
+}
+
+fn all(wal: &Wal) -> Vec<String> {
+    wal.read(Bound::Unbounded, Bound::Unbounded)
+        .expect("read")
+        .into_iter()
+        .map(|b| String::from_utf8(b).expect("utf8"))
+        .collect()
+}
+
+fn names(range: std::ops::Range<u64>) -> Vec<String> {
+    range.map(|i| format!("entry {i}")).collect()
+}
+
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn entries_and_state_come_back_after_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(dir.path()).expect("open");
+        assert!(all(&wal).is_empty());
+        assert_eq!(wal.last().expect("last"), None);
+        wal.append(&entries(1..4), true).expect("append");
+        wal.append(&entries(4..6), false).expect("append");
+        wal.set(Key::Vote, b"vote 1", true).expect("vote");
+        wal.set(Key::Committed, b"c 3", false).expect("committed");
+        assert_eq!(all(&wal), names(1..6));
+    }
+    let wal = Wal::open(dir.path()).expect("reopen");
+    assert_eq!(all(&wal), names(1..6));
+    assert_eq!(
+        wal.read(Bound::Included(2), Bound::Excluded(4))
+            .expect("read"),
+        vec![b"entry 2".to_vec(), b"entry 3".to_vec()]
+    );
+    assert_eq!(wal.last().expect("last"), Some(b"entry 5".to_vec()));
+    assert_eq!(wal.get(Key::Vote), Some(b"vote 1".to_vec()));
+    assert_eq!(wal.get(Key::Committed), Some(b"c 3".to_vec()));
+    assert_eq!(wal.purged(), None);
+}
+
+#[test]
+fn a_truncation_and_what_replaced_it_survive_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(dir.path()).expect("open");
+        wal.append(&entries(1..10), true).expect("append");
+        wal.truncate(5).expect("truncate");
+        assert_eq!(all(&wal), names(1..5));
+        wal.append(&[(5, b"other 5".to_vec())], true)
+            .expect("append");
+    }
+    let wal = Wal::open(dir.path()).expect("reopen");
+    let mut want = names(1..5);
+    want.push("other 5".into());
+    assert_eq!(all(&wal), want);
+}
+
+#[test]
+fn a_purge_drops_entries_and_old_segments_but_keeps_the_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        // Segments of about 100 bytes: nearly one per append.
+        let wal = Wal::open_with(dir.path(), 100).expect("open");
+        wal.set(Key::Vote, b"vote 7", true).expect("vote");
+        for i in 1..20 {
+            wal.append(&entries(i..i + 1), true).expect("append");
+        }
+        assert!(
+            segments(dir.path()).len() >= 4,
+            "{:?}",
+            segments(dir.path())
+        );
+        wal.purge(15, b"purged 15").expect("purge");
+        assert_eq!(all(&wal), names(16..20));
+        assert!(wal.segment_count() <= 3, "{}", wal.segment_count());
+        assert_eq!(segments(dir.path()).len(), wal.segment_count());
+    }
+    let wal = Wal::open_with(dir.path(), 100).expect("reopen");
+    assert_eq!(all(&wal), names(16..20));
+    assert_eq!(wal.purged(), Some(b"purged 15".to_vec()));
+    assert_eq!(wal.get(Key::Vote), Some(b"vote 7".to_vec()));
+    // Purged to the end: the log is empty, its purge point kept.
+    wal.purge(19, b"purged 19").expect("purge");
+    drop(wal);
+    let wal = Wal::open_with(dir.path(), 100).expect("reopen");
+    assert!(all(&wal).is_empty());
+    assert_eq!(wal.purged(), Some(b"purged 19".to_vec()));
+    assert_eq!(wal.get(Key::Vote), Some(b"vote 7".to_vec()));
+}
+
+#[test]
+fn a_record_cut_short_at_the_end_is_dropped_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(dir.path()).expect("open");
+        wal.append(&entries(1..4), true).expect("append");
+    }
+    let seg = segments(dir.path()).pop().expect("a segment");
+    let len = std::fs::metadata(&seg).expect("stat").len();
+    // A crash in the middle of the last record's write.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open");
+    f.set_len(len - 3).expect("cut");
+    drop(f);
+    {
+        let wal = Wal::open(dir.path()).expect("reopen");
+        assert_eq!(all(&wal), names(1..3));
+        wal.append(&entries(3..5), true)
+            .expect("append after the cut");
+    }
+    let wal = Wal::open(dir.path()).expect("reopen");
+    assert_eq!(all(&wal), names(1..5));
+}
+
+#[test]
+fn a_damaged_record_ends_the_log_only_in_the_last_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open_with(dir.path(), 100).expect("open");
+        for i in 1..12 {
+            wal.append(&entries(i..i + 1), true).expect("append");
+        }
+    }
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 3, "{segs:?}");
+    // A flipped bit in an older segment's record: an error, never skipped.
+    let mut bytes = std::fs::read(&segs[0]).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&segs[0], &bytes).expect("write");
+    let err = Wal::open_with(dir.path(), 100).err().expect("refused");
+    assert!(err.to_string().contains("damaged record"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_a_segment_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(Wal::open(dir.path()).expect("open"));
+    let seg = segments(dir.path()).pop().expect("a segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    assert!(bytes.starts_with(MAGIC));
+    bytes[0] = b'X';
+    std::fs::write(&seg, &bytes).expect("write");
+    assert!(Wal::open(dir.path()).is_err());
+}
+
+#[test]
+fn a_segment_whose_start_was_never_renamed_is_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(dir.path()).expect("open");
+        wal.append(&entries(1..3), true).expect("append");
+    }
+    std::fs::write(dir.path().join("0000000000000002.wal.tmp"), b"shoal").expect("write");
+    let wal = Wal::open(dir.path()).expect("reopen");
+    assert_eq!(all(&wal), names(1..3));
+    assert!(!dir.path().join("0000000000000002.wal.tmp").exists());
+}
+
+/// An entry written again without a truncation lands in a newer segment than the
+/// entries after it: those must not be deleted with the older segment.
+#[test]
+fn an_entry_written_again_keeps_the_segment_of_the_entries_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open_with(dir.path(), 100).expect("open");
+        wal.append(&entries(1..5), true).expect("append");
+        wal.append(&entries(5..6), true).expect("append");
+        wal.append(&[(1, b"entry 1".to_vec())], true)
+            .expect("again");
+        wal.purge(0, b"purged 0").expect("purge");
+        assert_eq!(all(&wal), names(1..6));
+    }
+    let wal = Wal::open_with(dir.path(), 100).expect("reopen");
+    assert_eq!(all(&wal), names(1..6));
+}

@@ -40,6 +40,10 @@ pub struct StateMachine {
     unflushed: Arc<std::sync::atomic::AtomicU32>,
     /// Where what each apply changed is published.
     changes: Arc<ChangeFeed>,
+    /// The applied marker this process last wrote (`None`: read it from the store). Each
+    /// apply starts from it: reading it back was a read transaction and a decode per apply
+    /// on every member.
+    marker: Arc<std::sync::Mutex<Option<AppliedMarker>>>,
     /// Runs right after a snapshot's export (tests: applies in the build's window).
     #[cfg(test)]
     after_export: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -68,12 +72,16 @@ impl StateMachine {
             dir: dir.to_owned(),
             unflushed: Arc::default(),
             changes,
+            marker: Arc::default(),
             #[cfg(test)]
             after_export: None,
         }
     }
 
     fn marker(&self) -> Result<AppliedMarker, StorageError> {
+        if let Some(m) = self.cached_marker().clone() {
+            return Ok(m);
+        }
         match self
             .store
             .applied()
@@ -82,6 +90,10 @@ impl StateMachine {
             Some(bytes) => postcard::from_bytes(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e)),
             None => Ok(AppliedMarker::default()),
         }
+    }
+
+    fn cached_marker(&self) -> std::sync::MutexGuard<'_, Option<AppliedMarker>> {
+        self.marker.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn encode_marker(
@@ -192,6 +204,8 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
             return Ok(Vec::new());
         }
         let bytes = Self::encode_marker(marker.last_applied, &marker.membership)?;
+        // Read from the store again if this apply fails.
+        *self.cached_marker() = None;
         let store = self.store.clone();
         let started = std::time::Instant::now();
         let flush = self
@@ -228,6 +242,7 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
                 .map_err(|e| sm_err(ErrorVerb::Write, e))?
         };
         let (mut outcomes, touched) = done.map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        *self.cached_marker() = Some(marker);
         // Published before the apply returns: whoever sees this index applied finds its
         // changes in the feed.
         self.changes.publish(&touched);
@@ -258,6 +273,8 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
+        // The install replaces the marker: the next apply reads it from the store.
+        *self.cached_marker() = None;
         let this = self.clone();
         let meta = meta.clone();
         tokio::task::spawn_blocking(move || {

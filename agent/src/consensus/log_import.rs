@@ -143,6 +143,24 @@ mod tests {
         }
     }
 
+    /// A crash in the middle of an import leaves `log.import/` beside `log.redb`: the next
+    /// start imports again from the start.
+    #[tokio::test]
+    async fn an_import_cut_short_is_done_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_old(&dir.path().join("log.redb"));
+        let half = super::Wal::open(&dir.path().join("log.import")).expect("half");
+        half.append(&[(1, b"garbage".to_vec())], true)
+            .expect("append");
+        drop(half);
+        let mut log =
+            LogStore::open(dir.path(), 1, Arc::new(Ballast::open(dir.path()))).expect("open");
+        assert!(!dir.path().join("log.import").exists());
+        let entries = log.try_get_log_entries(0..100).await.expect("read");
+        let ids: Vec<u64> = entries.iter().map(|e| e.log_id.index).collect();
+        assert_eq!(ids, (4..10).collect::<Vec<_>>());
+    }
+
     /// A crash after the rename and before the old file's deletion: the new log wins.
     #[tokio::test]
     async fn an_old_file_beside_an_imported_log_is_deleted() {

@@ -250,6 +250,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
         let err = |e: String| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
         let bytes = encode(&committed).map_err(err)?;
+        self.ballast.before_write();
         self.wal
             .set(Key::Committed, &bytes, false)
             .map_err(|e| err(e.to_string()))

@@ -13,9 +13,13 @@
 //! truncation (`u64 LE index`: entries from it on are gone), a purge (`u64 LE index |
 //! value`: entries up to it are gone, the value is the purge point as the caller encodes
 //! it) and a state value (`key | value`: the vote, the commit index). Opening replays every
-//! segment in order. A record cut short or failing its checksum ends the last segment (a
-//! crash in the middle of an append that was never acknowledged as durable): the file is
-//! cut there. Anywhere else it is an error, never skipped.
+//! segment in order. A record that failed in the shape a crash during an append leaves (it
+//! runs past the end of the file, its header is zeros, or a 4 KiB page under it is all
+//! zeros: a page the kernel never wrote back) ends the last segment: that append was never
+//! acknowledged as durable, since a sync covers every write before it, and the file is cut
+//! there. Any other damage (a record inside the file, written, failing its checksum), or
+//! damage before the last segment, refuses the start: cutting there could drop records
+//! that were synced, a vote among them.
 //!
 //! A segment is closed (synced) at [`SEGMENT_BYTES`], and the next one starts with the
 //! current purge point and state values, so once the purge point has passed every entry in
@@ -152,6 +156,33 @@ fn parse(bytes: &[u8], at: usize) -> Option<(Parsed<'_>, usize)> {
     ))
 }
 
+/// Whether the record at `at`, which did not parse, has the shape an append interrupted by
+/// a crash leaves: cut short by the end of the file, or lying over a page never written
+/// (the file's new region reads as zeros until its page is written back).
+fn torn(bytes: &[u8], at: usize) -> bool {
+    const PAGE: usize = 4096;
+    let Some(head) = bytes.get(at..at + HEADER) else {
+        return true;
+    };
+    if head.iter().all(|&b| b == 0) {
+        return true;
+    }
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let end = at.saturating_add(HEADER).saturating_add(len);
+    if end > bytes.len() {
+        return true;
+    }
+    let mut page = at / PAGE * PAGE;
+    while page < end {
+        let span = &bytes[page..(page + PAGE).min(bytes.len())];
+        if span.iter().all(|&b| b == 0) {
+            return true;
+        }
+        page += PAGE;
+    }
+    false
+}
+
 fn split_index(body: &[u8]) -> Option<(u64, &[u8])> {
     let (head, rest) = body.split_at_checked(8)?;
     Some((u64::from_le_bytes(head.try_into().ok()?), rest))
@@ -245,13 +276,17 @@ impl Inner {
         let old: Vec<u64> = self.segments.range(..keep).map(|(n, _)| *n).collect();
         // Oldest first, stopping at a failure: the segments left are always the newest
         // ones, which replay to the same log.
+        let deleted = !old.is_empty();
         for n in old {
             let path = self.dir.join(segment_name(n));
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "could not delete a log segment");
-                return;
+                break;
             }
             self.segments.remove(&n);
+        }
+        if deleted && let Err(e) = sync_dir(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "could not sync the log's directory");
         }
     }
 
@@ -301,6 +336,17 @@ impl Wal {
             }
         }
         numbers.sort_unstable();
+        // Segments are deleted oldest first: one older than a gap was deleted too, only
+        // not durably (its deletion was reordered after a later one's). Replaying it could
+        // bring back entries a deleted segment's truncation removed.
+        if let Some(gap) = numbers.windows(2).rposition(|w| w[1] != w[0] + 1) {
+            for n in numbers.drain(..=gap) {
+                let path = dir.join(segment_name(n));
+                tracing::warn!(path = %path.display(), "deleting a log segment left before a gap");
+                std::fs::remove_file(&path)?;
+            }
+            sync_dir(dir)?;
+        }
         let mut inner = Inner {
             dir: dir.to_owned(),
             segments: BTreeMap::new(),
@@ -330,6 +376,13 @@ impl Wal {
                         &path,
                         at as u64,
                         "damaged record before the last segment",
+                    ));
+                }
+                if !torn(&bytes, at) {
+                    return Err(corrupt(
+                        &path,
+                        at as u64,
+                        "damaged record inside the last segment (not what an interrupted append leaves)",
                     ));
                 }
                 tracing::warn!(
@@ -368,6 +421,18 @@ impl Wal {
                 .map(|(_, b)| HEADER + 8 + b.len())
                 .sum::<usize>(),
         );
+        if let Some((index, bytes)) = entries
+            .iter()
+            .find(|(_, b)| b.len() + 8 > MAX_BODY as usize)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "log entry {index} of {} bytes is over the record limit",
+                    bytes.len()
+                ),
+            ));
+        }
         let mut offsets = Vec::with_capacity(entries.len());
         for (index, bytes) in entries {
             offsets.push(buf.len() as u64 + (HEADER + 8) as u64);
@@ -397,9 +462,12 @@ impl Wal {
     pub fn truncate(&self, index: u64) -> io::Result<()> {
         let mut buf = Vec::new();
         record(&mut buf, TRUNCATE, &[&index.to_le_bytes()]);
-        let mut inner = self.lock();
-        let (_, file, _) = inner.write(&buf)?;
-        inner.index.split_off(&index);
+        let file = {
+            let mut inner = self.lock();
+            let (_, file, _) = inner.write(&buf)?;
+            inner.index.split_off(&index);
+            file
+        };
         file.sync_data()
     }
 
@@ -408,12 +476,16 @@ impl Wal {
     pub fn purge(&self, index: u64, value: &[u8]) -> io::Result<()> {
         let mut buf = Vec::new();
         record(&mut buf, PURGE, &[&index.to_le_bytes(), value]);
-        let mut inner = self.lock();
-        let (_, file, _) = inner.write(&buf)?;
-        inner.index = inner.index.split_off(&index.saturating_add(1));
-        inner.purged = Some((index, value.to_vec()));
+        let file = {
+            let mut inner = self.lock();
+            let (_, file, _) = inner.write(&buf)?;
+            inner.index = inner.index.split_off(&index.saturating_add(1));
+            inner.purged = Some((index, value.to_vec()));
+            file
+        };
         file.sync_data()?;
-        inner.drop_unneeded();
+        // Only once the purge point is durable may what it replaces go.
+        self.lock().drop_unneeded();
         Ok(())
     }
 

@@ -132,7 +132,7 @@ fn a_record_cut_short_at_the_end_is_dropped_and_the_log_goes_on() {
 }
 
 #[test]
-fn a_damaged_record_ends_the_log_only_in_the_last_segment() {
+fn damage_before_the_last_segment_refuses_the_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let wal = Wal::open_with(dir.path(), 100).expect("open");
@@ -223,4 +223,129 @@ fn damage_anywhere_in_a_segment_is_found_without_a_panic() {
             }
         }
     }
+}
+
+/// Bytes of `n` entries of about 1 KiB each, so that a few pages hold them.
+fn big(range: std::ops::Range<u64>) -> Vec<(u64, Vec<u8>)> {
+    range
+        .map(|i| (i, vec![b'a' + (i % 26) as u8; 1000]))
+        .collect()
+}
+
+#[test]
+fn a_written_record_failing_its_checksum_refuses_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(dir.path()).expect("open");
+        wal.append(&big(1..10), true).expect("append");
+    }
+    let seg = segments(dir.path()).pop().expect("a segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    // A flipped bit in the third entry's body: bit rot, not an interrupted append.
+    bytes[MAGIC.len() + 2 * (9 + 8 + 1000) + 9 + 8 + 500] ^= 4;
+    std::fs::write(&seg, &bytes).expect("write");
+    let err = Wal::open(dir.path()).err().expect("refused");
+    assert!(err.to_string().contains("inside the last segment"), "{err}");
+}
+
+#[test]
+fn a_page_never_written_back_ends_the_last_segment_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(dir.path()).expect("open");
+        wal.append(&big(1..10), true).expect("append");
+    }
+    let seg = segments(dir.path()).pop().expect("a segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    // The second 4 KiB page reads as zeros. Records are 1,017 bytes after the 8-byte
+    // magic: entries 1 to 4 lie in the first page, entry 5 runs into the second.
+    bytes[4096..8192].fill(0);
+    std::fs::write(&seg, &bytes).expect("write");
+    {
+        let wal = Wal::open(dir.path()).expect("reopen");
+        let got = wal.read(Bound::Unbounded, Bound::Unbounded).expect("read");
+        assert_eq!(got.len(), 4, "entries 1 to 4 lie in the first page");
+        // The log goes on from there, and the cut is durable.
+        wal.append(&big(5..7), true).expect("append");
+    }
+    let wal = Wal::open(dir.path()).expect("reopen");
+    let got = wal.read(Bound::Unbounded, Bound::Unbounded).expect("read");
+    assert_eq!(
+        got,
+        big(1..7).into_iter().map(|(_, b)| b).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_cut_tail_after_older_segments_keeps_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open_with(dir.path(), 100).expect("open");
+        for i in 1..12 {
+            wal.append(&entries(i..i + 1), true).expect("append");
+        }
+    }
+    let seg = segments(dir.path()).pop().expect("a segment");
+    let len = std::fs::metadata(&seg).expect("stat").len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open");
+    f.set_len(len - 2).expect("cut");
+    drop(f);
+    let wal = Wal::open_with(dir.path(), 100).expect("reopen");
+    assert_eq!(all(&wal), names(1..11));
+}
+
+/// A truncation and the entries that replaced it span a roll; a purge then deletes
+/// segments: nothing truncated comes back at the next start.
+#[test]
+fn truncated_entries_stay_gone_across_rolls_and_purges() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open_with(dir.path(), 100).expect("open");
+        for i in 1..10 {
+            wal.append(&entries(i..i + 1), true).expect("append");
+        }
+        wal.truncate(4).expect("truncate");
+        for i in 4..8 {
+            wal.append(&[(i, format!("other {i}").into_bytes())], true)
+                .expect("append");
+        }
+        wal.purge(5, b"p5").expect("purge");
+    }
+    let wal = Wal::open_with(dir.path(), 100).expect("reopen");
+    assert_eq!(all(&wal), vec!["other 6".to_string(), "other 7".into()]);
+    assert_eq!(wal.purged(), Some(b"p5".to_vec()));
+}
+
+/// Segments are deleted oldest first; one left before a gap is deleted at the start.
+#[test]
+fn a_segment_left_before_a_gap_is_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open_with(dir.path(), 100).expect("open");
+        for i in 1..12 {
+            wal.append(&entries(i..i + 1), true).expect("append");
+        }
+    }
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 3, "{segs:?}");
+    // The second segment's deletion was durable, the first's was not.
+    std::fs::remove_file(&segs[1]).expect("remove");
+    let wal = Wal::open_with(dir.path(), 100).expect("reopen");
+    assert!(!segs[0].exists(), "the segment before the gap is gone");
+    let got = all(&wal);
+    assert_eq!(got.last().map(String::as_str), Some("entry 11"));
+    assert!(!got.contains(&"entry 1".to_string()), "{got:?}");
+}
+
+#[test]
+fn an_entry_over_the_record_limit_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path()).expect("open");
+    let huge = vec![0u8; super::MAX_BODY as usize];
+    let err = wal.append(&[(1, huge)], true).err().expect("refused");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(all(&wal).is_empty());
 }

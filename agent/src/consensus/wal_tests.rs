@@ -345,7 +345,7 @@ fn an_entry_over_the_record_limit_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let wal = Wal::open(dir.path()).expect("open");
     let huge = vec![0u8; super::MAX_BODY as usize];
-    let err = wal.append(&[(1, huge)], true).err().expect("refused");
+    let err = wal.append(&[(1, huge)], true).expect_err("refused");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert!(all(&wal).is_empty());
 }

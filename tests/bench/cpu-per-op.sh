@@ -9,11 +9,12 @@
 #                  $CARGO_TARGET_DIR/release when set)
 #   --op OP        create: N empty files made one at a time in one directory (open with
 #                  O_CREAT|O_EXCL, close), through node 1's mount (default);
+#                  delete: N empty files made first (not measured), then unlinked one at a time;
 #                  randread: 4K random reads, libaio, queue depth 16, O_DIRECT, for 15 s, on a
 #                  1 GiB file written through node 1's mount just before (caches dropped);
 #                  seqread: that file read once from start to end in 1 MiB reads (caches
 #                  dropped first); one operation is one MiB
-#   --count N      creates (default 1000)
+#   --count N      creates or deletes (default 1000)
 #   --dir DIR      the cluster's directory, wiped first (default /var/tmp/shoal-cpu-per-op)
 #
 # Prints, per process (nodeN agent, nodeN mount), the user+system CPU time per operation
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
     *) echo "cpu-per-op.sh: unknown argument $1" >&2; usage ;;
   esac
 done
-case "$op" in create|randread|seqread) ;; *) echo "cpu-per-op.sh: --op is create, randread or seqread" >&2; usage ;; esac
+case "$op" in create|delete|randread|seqread) ;; *) echo "cpu-per-op.sh: --op is create, delete, randread or seqread" >&2; usage ;; esac
 [[ "$count" =~ ^[1-9][0-9]*$ ]] || { echo "cpu-per-op.sh: --count must be a positive number" >&2; usage; }
 [ "$(id -u)" = 0 ] || die "run as root (FUSE mounts, dropping caches)"
 for b in shoal shoal-agent; do
@@ -98,6 +99,23 @@ t = time.monotonic()
 for i in range(int(sys.argv[2])):
     os.close(os.open(f"{sys.argv[1]}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 print(f"{int(sys.argv[2]) / (time.monotonic() - t):.0f} creates/s")
+PY
+)
+    after=$(snapshot); s1=$(steal); ops=$count ;;
+  delete)
+    mkdir -p "$mnt/measured"
+    python3 - "$mnt/measured" "$count" <<'PY'
+import os, sys
+for i in range(int(sys.argv[2])):
+    os.close(os.open(f"{sys.argv[1]}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+PY
+    before=$(snapshot); s0=$(steal)
+    rate=$(python3 - "$mnt/measured" "$count" <<'PY'
+import os, sys, time
+t = time.monotonic()
+for i in range(int(sys.argv[2])):
+    os.unlink(f"{sys.argv[1]}/f{i}")
+print(f"{int(sys.argv[2]) / (time.monotonic() - t):.0f} deletes/s")
 PY
 )
     after=$(snapshot); s1=$(steal); ops=$count ;;

@@ -38,7 +38,7 @@ impl Tx<'_> {
     }
 
     pub(crate) fn cold(&self, id: StripeId) -> Result<Option<ColdLocation>, NamespaceError> {
-        match self.cold.get(id.0)? {
+        match self.cold.read()?.get(id.0)? {
             Some(v) => decode(v.value(), "cold").map(Some),
             None => Ok(None),
         }
@@ -47,12 +47,12 @@ impl Tx<'_> {
     /// Records that `ino`'s data was used now.
     pub(crate) fn touch(&mut self, ino: Ino) -> Result<(), NamespaceError> {
         let now = self.now_ms();
-        self.heat.insert(ino, encode(&now)?.as_slice())?;
+        self.heat.write()?.insert(ino, encode(&now)?.as_slice())?;
         Ok(())
     }
 
     pub(crate) fn forget_heat(&mut self, ino: Ino) -> Result<(), NamespaceError> {
-        self.heat.remove(ino)?;
+        self.heat.write()?.remove(ino)?;
         Ok(())
     }
 
@@ -61,8 +61,8 @@ impl Tx<'_> {
         let Some(loc) = self.cold(id)? else {
             return Ok(());
         };
-        self.cold.remove(id.0)?;
-        let found: Option<ObjectRecord> = match self.objects.get(loc.object)? {
+        self.cold.write()?.remove(id.0)?;
+        let found: Option<ObjectRecord> = match self.objects.read()?.get(loc.object)? {
             Some(v) => Some(decode(v.value(), "object")?),
             None => None,
         };
@@ -74,11 +74,14 @@ impl Tx<'_> {
         };
         obj.stripes = obj.stripes.saturating_sub(1);
         if obj.stripes == 0 {
-            self.objects.remove(loc.object)?;
+            self.objects.write()?.remove(loc.object)?;
             self.object_garbage
+                .write()?
                 .insert(loc.object, encode(&obj.size)?.as_slice())?;
         } else {
-            self.objects.insert(loc.object, encode(&obj)?.as_slice())?;
+            self.objects
+                .write()?
+                .insert(loc.object, encode(&obj)?.as_slice())?;
         }
         Ok(())
     }
@@ -91,8 +94,8 @@ pub(crate) fn tier_stripes(
     stripes: &[(StripeId, ColdLocation)],
 ) -> Result<Outcome, NamespaceError> {
     // Object ids are never used twice; every location must be in this object.
-    if tx.objects.get(object)?.is_some()
-        || tx.object_garbage.get(object)?.is_some()
+    if tx.objects.read()?.get(object)?.is_some()
+        || tx.object_garbage.read()?.get(object)?.is_some()
         || stripes.iter().any(|(_, l)| l.object != object)
     {
         return Err(FsError::Invalid.into());
@@ -105,7 +108,7 @@ pub(crate) fn tier_stripes(
         if loc.len != entry.record.len || tx.cold(id)?.is_some() || tiered.contains(&id) {
             continue;
         }
-        tx.cold.insert(id.0, encode(&loc)?.as_slice())?;
+        tx.cold.write()?.insert(id.0, encode(&loc)?.as_slice())?;
         for slot in &mut entry.record.shards {
             slot.node = NodeId::NONE;
         }
@@ -114,13 +117,16 @@ pub(crate) fn tier_stripes(
     }
     if tiered.is_empty() {
         tx.object_garbage
+            .write()?
             .insert(object, encode(&size)?.as_slice())?;
     } else {
         let rec = ObjectRecord {
             size,
             stripes: tiered.len() as u64,
         };
-        tx.objects.insert(object, encode(&rec)?.as_slice())?;
+        tx.objects
+            .write()?
+            .insert(object, encode(&rec)?.as_slice())?;
     }
     Ok(Outcome::Tiered(tiered))
 }
@@ -130,7 +136,7 @@ pub(crate) fn objects_deleted(
     objects: &[u128],
 ) -> Result<Outcome, NamespaceError> {
     for &o in objects {
-        tx.object_garbage.remove(o)?;
+        tx.object_garbage.write()?.remove(o)?;
     }
     Ok(Outcome::Done)
 }
@@ -141,10 +147,12 @@ pub(crate) fn objects_orphaned(
 ) -> Result<Outcome, NamespaceError> {
     let mut fenced = Vec::new();
     for &(id, size) in objects {
-        if tx.objects.get(id)?.is_some() || tx.object_garbage.get(id)?.is_some() {
+        if tx.objects.read()?.get(id)?.is_some() || tx.object_garbage.read()?.get(id)?.is_some() {
             continue;
         }
-        tx.object_garbage.insert(id, encode(&size)?.as_slice())?;
+        tx.object_garbage
+            .write()?
+            .insert(id, encode(&size)?.as_slice())?;
         fenced.push(id);
     }
     Ok(Outcome::Orphaned(fenced))

@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use redb::{ReadableTable, Table, WriteTransaction};
+use std::cell::OnceCell;
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 use shoal_agent_api::ROOT_INO;
 
 use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
@@ -50,22 +52,61 @@ struct Cached {
     dirty: bool,
 }
 
+/// A table of the transaction, opened at its first use: an apply touches a few of the
+/// tables, and opening one (a lookup in redb's table tree, a definition decoded and
+/// checked) cost as much as the rest of a create's apply.
+pub(crate) struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    txn: &'t WriteTransaction,
+    def: TableDefinition<'static, K, V>,
+    table: OnceCell<Table<'t, K, V>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
+    fn new(txn: &'t WriteTransaction, def: TableDefinition<'static, K, V>) -> Self {
+        Lazy {
+            txn,
+            def,
+            table: OnceCell::new(),
+        }
+    }
+
+    /// The table, for reading.
+    pub(crate) fn read(&self) -> Result<&Table<'t, K, V>, NamespaceError> {
+        if let Some(t) = self.table.get() {
+            return Ok(t);
+        }
+        let t = self.txn.open_table(self.def)?;
+        Ok(self.table.get_or_init(|| t))
+    }
+
+    /// The table, for writing.
+    pub(crate) fn write(&mut self) -> Result<&mut Table<'t, K, V>, NamespaceError> {
+        if self.table.get().is_none() {
+            let t = self.txn.open_table(self.def)?;
+            let _ = self.table.set(t);
+        }
+        self.table
+            .get_mut()
+            .ok_or_else(|| NamespaceError::Corrupt("a table opened just before is missing".into()))
+    }
+}
+
 pub(crate) struct Tx<'t> {
-    inodes: Table<'t, u64, Bytes>,
-    dirents: Table<'t, (u64, &'static str), Bytes>,
-    extents: Table<'t, (u64, u64), Bytes>,
-    stripes: Table<'t, u128, Bytes>,
-    garbage: Table<'t, u128, Bytes>,
-    orphans: Table<'t, u64, Bytes>,
-    dedup: Table<'t, (u64, u64), Bytes>,
-    sessions: Table<'t, u64, Bytes>,
-    abandoned: Table<'t, u128, Bytes>,
-    disowned: Table<'t, (u128, u8, u64), Bytes>,
-    generations: Table<'t, u64, Bytes>,
-    pub(crate) cold: Table<'t, u128, Bytes>,
-    pub(crate) objects: Table<'t, u128, Bytes>,
-    pub(crate) object_garbage: Table<'t, u128, Bytes>,
-    pub(crate) heat: Table<'t, u64, Bytes>,
+    inodes: Lazy<'t, u64, Bytes>,
+    dirents: Lazy<'t, (u64, &'static str), Bytes>,
+    extents: Lazy<'t, (u64, u64), Bytes>,
+    stripes: Lazy<'t, u128, Bytes>,
+    garbage: Lazy<'t, u128, Bytes>,
+    orphans: Lazy<'t, u64, Bytes>,
+    dedup: Lazy<'t, (u64, u64), Bytes>,
+    sessions: Lazy<'t, u64, Bytes>,
+    abandoned: Lazy<'t, u128, Bytes>,
+    disowned: Lazy<'t, (u128, u8, u64), Bytes>,
+    generations: Lazy<'t, u64, Bytes>,
+    pub(crate) cold: Lazy<'t, u128, Bytes>,
+    pub(crate) objects: Lazy<'t, u128, Bytes>,
+    pub(crate) object_garbage: Lazy<'t, u128, Bytes>,
+    pub(crate) heat: Lazy<'t, u64, Bytes>,
     pub(crate) state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
@@ -80,21 +121,21 @@ impl<'t> Tx<'t> {
         let stripe_bytes = record::read_state_u64(&state, KEY_STRIPE_BYTES, 0)?;
         let clock = record::read_state(&state, KEY_CLOCK)?.unwrap_or_default();
         Ok(Tx {
-            inodes: txn.open_table(INODES)?,
-            dirents: txn.open_table(DIRENTS)?,
-            extents: txn.open_table(EXTENTS)?,
-            stripes: txn.open_table(STRIPES)?,
-            garbage: txn.open_table(GARBAGE)?,
-            orphans: txn.open_table(ORPHANS)?,
-            dedup: txn.open_table(DEDUP)?,
-            sessions: txn.open_table(SESSIONS)?,
-            abandoned: txn.open_table(ABANDONED)?,
-            disowned: txn.open_table(DISOWNED)?,
-            generations: txn.open_table(GENERATIONS)?,
-            cold: txn.open_table(COLD)?,
-            objects: txn.open_table(OBJECTS)?,
-            object_garbage: txn.open_table(OBJECT_GARBAGE)?,
-            heat: txn.open_table(HEAT)?,
+            inodes: Lazy::new(txn, INODES),
+            dirents: Lazy::new(txn, DIRENTS),
+            extents: Lazy::new(txn, EXTENTS),
+            stripes: Lazy::new(txn, STRIPES),
+            garbage: Lazy::new(txn, GARBAGE),
+            orphans: Lazy::new(txn, ORPHANS),
+            dedup: Lazy::new(txn, DEDUP),
+            sessions: Lazy::new(txn, SESSIONS),
+            abandoned: Lazy::new(txn, ABANDONED),
+            disowned: Lazy::new(txn, DISOWNED),
+            generations: Lazy::new(txn, GENERATIONS),
+            cold: Lazy::new(txn, COLD),
+            objects: Lazy::new(txn, OBJECTS),
+            object_garbage: Lazy::new(txn, OBJECT_GARBAGE),
+            heat: Lazy::new(txn, HEAT),
             state,
             cache: BTreeMap::new(),
             next_ino,
@@ -111,10 +152,10 @@ impl<'t> Tx<'t> {
             }
             match cached.record {
                 Some(rec) => {
-                    self.inodes.insert(ino, encode(&rec)?.as_slice())?;
+                    self.inodes.write()?.insert(ino, encode(&rec)?.as_slice())?;
                 }
                 None => {
-                    self.inodes.remove(ino)?;
+                    self.inodes.write()?.remove(ino)?;
                 }
             }
         }
@@ -148,7 +189,7 @@ impl<'t> Tx<'t> {
         if let Some(cached) = self.cache.get(&ino) {
             return Ok(cached.record.clone());
         }
-        let record = record::read_inode(&self.inodes, ino)?;
+        let record = record::read_inode(self.inodes.read()?, ino)?;
         self.cache.insert(
             ino,
             Cached {
@@ -201,7 +242,7 @@ impl<'t> Tx<'t> {
         parent: Ino,
         name: &str,
     ) -> Result<Option<DirentRecord>, NamespaceError> {
-        record::read_dirent(&self.dirents, parent, name)
+        record::read_dirent(self.dirents.read()?, parent, name)
     }
 
     pub(crate) fn put_dirent(
@@ -211,39 +252,42 @@ impl<'t> Tx<'t> {
         entry: DirentRecord,
     ) -> Result<(), NamespaceError> {
         self.dirents
+            .write()?
             .insert((parent, name), encode(&entry)?.as_slice())?;
         Ok(())
     }
 
     pub(crate) fn remove_dirent(&mut self, parent: Ino, name: &str) -> Result<(), NamespaceError> {
-        self.dirents.remove((parent, name))?;
+        self.dirents.write()?.remove((parent, name))?;
         Ok(())
     }
 
     pub(crate) fn dir_has_entries(&self, dir: Ino) -> Result<bool, NamespaceError> {
-        record::dir_has_entries(&self.dirents, dir)
+        record::dir_has_entries(self.dirents.read()?, dir)
     }
 
     // --- orphans ---
 
     pub(crate) fn is_orphan(&self, ino: Ino) -> Result<bool, NamespaceError> {
-        Ok(self.orphans.get(ino)?.is_some())
+        Ok(self.orphans.read()?.get(ino)?.is_some())
     }
 
     pub(crate) fn add_orphan(&mut self, ino: Ino, since: Timestamp) -> Result<(), NamespaceError> {
-        self.orphans.insert(ino, encode(&since)?.as_slice())?;
+        self.orphans
+            .write()?
+            .insert(ino, encode(&since)?.as_slice())?;
         Ok(())
     }
 
     pub(crate) fn remove_orphan(&mut self, ino: Ino) -> Result<(), NamespaceError> {
-        self.orphans.remove(ino)?;
+        self.orphans.write()?.remove(ino)?;
         Ok(())
     }
 
     // --- extents and stripe references ---
 
     pub(crate) fn has_extents(&self, ino: Ino) -> Result<bool, NamespaceError> {
-        record::has_extents(&self.extents, ino)
+        record::has_extents(self.extents.read()?, ino)
     }
 
     /// The extents of `ino` that overlap `[start, end)`, in file order.
@@ -255,7 +299,11 @@ impl<'t> Tx<'t> {
     ) -> Result<Vec<(u64, ExtentRecord)>, NamespaceError> {
         let mut out = Vec::new();
         if start > 0
-            && let Some(item) = self.extents.range((ino, 0)..(ino, start))?.next_back()
+            && let Some(item) = self
+                .extents
+                .read()?
+                .range((ino, 0)..(ino, start))?
+                .next_back()
         {
             let (key, value) = item?;
             let offset = key.value().1;
@@ -265,7 +313,7 @@ impl<'t> Tx<'t> {
             }
         }
         if start < end {
-            for item in self.extents.range((ino, start)..(ino, end))? {
+            for item in self.extents.read()?.range((ino, start)..(ino, end))? {
                 let (key, value) = item?;
                 out.push((key.value().1, decode(value.value(), "extent")?));
             }
@@ -280,19 +328,20 @@ impl<'t> Tx<'t> {
         extent: ExtentRecord,
     ) -> Result<(), NamespaceError> {
         self.extents
+            .write()?
             .insert((ino, offset), encode(&extent)?.as_slice())?;
         Ok(())
     }
 
     pub(crate) fn remove_extent(&mut self, ino: Ino, offset: u64) -> Result<(), NamespaceError> {
-        self.extents.remove((ino, offset))?;
+        self.extents.write()?.remove((ino, offset))?;
         Ok(())
     }
 
     /// Adds one reference to a stripe, recording it if it is new.
     pub(crate) fn add_stripe_ref(&mut self, stripe: &StripeRecord) -> Result<(), NamespaceError> {
         let id = stripe.id.0;
-        let entry = match record::read_stripe(&self.stripes, id)? {
+        let entry = match record::read_stripe(self.stripes.read()?, id)? {
             Some(mut entry) => {
                 entry.refs += 1;
                 entry
@@ -301,7 +350,7 @@ impl<'t> Tx<'t> {
                 // A stripe referenced again before its shards were deleted is live again,
                 // with the locations its garbage record holds (repair may have moved
                 // shards since the writer saw it).
-                let record = match self.garbage.remove(id)? {
+                let record = match self.garbage.write()?.remove(id)? {
                     Some(v) => decode(v.value(), "garbage")?,
                     None => stripe.clone(),
                 };
@@ -309,7 +358,9 @@ impl<'t> Tx<'t> {
                 StripeEntry { record, refs: 1 }
             }
         };
-        self.stripes.insert(id, encode(&entry)?.as_slice())?;
+        self.stripes
+            .write()?
+            .insert(id, encode(&entry)?.as_slice())?;
         Ok(())
     }
 
@@ -322,7 +373,7 @@ impl<'t> Tx<'t> {
         if delta == 0 {
             return Ok(());
         }
-        let Some(mut entry) = record::read_stripe(&self.stripes, id.0)? else {
+        let Some(mut entry) = record::read_stripe(self.stripes.read()?, id.0)? else {
             return Err(NamespaceError::Corrupt(format!(
                 "an extent references stripe {id}, which is not recorded"
             )));
@@ -331,19 +382,22 @@ impl<'t> Tx<'t> {
             NamespaceError::Corrupt(format!("stripe {id} reference count underflow"))
         })?;
         if refs == 0 {
-            self.stripes.remove(id.0)?;
+            self.stripes.write()?.remove(id.0)?;
             self.stripe_bytes = self.stripe_bytes.saturating_sub(entry.record.len);
             self.garbage
+                .write()?
                 .insert(id.0, encode(&entry.record)?.as_slice())?;
         } else {
             entry.refs = refs;
-            self.stripes.insert(id.0, encode(&entry)?.as_slice())?;
+            self.stripes
+                .write()?
+                .insert(id.0, encode(&entry)?.as_slice())?;
         }
         Ok(())
     }
 
     pub(crate) fn forget_garbage(&mut self, id: StripeId) -> Result<(), NamespaceError> {
-        self.garbage.remove(id.0)?;
+        self.garbage.write()?.remove(id.0)?;
         Ok(())
     }
 
@@ -387,7 +441,7 @@ impl<'t> Tx<'t> {
     /// every stripe record (operator changes only).
     pub(crate) fn stripes_naming(&self, node: NodeId) -> Result<(u64, u64), NamespaceError> {
         let (mut stripes, mut bytes) = (0, 0);
-        for item in self.stripes.iter()? {
+        for item in self.stripes.read()?.iter()? {
             let (_, value) = item?;
             let entry: StripeEntry = decode(value.value(), "stripe")?;
             let held = entry
@@ -408,7 +462,7 @@ impl<'t> Tx<'t> {
 
     /// The outcome stored for a request already applied.
     pub(crate) fn dedup_get(&self, id: RequestId) -> Result<Option<Outcome>, NamespaceError> {
-        match self.dedup.get((id.client, id.seq))? {
+        match self.dedup.read()?.get((id.client, id.seq))? {
             Some(guard) => decode(guard.value(), "dedup").map(Some),
             None => Ok(None),
         }
@@ -423,11 +477,15 @@ impl<'t> Tx<'t> {
         outcome: &Outcome,
     ) -> Result<(), NamespaceError> {
         self.dedup
+            .write()?
             .insert((id.client, id.seq), encode(outcome)?.as_slice())?;
         let now = self.clock.now_ms;
-        self.sessions.insert(id.client, encode(&now)?.as_slice())?;
+        self.sessions
+            .write()?
+            .insert(id.client, encode(&now)?.as_slice())?;
         let highest = match self
             .dedup
+            .read()?
             .range((id.client, 0)..=(id.client, u64::MAX))?
             .next_back()
         {
@@ -438,11 +496,15 @@ impl<'t> Tx<'t> {
             return Ok(());
         };
         let mut stale = Vec::new();
-        for item in self.dedup.range((id.client, 0)..(id.client, floor))? {
+        for item in self
+            .dedup
+            .read()?
+            .range((id.client, 0)..(id.client, floor))?
+        {
             stale.push(item?.0.value().1);
         }
         for seq in stale {
-            self.dedup.remove((id.client, seq))?;
+            self.dedup.write()?.remove((id.client, seq))?;
         }
         Ok(())
     }
@@ -452,7 +514,12 @@ impl<'t> Tx<'t> {
     pub(crate) fn expire_idle_clients(&mut self) -> Result<(), NamespaceError> {
         let start = record::read_state_u64(&self.state, KEY_CLIENT_SWEEP, 0)?;
         let mut seen: Vec<(u64, u64)> = Vec::with_capacity(CLIENT_SWEEP_STEP);
-        for item in self.sessions.range(start..)?.take(CLIENT_SWEEP_STEP) {
+        for item in self
+            .sessions
+            .read()?
+            .range(start..)?
+            .take(CLIENT_SWEEP_STEP)
+        {
             let (client, at) = item?;
             seen.push((client.value(), decode(at.value(), "session")?));
         }
@@ -470,13 +537,13 @@ impl<'t> Tx<'t> {
                 continue;
             }
             let mut seqs = Vec::new();
-            for item in self.dedup.range((client, 0)..=(client, u64::MAX))? {
+            for item in self.dedup.read()?.range((client, 0)..=(client, u64::MAX))? {
                 seqs.push(item?.0.value().1);
             }
             for seq in seqs {
-                self.dedup.remove((client, seq))?;
+                self.dedup.write()?.remove((client, seq))?;
             }
-            self.sessions.remove(client)?;
+            self.sessions.write()?.remove(client)?;
         }
         Ok(())
     }
@@ -489,12 +556,13 @@ impl<'t> Tx<'t> {
         node: u64,
         generation: u64,
     ) -> Result<(), NamespaceError> {
-        let known: u64 = match self.generations.get(node)? {
+        let known: u64 = match self.generations.read()?.get(node)? {
             Some(g) => decode(g.value(), "generation")?,
             None => 0,
         };
         if generation > known {
             self.generations
+                .write()?
                 .insert(node, encode(&generation)?.as_slice())?;
         }
         Ok(())
@@ -503,17 +571,19 @@ impl<'t> Tx<'t> {
     // --- abandoned stripes ---
 
     pub(crate) fn is_abandoned(&self, id: StripeId) -> Result<bool, NamespaceError> {
-        Ok(self.abandoned.get(id.0)?.is_some())
+        Ok(self.abandoned.read()?.get(id.0)?.is_some())
     }
 
     /// Whether the metadata knows the stripe: referenced, or garbage awaiting deletion.
     pub(crate) fn stripe_known(&self, id: StripeId) -> Result<bool, NamespaceError> {
-        Ok(self.stripes.get(id.0)?.is_some() || self.garbage.get(id.0)?.is_some())
+        Ok(self.stripes.read()?.get(id.0)?.is_some() || self.garbage.read()?.get(id.0)?.is_some())
     }
 
     pub(crate) fn abandon(&mut self, id: StripeId) -> Result<(), NamespaceError> {
         let now = self.clock.now_ms;
-        self.abandoned.insert(id.0, encode(&now)?.as_slice())?;
+        self.abandoned
+            .write()?
+            .insert(id.0, encode(&now)?.as_slice())?;
         Ok(())
     }
 
@@ -522,7 +592,7 @@ impl<'t> Tx<'t> {
     pub(crate) fn expire_abandoned(&mut self) -> Result<(), NamespaceError> {
         let now = self.clock.now_ms;
         expire_some(
-            &mut self.abandoned,
+            self.abandoned.write()?,
             &mut self.state,
             KEY_ABANDON_SWEEP,
             |stripe| stripe,
@@ -535,12 +605,13 @@ impl<'t> Tx<'t> {
 
     /// The live stripe `id` with its reference count.
     pub(crate) fn live_stripe(&self, id: StripeId) -> Result<Option<StripeEntry>, NamespaceError> {
-        record::read_stripe(&self.stripes, id.0)
+        record::read_stripe(self.stripes.read()?, id.0)
     }
 
     /// Writes back a live stripe whose record changed (same id, same length).
     pub(crate) fn put_live_stripe(&mut self, entry: &StripeEntry) -> Result<(), NamespaceError> {
         self.stripes
+            .write()?
             .insert(entry.record.id.0, encode(entry)?.as_slice())?;
         Ok(())
     }
@@ -550,7 +621,7 @@ impl<'t> Tx<'t> {
         &self,
         id: StripeId,
     ) -> Result<Option<StripeRecord>, NamespaceError> {
-        match self.garbage.get(id.0)? {
+        match self.garbage.read()?.get(id.0)? {
             Some(v) => decode(v.value(), "garbage").map(Some),
             None => Ok(None),
         }
@@ -562,7 +633,11 @@ impl<'t> Tx<'t> {
         index: u8,
         node: NodeId,
     ) -> Result<bool, NamespaceError> {
-        Ok(self.disowned.get((stripe.0, index, node.0))?.is_some())
+        Ok(self
+            .disowned
+            .read()?
+            .get((stripe.0, index, node.0))?
+            .is_some())
     }
 
     pub(crate) fn disown(
@@ -573,6 +648,7 @@ impl<'t> Tx<'t> {
     ) -> Result<(), NamespaceError> {
         let now = self.clock.now_ms;
         self.disowned
+            .write()?
             .insert((stripe.0, index, node.0), encode(&now)?.as_slice())?;
         Ok(())
     }
@@ -582,7 +658,7 @@ impl<'t> Tx<'t> {
     pub(crate) fn expire_disowned(&mut self) -> Result<(), NamespaceError> {
         let now = self.clock.now_ms;
         expire_some(
-            &mut self.disowned,
+            self.disowned.write()?,
             &mut self.state,
             KEY_DISOWN_SWEEP,
             |stripe| (stripe, 0, 0),

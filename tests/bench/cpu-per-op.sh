@@ -83,15 +83,19 @@ snapshot() {
   done | sort
 }
 steal() { awk '/^cpu / {print $9}' /proc/stat; }
-
-case "$op" in
-  create)
-    mkdir -p "$mnt/warm" "$mnt/measured"
-    python3 - "$mnt/warm" 200 <<'PY'
+# make_files DIR N: N empty files f0..f(N-1) in DIR (not measured).
+make_files() {
+  python3 - "$1" "$2" <<'PY'
 import os, sys
 for i in range(int(sys.argv[2])):
     os.close(os.open(f"{sys.argv[1]}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 PY
+}
+
+case "$op" in
+  create)
+    mkdir -p "$mnt/warm" "$mnt/measured"
+    make_files "$mnt/warm" 200
     before=$(snapshot); s0=$(steal)
     rate=$(python3 - "$mnt/measured" "$count" <<'PY'
 import os, sys, time
@@ -104,11 +108,7 @@ PY
     after=$(snapshot); s1=$(steal); ops=$count ;;
   delete)
     mkdir -p "$mnt/measured"
-    python3 - "$mnt/measured" "$count" <<'PY'
-import os, sys
-for i in range(int(sys.argv[2])):
-    os.close(os.open(f"{sys.argv[1]}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-PY
+    make_files "$mnt/measured" "$count"
     before=$(snapshot); s0=$(steal)
     rate=$(python3 - "$mnt/measured" "$count" <<'PY'
 import os, sys, time

@@ -20,6 +20,27 @@ fn names(range: std::ops::Range<u64>) -> Vec<String> {
     range.map(|i| format!("entry {i}")).collect()
 }
 
+/// A log of entries 1 to 11, one append each, in segments of about 100 bytes (4 entries).
+fn eleven_entries_in_small_segments() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open_with(dir.path(), 100).expect("open");
+    for i in 1..12 {
+        wal.append(&entries(i..i + 1), true).expect("append");
+    }
+    dir
+}
+
+/// Drops the last `bytes` bytes of the newest segment.
+fn cut_last_segment(dir: &std::path::Path, bytes: u64) {
+    let seg = segments(dir).pop().expect("a segment");
+    let len = std::fs::metadata(&seg).expect("stat").len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open");
+    f.set_len(len - bytes).expect("cut");
+}
+
 fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out: Vec<_> = std::fs::read_dir(dir)
         .expect("list")
@@ -112,15 +133,8 @@ fn a_record_cut_short_at_the_end_is_dropped_and_the_log_goes_on() {
         let wal = Wal::open(dir.path()).expect("open");
         wal.append(&entries(1..4), true).expect("append");
     }
-    let seg = segments(dir.path()).pop().expect("a segment");
-    let len = std::fs::metadata(&seg).expect("stat").len();
     // A crash in the middle of the last record's write.
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .expect("open");
-    f.set_len(len - 3).expect("cut");
-    drop(f);
+    cut_last_segment(dir.path(), 3);
     {
         let wal = Wal::open(dir.path()).expect("reopen");
         assert_eq!(all(&wal), names(1..3));
@@ -133,13 +147,7 @@ fn a_record_cut_short_at_the_end_is_dropped_and_the_log_goes_on() {
 
 #[test]
 fn damage_before_the_last_segment_refuses_the_start() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let wal = Wal::open_with(dir.path(), 100).expect("open");
-        for i in 1..12 {
-            wal.append(&entries(i..i + 1), true).expect("append");
-        }
-    }
+    let dir = eleven_entries_in_small_segments();
     let segs = segments(dir.path());
     assert!(segs.len() >= 3, "{segs:?}");
     // A flipped bit in an older segment's record: an error, never skipped.
@@ -278,21 +286,8 @@ fn a_page_never_written_back_ends_the_last_segment_there() {
 
 #[test]
 fn a_cut_tail_after_older_segments_keeps_them() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let wal = Wal::open_with(dir.path(), 100).expect("open");
-        for i in 1..12 {
-            wal.append(&entries(i..i + 1), true).expect("append");
-        }
-    }
-    let seg = segments(dir.path()).pop().expect("a segment");
-    let len = std::fs::metadata(&seg).expect("stat").len();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .expect("open");
-    f.set_len(len - 2).expect("cut");
-    drop(f);
+    let dir = eleven_entries_in_small_segments();
+    cut_last_segment(dir.path(), 2);
     let wal = Wal::open_with(dir.path(), 100).expect("reopen");
     assert_eq!(all(&wal), names(1..11));
 }
@@ -322,13 +317,7 @@ fn truncated_entries_stay_gone_across_rolls_and_purges() {
 /// Segments are deleted oldest first; one left before a gap is deleted at the start.
 #[test]
 fn a_segment_left_before_a_gap_is_deleted() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let wal = Wal::open_with(dir.path(), 100).expect("open");
-        for i in 1..12 {
-            wal.append(&entries(i..i + 1), true).expect("append");
-        }
-    }
+    let dir = eleven_entries_in_small_segments();
     let segs = segments(dir.path());
     assert!(segs.len() >= 3, "{segs:?}");
     // The second segment's deletion was durable, the first's was not.

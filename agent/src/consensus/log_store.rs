@@ -405,6 +405,41 @@ mod tests {
         assert_eq!(ids, vec![3, 4, 5]);
     }
 
+    /// Purged to its last entry, the log is empty and its last log id is the purge point,
+    /// before and after a restart.
+    #[tokio::test]
+    async fn a_log_purged_to_its_end_reports_the_purge_point_as_its_last() {
+        use openraft::storage::RaftLogStorage;
+        use openraft::testing::log_id;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ballast = || Arc::new(super::Ballast::open(dir.path()));
+        let rows: Vec<(u64, Vec<u8>)> = (1..4)
+            .map(|i| {
+                let e = Entry {
+                    log_id: log_id(2, 1, i),
+                    payload: EntryPayload::Blank,
+                };
+                (i, encode(&e).expect("encode"))
+            })
+            .collect();
+        for round in 0..2 {
+            let mut log = super::LogStore::open(dir.path(), 1, ballast()).expect("open");
+            if round == 0 {
+                log.wal.append(&rows, true).expect("append");
+                log.purge(log_id(2, 1, 3)).await.expect("purge");
+            }
+            let state = log.get_log_state().await.expect("state");
+            assert_eq!(
+                state.last_purged_log_id,
+                Some(log_id(2, 1, 3)),
+                "round {round}"
+            );
+            assert_eq!(state.last_log_id, Some(log_id(2, 1, 3)), "round {round}");
+        }
+    }
+
     #[test]
     fn version_1_entries_still_decode() {
         let entry = decode_entry(V1_ENTRY).expect("decode v1");

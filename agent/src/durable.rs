@@ -19,6 +19,11 @@ pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    sync_dir(dir)
+}
+
+/// Makes the entries of directory `dir` (files created, renamed or deleted in it) durable.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 

@@ -15,6 +15,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::log_store::decode;
 use super::wal::{Key, Wal};
+use crate::durable::sync_dir;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
@@ -65,7 +66,7 @@ pub(super) fn import(old: &Path, wal_dir: &Path) -> io::Result<()> {
     drop(wal);
     std::fs::rename(&tmp, wal_dir)?;
     if let Some(parent) = wal_dir.parent() {
-        std::fs::File::open(parent)?.sync_all()?;
+        sync_dir(parent)?;
     }
     tracing::info!(
         from = %old.display(),

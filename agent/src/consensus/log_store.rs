@@ -129,7 +129,7 @@ impl LogStore {
         let wal = Wal::open(&wal_dir)?;
         if old.exists() {
             std::fs::remove_file(&old)?;
-            std::fs::File::open(dir)?.sync_all()?;
+            crate::durable::sync_dir(dir)?;
         }
         Ok(LogStore {
             wal: Arc::new(wal),
@@ -160,13 +160,13 @@ impl LogStore {
         }
     }
 
-    /// Runs a write that is synced before it returns, on the blocking pool.
-    async fn write<F>(&self, f: F) -> Result<(), String>
+    /// Runs a write where `place` says, after the ballast's check for free space.
+    async fn write<F>(&self, place: Where, f: F) -> Result<(), String>
     where
         F: FnOnce(&Wal) -> std::io::Result<()> + Send + 'static,
     {
         let ballast = self.ballast.clone();
-        self.run(Where::Blocking, move |wal| {
+        self.run(place, move |wal| {
             ballast.before_write();
             f(wal).map_err(|e| e.to_string())
         })
@@ -236,7 +236,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
         let bytes =
             encode(vote).map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))?;
-        self.write(move |wal| wal.set(Key::Vote, &bytes, true))
+        self.write(Where::Blocking, move |wal| wal.set(Key::Vote, &bytes, true))
             .await
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
@@ -250,10 +250,11 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
         let err = |e: String| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
         let bytes = encode(&committed).map_err(err)?;
-        self.ballast.before_write();
-        self.wal
-            .set(Key::Committed, &bytes, false)
-            .map_err(|e| err(e.to_string()))
+        self.write(Where::Here, move |wal| {
+            wal.set(Key::Committed, &bytes, false)
+        })
+        .await
+        .map_err(err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
@@ -285,12 +286,8 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             Where::Blocking
         };
         let started = std::time::Instant::now();
-        let ballast = self.ballast.clone();
         let res = self
-            .run(place, move |wal| {
-                ballast.before_write();
-                wal.append(&rows, synced).map_err(|e| e.to_string())
-            })
+            .write(place, move |wal| wal.append(&rows, synced))
             .await;
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -311,14 +308,14 @@ impl RaftLogStorage<MetaRaft> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
         self.sync.truncated();
-        self.write(move |wal| wal.truncate(log_id.index))
+        self.write(Where::Blocking, move |wal| wal.truncate(log_id.index))
             .await
             .map_err(|e| log_err(ErrorVerb::Delete, e))
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
         let bytes = encode(&log_id).map_err(|e| log_err(ErrorVerb::Delete, e))?;
-        self.write(move |wal| wal.purge(log_id.index, &bytes))
+        self.write(Where::Blocking, move |wal| wal.purge(log_id.index, &bytes))
             .await
             .map_err(|e| log_err(ErrorVerb::Delete, e))
     }

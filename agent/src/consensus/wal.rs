@@ -23,8 +23,9 @@
 //!
 //! A segment is closed (synced) at [`SEGMENT_BYTES`], and the next one starts with the
 //! current purge point and state values, so once the purge point has passed every entry in
-//! a segment, nothing in it is needed and it is deleted. New segments are written under a
-//! temporary name and renamed once synced, so a segment file always has its whole head.
+//! a segment, nothing in it is needed and it is deleted. New segments are written with
+//! [`replace_file`] (a temporary name, renamed once synced), so a segment file always has
+//! its whole head.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -33,6 +34,8 @@ use std::ops::Bound;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::durable::{replace_file, sync_dir};
 
 /// First bytes of every segment: the format's name and version.
 pub const MAGIC: &[u8; 8] = b"shoalwl1";
@@ -105,6 +108,13 @@ fn corrupt(path: &Path, offset: u64, what: &str) -> io::Error {
     )
 }
 
+/// One record.
+fn single(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    record(&mut out, kind, parts);
+    out
+}
+
 /// Appends one record to `out`.
 fn record(out: &mut Vec<u8>, kind: u8, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
@@ -118,10 +128,6 @@ fn record(out: &mut Vec<u8>, kind: u8, parts: &[&[u8]]) {
     for p in parts {
         out.extend_from_slice(p);
     }
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// One record read back from a segment: its kind, body and where the body starts.
@@ -244,17 +250,9 @@ impl Inner {
         }
         let n = self.active + 1;
         let head = self.head();
-        let tmp = self.dir.join(format!("{}.tmp", segment_name(n)));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        file.write_all_at(&head, 0)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join(segment_name(n)))?;
-        sync_dir(&self.dir)?;
+        let path = self.dir.join(segment_name(n));
+        replace_file(&path, &head)?;
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
         self.segments.insert(n, Arc::new(file));
         self.active = n;
         self.end = head.len() as u64;
@@ -412,6 +410,27 @@ impl Wal {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes `records` at the end of the log and applies `update` (given the segment,
+    /// its file and where the records start) under the same lock; with `sync`, makes them
+    /// durable once the lock is released, so readers never wait for the disk.
+    fn commit(
+        &self,
+        records: &[u8],
+        sync: bool,
+        update: impl FnOnce(&mut Inner, u64, &Arc<File>, u64),
+    ) -> io::Result<()> {
+        let file = {
+            let mut inner = self.lock();
+            let (segment, file, at) = inner.write(records)?;
+            update(&mut inner, segment, &file, at);
+            file
+        };
+        if sync {
+            file.sync_data()?;
+        }
+        Ok(())
+    }
+
     /// Appends entries (log index, bytes) in order; with `sync`, returns once they (and
     /// everything before them) are on disk.
     pub fn append(&self, entries: &[(u64, Vec<u8>)], sync: bool) -> io::Result<()> {
@@ -438,9 +457,7 @@ impl Wal {
             offsets.push(buf.len() as u64 + (HEADER + 8) as u64);
             record(&mut buf, ENTRY, &[&index.to_le_bytes(), bytes]);
         }
-        let file = {
-            let mut inner = self.lock();
-            let (segment, file, at) = inner.write(&buf)?;
+        self.commit(&buf, sync, |inner, segment, file, at| {
             for ((index, bytes), offset) in entries.iter().zip(offsets) {
                 let loc = Loc {
                     segment,
@@ -450,40 +467,25 @@ impl Wal {
                 };
                 inner.index.insert(*index, loc);
             }
-            file
-        };
-        if sync {
-            file.sync_data()?;
-        }
-        Ok(())
+        })
     }
 
     /// Removes the entries from `index` on, durably.
     pub fn truncate(&self, index: u64) -> io::Result<()> {
-        let mut buf = Vec::new();
-        record(&mut buf, TRUNCATE, &[&index.to_le_bytes()]);
-        let file = {
-            let mut inner = self.lock();
-            let (_, file, _) = inner.write(&buf)?;
+        let rec = single(TRUNCATE, &[&index.to_le_bytes()]);
+        self.commit(&rec, true, |inner, _, _, _| {
             inner.index.split_off(&index);
-            file
-        };
-        file.sync_data()
+        })
     }
 
     /// Removes the entries up to `index`, records `value` as the purge point, durably,
     /// and deletes the segments no longer needed.
     pub fn purge(&self, index: u64, value: &[u8]) -> io::Result<()> {
-        let mut buf = Vec::new();
-        record(&mut buf, PURGE, &[&index.to_le_bytes(), value]);
-        let file = {
-            let mut inner = self.lock();
-            let (_, file, _) = inner.write(&buf)?;
+        let rec = single(PURGE, &[&index.to_le_bytes(), value]);
+        self.commit(&rec, true, |inner, _, _, _| {
             inner.index = inner.index.split_off(&index.saturating_add(1));
             inner.purged = Some((index, value.to_vec()));
-            file
-        };
-        file.sync_data()?;
+        })?;
         // Only once the purge point is durable may what it replaces go.
         self.lock().drop_unneeded();
         Ok(())
@@ -491,16 +493,10 @@ impl Wal {
 
     /// Sets a state value; with `sync`, durably.
     pub fn set(&self, key: Key, value: &[u8], sync: bool) -> io::Result<()> {
-        let mut buf = Vec::new();
-        record(&mut buf, STATE, &[&[key as u8], value]);
-        let mut inner = self.lock();
-        let (_, file, _) = inner.write(&buf)?;
-        inner.state.insert(key, value.to_vec());
-        drop(inner);
-        if sync {
-            file.sync_data()?;
-        }
-        Ok(())
+        let rec = single(STATE, &[&[key as u8], value]);
+        self.commit(&rec, sync, |inner, _, _, _| {
+            inner.state.insert(key, value.to_vec());
+        })
     }
 
     pub fn get(&self, key: Key) -> Option<Vec<u8>> {

@@ -18,11 +18,14 @@
 #   --files N        metadata files (default 10000)
 #   --threads T      metadata workers (default 4)
 #   --moosefs        also measure MooseFS (Debian packages, installed when missing; root)
+#   --bulk MODE      how shard payloads travel between shoal's agents: secure (TLS, the
+#                    default) or crc (authenticated and checksummed, not encrypted; MooseFS
+#                    does not encrypt its traffic either)
 #   --keep           leave the clusters running at the end
 #   --out DIR        results: suite.md, suite.json and each part's files (default
 #                    /var/tmp/shoal-bench/suite)
 #
-# The cluster runs on 127.0.96.1-6 with the embedded defaults. Root (fio drops caches, FUSE).
+# The cluster runs on 127.0.96.1-6 with the embedded defaults (but --bulk). Root (fio drops caches, FUSE).
 # Exit status: 0 with the table on stdout; 1 a step failed; 2 usage.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -36,6 +39,7 @@ runtime=20
 files=10000
 threads=4
 moosefs=no
+bulk=secure
 keep=no
 out=/var/tmp/shoal-bench/suite
 
@@ -47,12 +51,13 @@ die() { echo "suite.sh: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --bin|--dir|--local|--size|--runtime|--files|--threads|--out)
+    --bin|--dir|--local|--size|--runtime|--files|--threads|--out|--bulk)
       [ $# -ge 2 ] || usage
       opt="${1#--}"; val="$2"; shift 2
       case "$opt" in
         bin) bin="$val" ;; dir) dir="$val" ;; local) local_dir="$val" ;; size) size="$val" ;;
         runtime) runtime="$val" ;; files) files="$val" ;; threads) threads="$val" ;; out) out="$val" ;;
+        bulk) bulk="$val" ;;
       esac ;;
     --moosefs) moosefs=yes; shift ;;
     --keep) keep=yes; shift ;;
@@ -60,6 +65,7 @@ while [ $# -gt 0 ]; do
     *) echo "suite.sh: unknown argument $1" >&2; usage ;;
   esac
 done
+case "$bulk" in secure|crc) ;; *) echo "suite.sh: --bulk is secure or crc" >&2; usage ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (FUSE mounts, dropping caches)"
 for b in shoal shoal-agent; do
   [ -x "$bin/$b" ] || die "$bin/$b is missing: cargo build --release -p shoal-agent -p shoal-client, or --bin DIR"
@@ -78,9 +84,9 @@ trap cleanup EXIT
 "$bin/shoal" dev-cluster down --dir "$dir" >/dev/null 2>&1 || true
 rm -rf "$dir" "$local_dir"
 mkdir -p "$local_dir" "$out"
-echo "== dev cluster: 6 nodes, 4+2, mounts (127.0.96.1-6)" >&2
+echo "== dev cluster: 6 nodes, 4+2, mounts (127.0.96.1-6), bulk lane $bulk" >&2
 "$bin/shoal" dev-cluster up --nodes 6 --ec 4+2 --mount --dir "$dir" --base-ip 127.0.96.1 \
-  --gossip-port 7846 --rpc-port 7847 --bulk-port 7848 --metrics-port 9364 >"$out/cluster.log" 2>&1 \
+  --gossip-port 7846 --rpc-port 7847 --bulk-port 7848 --metrics-port 9364 --bulk "$bulk" >"$out/cluster.log" 2>&1 \
   || die "dev-cluster up failed (see $out/cluster.log)"
 mnt="$dir/node1/mnt"
 
@@ -127,10 +133,10 @@ if [ "$moosefs" = yes ]; then
   measure moosefs "$mfs_mnt"
 fi
 
-python3 - "$out" "$moosefs" "$size" "$files" "$threads" <<'PY'
+python3 - "$out" "$moosefs" "$size" "$files" "$threads" "$bulk" <<'PY'
 import json, os, sys
 
-out, moosefs, size, files, threads = sys.argv[1:6]
+out, moosefs, size, files, threads, bulk = sys.argv[1:7]
 names = ["shoal"] + (["moosefs"] if moosefs == "yes" else [])
 fio = {n: json.load(open(os.path.join(out, f"fio-{n}.json")))["tests"] for n in names}
 meta = {n: json.load(open(os.path.join(out, f"metadata-{n}.json")))["results"] for n in names}
@@ -163,14 +169,15 @@ head = "| workload | local | " + ("MooseFS 3 | " if len(names) > 1 else "") + "s
 head += " shoal/MooseFS |" if len(names) > 1 else ""
 lines = [
     f"suite: 6-node 4+2 dev cluster, node 1's mount; fio {size} per test; metadata {files} files "
-    f"in one directory, {threads} workers (local measured beside each system; first run shown)",
+    f"in one directory, {threads} workers; shoal's bulk lane {bulk} (local measured beside each "
+    "system; first run shown)",
     "",
     leader_line(),
     "",
     head,
     "|---|" + "---:|" * (head.count("|") - 2),
 ]
-summary = {"rows": {}}
+summary = {"bulk": bulk, "rows": {}}
 for label, kind, test, key in rows:
     local = value("shoal", kind, test, key, "local")
     shoal = value("shoal", kind, test, key, "shoal")

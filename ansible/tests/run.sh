@@ -391,9 +391,10 @@ expected=$(for i in $(seq 1 $N); do echo "Install shoal-agent|node$i"; echo "Res
 check "only shoal-agent was replaced and each agent restarted once" \
   test "$(changed_tasks "$LAST_LOG")" = "$expected"
 runs_new_binary() {
-  local i
+  local i out
   for i in $(seq 1 $N); do
-    on "$i" sha256sum /usr/local/bin/shoal-agent | grep -q "^$NEW_SUM " || return 1
+    out=$(on "$i" sha256sum /usr/local/bin/shoal-agent) || return 1
+    grep -q "^$NEW_SUM " <<<"$out" || return 1
   done
 }
 check "every node has the new binary" runs_new_binary
@@ -431,9 +432,12 @@ if "$BIN/shoal" drain --help >/dev/null 2>&1; then
   play drain.log drain.yml -e node=node2 || fail "drain.yml failed"
   check "drain.yml waited until node2 was drained" grep -qF "node2: [" "$LAST_LOG"
   drained_everywhere() {
-    local i
+    # Read the whole answer before grep: `cmd | grep -q` under pipefail fails at random
+    # when grep exits at its first match while cmd is still writing (EPIPE).
+    local i out
     for i in 1 3; do
-      on "$i" shoal drain status node2 --json | grep -q '"state": "drained"' || return 1
+      out=$(on "$i" shoal drain status node2 --json) || return 1
+      grep -q '"state": "drained"' <<<"$out" || return 1
     done
   }
   check "node1 and node3 see node2 drained" drained_everywhere

@@ -316,6 +316,40 @@ async fn a_learner_that_lost_its_unsynced_appends_catches_up() {
     eprintln!("all four replicas at index {index}");
 }
 
+/// A voter syncs every append it acknowledges, after a restart too (openraft's first
+/// metrics, with an empty membership, once made a restarted voter take itself for a
+/// learner that syncs one append in 64: a power cut of a majority after a rolling restart
+/// could then lose committed entries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_voter_syncs_every_append() {
+    let c = DevCluster::up(3, 86);
+    let (leader, _) = wait_for(Duration::from_secs(30), "a metadata leader", || {
+        c.meta_leader(1)
+    });
+    let voter = (1..=3).find(|&i| i != leader).expect("a follower");
+    c.stop_agent(voter);
+    c.respawn_agent(voter);
+    c.wait_for_identical_replicas(Duration::from_secs(60));
+    let count = |name: &str| shoal_tests::metric_sum(&c.metrics(voter), name, "");
+    let appends = count("shoal_meta_log_appends_total");
+    let mut fs = Fs::connect(&c, leader).await;
+    let dir = fs.mknod(ROOT_INO, "d", FileKind::Dir).await;
+    for i in 0..100 {
+        fs.mknod(dir, &format!("f{i}"), FileKind::File).await;
+    }
+    c.wait_for_identical_replicas(Duration::from_secs(60));
+    let added = count("shoal_meta_log_appends_total") - appends;
+    assert!(
+        added >= 10.0,
+        "the voter appended {added} times: tested nothing"
+    );
+    assert_eq!(
+        count("shoal_meta_log_unsynced_appends_total"),
+        0.0,
+        "a voter acknowledged appends it had not synced ({added} appends since the restart)"
+    );
+}
+
 /// Copies a member's Raft log (its segment files) and replica from `from` to `to`,
 /// replacing what `to` had.
 fn copy_meta(from: &std::path::Path, to: &std::path::Path) {

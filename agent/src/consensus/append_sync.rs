@@ -15,11 +15,20 @@
 //! voters, so it is synced, and with it every append before it (one `fdatasync` of the
 //! segment covers every write before it, and a segment is synced before the next one
 //! starts). Until that entry is acknowledged the new configuration commits nothing, and the
-//! old one needs a majority of its own voters, all of which synced. When in doubt (after a
-//! restart, before the group says what this member is, and after a truncation, which may
-//! have removed the entry that made it a learner) every append is synced.
+//! old one needs a majority of its own voters, all of which synced.
+//!
+//! What this member is comes from the same place openraft takes it: the last membership
+//! entry in the log, or, where the log holds none after it, the membership of the state
+//! machine (applied, or installed with a snapshot). Both are known before Raft starts (the
+//! log store reads its log's membership entries at open, the state machine its marker), so
+//! a restarted voter syncs its first append; a snapshot that makes a learner a voter tells
+//! this policy before the next append. A truncation drops the membership entries it
+//! removed, so the one in force before them decides again. With nothing known (a new
+//! member before its first membership entry) every append is synced.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use openraft::{EntryPayload, Membership};
 
@@ -28,15 +37,40 @@ use super::types::Entry;
 /// A learner syncs one append in this many (and every append while in doubt).
 pub const LEARNER_SYNC_EVERY: u32 = 64;
 
-const UNKNOWN: u8 = 0;
-const VOTER: u8 = 1;
-const LEARNER: u8 = 2;
+/// What a membership makes this member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Voter,
+    Learner,
+}
 
-/// What this member is, as far as its own log says, and how many appends went unsynced.
+/// The memberships that decide this member's role.
+#[derive(Debug, Default)]
+struct Known {
+    /// Membership entries in the log by index (of those up to the purge point, only the
+    /// last is kept).
+    log: BTreeMap<u64, Role>,
+    /// The state machine's membership: the index of its entry, and the role.
+    applied: Option<(u64, Role)>,
+}
+
+impl Known {
+    /// The role in force: the newest membership's, log or state machine.
+    fn role(&self) -> Option<Role> {
+        let log = self.log.last_key_value().map(|(i, r)| (*i, *r));
+        match (log, self.applied) {
+            (Some(l), Some(a)) => Some(if l.0 >= a.0 { l.1 } else { a.1 }),
+            (l, a) => l.or(a).map(|(_, r)| r),
+        }
+    }
+}
+
+/// What this member is, as far as its log and state machine say, and how many appends
+/// went unsynced.
 #[derive(Debug)]
 pub struct AppendSync {
     me: u64,
-    role: AtomicU8,
+    known: Mutex<Known>,
     unsynced: AtomicU32,
 }
 
@@ -44,22 +78,47 @@ impl AppendSync {
     pub fn new(me: u64) -> Self {
         AppendSync {
             me,
-            role: AtomicU8::new(UNKNOWN),
+            known: Mutex::default(),
             unsynced: AtomicU32::new(0),
         }
     }
 
-    /// Whether the append of `entries` must be durable before it is acknowledged. The last
-    /// membership entry among them decides what this member is from now on.
-    pub fn before_append(&self, entries: &[Entry]) -> bool {
-        let last_membership = entries.iter().rev().find_map(|e| match &e.payload {
-            EntryPayload::Membership(m) => Some(m),
-            _ => None,
-        });
-        if let Some(m) = last_membership {
-            self.role.store(self.role_in(m), Ordering::SeqCst);
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What `membership` makes this member.
+    pub fn role_in(&self, membership: &Membership<u64, openraft::BasicNode>) -> Role {
+        if membership.voter_ids().any(|v| v == self.me) {
+            Role::Voter
+        } else {
+            Role::Learner
         }
-        if self.role.load(Ordering::SeqCst) != LEARNER {
+    }
+
+    /// The role in force now (`None`: not known, every append is synced).
+    #[cfg(test)]
+    pub fn role(&self) -> Option<Role> {
+        self.known().role()
+    }
+
+    /// Whether the append of `entries` must be durable before it is acknowledged: unless
+    /// this member is a learner both before and after them. Their membership entries
+    /// decide what this member is from now on.
+    pub fn before_append(&self, entries: &[Entry]) -> bool {
+        let (before, after) = {
+            let mut known = self.known();
+            let before = known.role();
+            for e in entries {
+                if let EntryPayload::Membership(m) = &e.payload {
+                    known.log.insert(e.log_id.index, self.role_in(m));
+                }
+            }
+            (before, known.role())
+        };
+        // The entries before a membership entry in the same append were sent while the
+        // one before was in force: a voter until this append is still one for them.
+        if before != Some(Role::Learner) || after != Some(Role::Learner) {
             return true;
         }
         if self.unsynced.fetch_add(1, Ordering::Relaxed) + 1 >= LEARNER_SYNC_EVERY {
@@ -69,27 +128,38 @@ impl AppendSync {
         false
     }
 
-    /// What the group's effective membership says at start; taken only while nothing else
-    /// has decided (an append of a membership entry meanwhile knows better).
-    pub fn started_as(&self, membership: &Membership<u64, openraft::BasicNode>) {
-        let _ = self.role.compare_exchange(
-            UNKNOWN,
-            self.role_in(membership),
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        );
+    /// A membership entry found in the log at open.
+    pub fn in_log(&self, index: u64, membership: &Membership<u64, openraft::BasicNode>) {
+        let role = self.role_in(membership);
+        self.known().log.insert(index, role);
     }
 
-    /// The log lost its tail: the entry that made this member a learner may be gone.
-    pub fn truncated(&self) {
-        self.role.store(UNKNOWN, Ordering::SeqCst);
+    /// The state machine's membership: read at open, or installed with a snapshot. One
+    /// without a log id (a member that never had one) decides nothing.
+    pub fn applied(&self, membership: &super::types::Membership) {
+        let Some(at) = membership.log_id() else {
+            return;
+        };
+        let role = self.role_in(membership.membership());
+        let mut known = self.known();
+        if known.applied.is_none_or(|(i, _)| i <= at.index) {
+            known.applied = Some((at.index, role));
+        }
     }
 
-    fn role_in(&self, membership: &Membership<u64, openraft::BasicNode>) -> u8 {
-        if membership.voter_ids().any(|v| v == self.me) {
-            VOTER
-        } else {
-            LEARNER
+    /// The log lost its entries from `index` on: their memberships no longer count.
+    pub fn truncated(&self, index: u64) {
+        self.known().log.split_off(&index);
+    }
+
+    /// The log lost its entries up to `index`. The last membership among them still
+    /// counts (it is in force until a newer one); older ones are forgotten.
+    pub fn purged(&self, index: u64) {
+        let mut known = self.known();
+        let last = known.log.range(..=index).next_back().map(|(i, r)| (*i, *r));
+        known.log = known.log.split_off(&index.saturating_add(1));
+        if let Some((i, r)) = last {
+            known.log.insert(i, r);
         }
     }
 }
@@ -130,54 +200,100 @@ mod tests {
         entry(index, EntryPayload::Membership(m))
     }
 
+    fn stored(index: u64, m: Membership<u64, BasicNode>) -> super::super::types::Membership {
+        openraft::StoredMembership::new(Some(LogId::new(CommittedLeaderId::new(1, 1), index)), m)
+    }
+
+    fn synced_of(s: &AppendSync, from: u64, n: u64) -> usize {
+        (from..from + n)
+            .filter(|i| s.before_append(&[blank(*i)]))
+            .count()
+    }
+
     #[test]
     fn in_doubt_every_append_is_synced() {
         let s = AppendSync::new(4);
-        for i in 0..LEARNER_SYNC_EVERY * 2 {
-            assert!(s.before_append(&[blank(i as u64)]));
-        }
+        assert_eq!(synced_of(&s, 0, LEARNER_SYNC_EVERY as u64 * 2), 128);
+        // A state machine that never had a membership decides nothing either.
+        s.applied(&openraft::StoredMembership::default());
+        assert_eq!(synced_of(&s, 200, 100), 100);
     }
 
     #[test]
     fn a_learner_syncs_one_append_in_n_and_a_voter_every_one() {
         let s = AppendSync::new(4);
-        s.started_as(&membership(vec![vec![1, 2, 3]], &[4]));
-        let synced = (0..LEARNER_SYNC_EVERY * 3)
-            .filter(|i| s.before_append(&[blank(*i as u64)]))
-            .count();
-        assert_eq!(synced, 3);
+        s.applied(&stored(1, membership(vec![vec![1, 2, 3]], &[4])));
+        assert_eq!(synced_of(&s, 2, LEARNER_SYNC_EVERY as u64 * 3), 3);
         let v = AppendSync::new(2);
-        v.started_as(&membership(vec![vec![1, 2, 3]], &[4]));
-        assert!((0..100).all(|i| v.before_append(&[blank(i)])));
+        v.applied(&stored(1, membership(vec![vec![1, 2, 3]], &[4])));
+        assert_eq!(synced_of(&v, 2, 100), 100);
+    }
+
+    #[test]
+    fn a_restarted_voter_syncs_from_its_first_append() {
+        // What the log store finds in the log at open decides before Raft starts.
+        let s = AppendSync::new(2);
+        s.in_log(7, &membership(vec![vec![1, 2, 3]], &[]));
+        assert_eq!(s.role(), Some(Role::Voter));
+        assert_eq!(synced_of(&s, 8, 200), 200);
+        // And where the log was purged past it, the state machine's membership decides.
+        let p = AppendSync::new(2);
+        p.applied(&stored(7, membership(vec![vec![1, 2, 3]], &[4])));
+        assert_eq!(synced_of(&p, 8, 200), 200);
+    }
+
+    #[test]
+    fn a_snapshot_that_makes_a_learner_a_voter_syncs_every_later_append() {
+        let s = AppendSync::new(4);
+        s.in_log(3, &membership(vec![vec![1, 2, 3]], &[4]));
+        assert!(!s.before_append(&[blank(4)]));
+        // The leader sends a snapshot whose membership names 4 a voter.
+        s.applied(&stored(900, membership(vec![vec![1, 2, 4]], &[3])));
+        s.purged(900);
+        assert_eq!(synced_of(&s, 901, 200), 200);
+    }
+
+    #[test]
+    fn the_newest_membership_decides_whether_log_or_state_machine() {
+        let s = AppendSync::new(4);
+        // An older applied membership does not override a newer entry in the log.
+        s.in_log(10, &membership(vec![vec![1, 2, 4]], &[]));
+        s.applied(&stored(5, membership(vec![vec![1, 2, 3]], &[4])));
+        assert_eq!(s.role(), Some(Role::Voter));
+        // An applied membership never goes back to an older one.
+        s.applied(&stored(20, membership(vec![vec![1, 2, 3]], &[4])));
+        s.applied(&stored(10, membership(vec![vec![1, 2, 4]], &[])));
+        assert_eq!(s.role(), Some(Role::Learner));
     }
 
     #[test]
     fn the_append_that_makes_a_learner_a_voter_is_synced_and_so_is_every_later_one() {
         let s = AppendSync::new(4);
-        s.started_as(&membership(vec![vec![1, 2, 3]], &[4]));
+        s.applied(&stored(0, membership(vec![vec![1, 2, 3]], &[4])));
         assert!(!s.before_append(&[blank(1)]));
         // The joint configuration names 4 among the new voters.
         let joint = membership(vec![vec![1, 2, 3], vec![1, 2, 4]], &[3]);
         assert!(s.before_append(&[blank(2), changed(3, joint), blank(4)]));
-        assert!((5..200).all(|i| s.before_append(&[blank(i)])));
+        assert_eq!(synced_of(&s, 5, 195), 195);
         // Demoted again: back to one in n.
         let demoted = membership(vec![vec![1, 2, 3]], &[4]);
         let after: Vec<bool> = (0..LEARNER_SYNC_EVERY)
             .map(|i| s.before_append(&[changed(300, demoted.clone()), blank(301 + i as u64)]))
             .collect();
-        assert_eq!(after.iter().filter(|d| **d).count(), 1);
+        // The demoting append itself is synced (a voter until then), then one in n.
+        assert!(after[0]);
+        assert!(after.iter().filter(|d| **d).count() <= 2, "{after:?}");
     }
 
     #[test]
-    fn the_start_does_not_override_what_an_append_said_and_a_truncation_brings_doubt() {
+    fn a_truncation_gives_the_decision_back_to_the_membership_before_it() {
         let s = AppendSync::new(4);
-        s.before_append(&[changed(1, membership(vec![vec![1, 2, 4]], &[]))]);
-        s.started_as(&membership(vec![vec![1, 2, 3]], &[4]));
-        assert!(s.before_append(&[blank(2)]), "still a voter");
-        let l = AppendSync::new(4);
-        l.started_as(&membership(vec![vec![1, 2, 3]], &[4]));
-        assert!(!l.before_append(&[blank(1)]));
-        l.truncated();
-        assert!((2..200).all(|i| l.before_append(&[blank(i)])));
+        s.in_log(3, &membership(vec![vec![1, 2, 4]], &[3]));
+        // An uncommitted entry made 4 a learner; a new leader truncates it away.
+        assert!(s.before_append(&[changed(9, membership(vec![vec![1, 2, 3]], &[4]))]));
+        assert_eq!(s.role(), Some(Role::Learner));
+        s.truncated(9);
+        assert_eq!(s.role(), Some(Role::Voter));
+        assert_eq!(synced_of(&s, 9, 200), 200);
     }
 }

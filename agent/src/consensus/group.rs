@@ -97,14 +97,22 @@ impl Group {
         })?;
         let ballast = Arc::new(Ballast::open(dir));
         let log =
-            LogStore::open(dir, me, ballast.clone()).map_err(|source| ConsensusError::Log {
-                path: dir.join("log"),
-                source,
+            LogStore::open(dir, me, ballast.clone(), metrics.log.clone()).map_err(|source| {
+                ConsensusError::Log {
+                    path: dir.join("log"),
+                    source,
+                }
             })?;
         let store =
             Arc::new(NamespaceStore::open(&dir.join("state.redb")).map_err(ConsensusError::from)?);
+        // redb does not sync the directory of a file it creates: without this, a power cut
+        // could forget `state.redb` after the log behind its first snapshot was purged.
+        crate::durable::sync_dir(dir).map_err(|source| crate::AgentError::DataDir {
+            path: dir.to_owned(),
+            source,
+        })?;
         let changes = Arc::new(super::ChangeFeed::new());
-        let sm = StateMachine::new(store.clone(), dir, changes.clone());
+        let sm = StateMachine::new(store.clone(), dir, changes.clone(), log.append_sync());
         let raft_config = Config {
             cluster_name: "shoal-meta".into(),
             heartbeat_interval: config.heartbeat_ms,
@@ -123,11 +131,9 @@ impl Group {
             append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
             gate: sends.clone(),
         };
-        let append_sync = log.append_sync();
         let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
             .await
             .map_err(setup)?;
-        append_sync.started_as(raft.metrics().borrow().membership_config.membership());
         let (tx, rx) = mpsc::channel(4096);
         let lease = std::sync::Mutex::new(ReadLease::new(config.election_ms[0]));
         let group = Arc::new(Group {

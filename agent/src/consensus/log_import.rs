@@ -34,7 +34,7 @@ pub(super) fn import(old: &Path, wal_dir: &Path) -> io::Result<()> {
     }
     let db = Database::open(old).map_err(other)?;
     let txn = db.begin_read().map_err(other)?;
-    let wal = Wal::open(&tmp)?;
+    let wal = Wal::open(std::sync::Arc::new(shoal_disk::OsDisk), &tmp)?;
     let state = txn.open_table(STATE).map_err(other)?;
     let value = |key: &str| -> io::Result<Option<Vec<u8>>> {
         Ok(state.get(key).map_err(other)?.map(|v| v.value().to_vec()))
@@ -131,7 +131,8 @@ mod tests {
         write_old(&dir.path().join("log.redb"));
         let ballast = || Arc::new(Ballast::open(dir.path()));
         for round in 0..2 {
-            let mut log = LogStore::open(dir.path(), 1, ballast()).expect("open");
+            let mut log =
+                LogStore::open(dir.path(), 1, ballast(), Default::default()).expect("open");
             assert!(!dir.path().join("log.redb").exists(), "round {round}");
             let state = log.get_log_state().await.expect("state");
             assert_eq!(state.last_purged_log_id, Some(log_id(3)));
@@ -150,12 +151,21 @@ mod tests {
     async fn an_import_cut_short_is_done_again() {
         let dir = tempfile::tempdir().expect("tempdir");
         write_old(&dir.path().join("log.redb"));
-        let half = super::Wal::open(&dir.path().join("log.import")).expect("half");
+        let half = super::Wal::open(
+            std::sync::Arc::new(shoal_disk::OsDisk),
+            &dir.path().join("log.import"),
+        )
+        .expect("half");
         half.append(&[(1, b"garbage".to_vec())], true)
             .expect("append");
         drop(half);
-        let mut log =
-            LogStore::open(dir.path(), 1, Arc::new(Ballast::open(dir.path()))).expect("open");
+        let mut log = LogStore::open(
+            dir.path(),
+            1,
+            Arc::new(Ballast::open(dir.path())),
+            Default::default(),
+        )
+        .expect("open");
         assert!(!dir.path().join("log.import").exists());
         let entries = log.try_get_log_entries(0..100).await.expect("read");
         let ids: Vec<u64> = entries.iter().map(|e| e.log_id.index).collect();
@@ -168,11 +178,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let ballast = || Arc::new(Ballast::open(dir.path()));
         {
-            let mut log = LogStore::open(dir.path(), 1, ballast()).expect("open");
+            let mut log =
+                LogStore::open(dir.path(), 1, ballast(), Default::default()).expect("open");
             log.save_vote(&Vote::new(5, 1)).await.expect("vote");
         }
         write_old(&dir.path().join("log.redb"));
-        let mut log = LogStore::open(dir.path(), 1, ballast()).expect("open");
+        let mut log = LogStore::open(dir.path(), 1, ballast(), Default::default()).expect("open");
         assert!(!dir.path().join("log.redb").exists());
         assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(5, 1)));
         assert_eq!(log.get_log_state().await.expect("state").last_log_id, None);

@@ -8,7 +8,7 @@
 //! Work that waits for the disk (a sync) or takes long (a read of many entries) runs on the
 //! blocking pool; an unsynced append of a few small entries, or a read of a few, runs on the
 //! calling task: a `pwrite` or a read from the page cache, less than the two thread
-//! switches of a hand-over. A log an earlier release kept in `meta/log.redb` is moved into
+//! switches of a hand-over (never a write that starts a new segment: that syncs). A log an earlier release kept in `meta/log.redb` is moved into
 //! the segments at the first start (`log_import.rs`).
 
 use std::fmt::Debug;
@@ -21,8 +21,11 @@ use openraft::{ErrorSubject, ErrorVerb, LogId, LogState, RaftLogReader, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use shoal_disk::{Disk, OsDisk};
+
 use super::append_sync::AppendSync;
 use super::ballast::Ballast;
+use super::metrics::LogCounters;
 use super::types::{Entry, MetaRaft, StorageError, storage_error};
 use super::wal::{Key, Wal};
 /// Version byte in front of every value this file stores. Version 2: log entries carry
@@ -52,6 +55,8 @@ pub struct LogStore {
     ballast: Arc<Ballast>,
     /// Which appends are synced before they are acknowledged.
     sync: Arc<AppendSync>,
+    /// Appends and syncs, for the metrics.
+    counters: LogCounters,
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
@@ -119,27 +124,54 @@ mod v1 {
 }
 
 impl LogStore {
-    /// Opens (or creates) member `me`'s log in the metadata directory `dir`.
-    pub fn open(dir: &Path, me: u64, ballast: Arc<Ballast>) -> std::io::Result<LogStore> {
+    /// Opens (or creates) member `me`'s log in the metadata directory `dir`. The log's
+    /// membership entries tell [`AppendSync`] what this member is before Raft starts.
+    pub fn open(
+        dir: &Path,
+        me: u64,
+        ballast: Arc<Ballast>,
+        counters: LogCounters,
+    ) -> std::io::Result<LogStore> {
         let wal_dir = dir.join("log");
         let old = dir.join("log.redb");
         if !wal_dir.exists() && old.exists() {
             super::log_import::import(&old, &wal_dir)?;
         }
-        let wal = Wal::open(&wal_dir)?;
+        let store = LogStore::open_on(Arc::new(OsDisk), dir, me, ballast, counters)?;
         if old.exists() {
             std::fs::remove_file(&old)?;
             crate::durable::sync_dir(dir)?;
         }
+        Ok(store)
+    }
+
+    /// [`Self::open`] on `disk` (no import of an earlier release's log).
+    pub fn open_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        me: u64,
+        ballast: Arc<Ballast>,
+        counters: LogCounters,
+    ) -> std::io::Result<LogStore> {
+        let wal = Wal::open(disk, &dir.join("log"))?;
+        let sync = AppendSync::new(me);
+        let entries = LogStore::entries(&wal, Bound::Unbounded, Bound::Unbounded)
+            .map_err(std::io::Error::other)?;
+        for e in &entries {
+            if let openraft::EntryPayload::Membership(m) = &e.payload {
+                sync.in_log(e.log_id.index, m);
+            }
+        }
         Ok(LogStore {
             wal: Arc::new(wal),
             ballast,
-            sync: Arc::new(AppendSync::new(me)),
+            sync: Arc::new(sync),
+            counters,
         })
     }
 
-    /// The policy that decides which appends are synced (the group tells it what this
-    /// member is at start).
+    /// The policy that decides which appends are synced (the state machine tells it its
+    /// membership).
     pub fn append_sync(&self) -> Arc<AppendSync> {
         self.sync.clone()
     }
@@ -236,6 +268,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
         let bytes =
             encode(vote).map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))?;
+        self.counters.syncs.inc();
         self.write(Where::Blocking, move |wal| wal.set(Key::Vote, &bytes, true))
             .await
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
@@ -250,11 +283,14 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
         let err = |e: String| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
         let bytes = encode(&committed).map_err(err)?;
-        self.write(Where::Here, move |wal| {
-            wal.set(Key::Committed, &bytes, false)
-        })
-        .await
-        .map_err(err)
+        let place = if self.wal.rolls_next() {
+            Where::Blocking
+        } else {
+            Where::Here
+        };
+        self.write(place, move |wal| wal.set(Key::Committed, &bytes, false))
+            .await
+            .map_err(err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
@@ -280,11 +316,17 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             .collect();
         let rows = rows.map_err(|e| log_err(ErrorVerb::Write, e))?;
         let bytes: usize = rows.iter().map(|(_, b)| b.len()).sum();
-        let place = if !synced && bytes <= INLINE_BYTES {
+        let place = if !synced && bytes <= INLINE_BYTES && !self.wal.rolls_next() {
             Where::Here
         } else {
             Where::Blocking
         };
+        self.counters.appends.inc();
+        if synced {
+            self.counters.syncs.inc();
+        } else {
+            self.counters.unsynced_appends.inc();
+        }
         let started = std::time::Instant::now();
         let res = self
             .write(place, move |wal| wal.append(&rows, synced))
@@ -307,7 +349,8 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.sync.truncated();
+        self.sync.truncated(log_id.index);
+        self.counters.syncs.inc();
         self.write(Where::Blocking, move |wal| wal.truncate(log_id.index))
             .await
             .map_err(|e| log_err(ErrorVerb::Delete, e))
@@ -315,9 +358,12 @@ impl RaftLogStorage<MetaRaft> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
         let bytes = encode(&log_id).map_err(|e| log_err(ErrorVerb::Delete, e))?;
+        self.counters.syncs.inc();
         self.write(Where::Blocking, move |wal| wal.purge(log_id.index, &bytes))
             .await
-            .map_err(|e| log_err(ErrorVerb::Delete, e))
+            .map_err(|e| log_err(ErrorVerb::Delete, e))?;
+        self.sync.purged(log_id.index);
+        Ok(())
     }
 }
 
@@ -381,7 +427,8 @@ mod tests {
             payload: EntryPayload::Blank,
         };
         {
-            let mut log = super::LogStore::open(dir.path(), 1, ballast()).expect("open");
+            let mut log =
+                super::LogStore::open(dir.path(), 1, ballast(), Default::default()).expect("open");
             log.save_vote(&Vote::new(1, 1)).await.expect("vote");
             let rows: Vec<(u64, Vec<u8>)> = (1..8)
                 .map(|i| (i, encode(&entry(i)).expect("encode")))
@@ -391,7 +438,8 @@ mod tests {
             log.truncate(log_id(1, 1, 6)).await.expect("truncate");
             log.save_committed(Some(committed)).await.expect("save");
         }
-        let mut log = super::LogStore::open(dir.path(), 1, ballast()).expect("reopen");
+        let mut log =
+            super::LogStore::open(dir.path(), 1, ballast(), Default::default()).expect("reopen");
         assert_eq!(log.read_committed().await.expect("read"), Some(committed));
         assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(1, 1)));
         let state = log.get_log_state().await.expect("state");
@@ -422,7 +470,8 @@ mod tests {
             })
             .collect();
         for round in 0..2 {
-            let mut log = super::LogStore::open(dir.path(), 1, ballast()).expect("open");
+            let mut log =
+                super::LogStore::open(dir.path(), 1, ballast(), Default::default()).expect("open");
             if round == 0 {
                 log.wal.append(&rows, true).expect("append");
                 log.purge(log_id(2, 1, 3)).await.expect("purge");

@@ -18,6 +18,20 @@ pub struct MetaMetrics {
     pub entries: Counter,
     /// Read indexes this node answered as leader from its read lease (no round).
     pub lease_reads: Counter,
+    /// The log's appends and syncs.
+    pub log: LogCounters,
+}
+
+/// What the log store counts: whether every append a voter acknowledges was synced can be
+/// watched from outside.
+#[derive(Clone, Debug, Default)]
+pub struct LogCounters {
+    /// Appends of entries to the log.
+    pub appends: Counter,
+    /// Durable writes of the log: synced appends, votes, truncations and purges.
+    pub syncs: Counter,
+    /// Appends acknowledged before they were synced (a learner's; never a voter's).
+    pub unsynced_appends: Counter,
 }
 
 impl MetaMetrics {
@@ -55,6 +69,21 @@ impl MetaMetrics {
             "lease_reads",
             "Read indexes answered as leader within the read lease, without a heartbeat round",
             m.lease_reads.clone(),
+        );
+        r.register(
+            "log_appends",
+            "Appends of entries to this node's metadata log",
+            m.log.appends.clone(),
+        );
+        r.register(
+            "log_syncs",
+            "Durable writes of this node's metadata log (synced appends, votes, truncations, purges)",
+            m.log.syncs.clone(),
+        );
+        r.register(
+            "log_unsynced_appends",
+            "Log appends acknowledged before they were synced (a learner's; a voter syncs every one)",
+            m.log.unsynced_appends.clone(),
         );
         m
     }

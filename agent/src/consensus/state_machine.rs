@@ -16,6 +16,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use shoal_namespace::{Batch, NamespaceStore, Outcome, Touched, snapshot_marker};
 
+use super::append_sync::AppendSync;
 use super::changes::ChangeFeed;
 use super::types::{AppliedMarker, Entry, Membership, MetaRaft, StorageError, storage_error};
 
@@ -44,6 +45,9 @@ pub struct StateMachine {
     /// apply starts from it: reading it back was a read transaction and a decode per apply
     /// on every member.
     marker: Arc<std::sync::Mutex<Option<AppliedMarker>>>,
+    /// Told the membership of an installed snapshot (it decides which log appends are
+    /// synced).
+    append_sync: Arc<AppendSync>,
     /// Runs right after a snapshot's export (tests: applies in the build's window).
     #[cfg(test)]
     after_export: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -66,16 +70,29 @@ fn snap_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
 }
 
 impl StateMachine {
-    pub fn new(store: Arc<NamespaceStore>, dir: &Path, changes: Arc<ChangeFeed>) -> StateMachine {
-        StateMachine {
+    /// The state machine over `store`; tells `append_sync` the membership it holds.
+    pub fn new(
+        store: Arc<NamespaceStore>,
+        dir: &Path,
+        changes: Arc<ChangeFeed>,
+        append_sync: Arc<AppendSync>,
+    ) -> StateMachine {
+        let sm = StateMachine {
             store,
             dir: dir.to_owned(),
             unflushed: Arc::default(),
             changes,
             marker: Arc::default(),
+            append_sync,
             #[cfg(test)]
             after_export: None,
+        };
+        match sm.marker() {
+            Ok(m) => sm.append_sync.applied(&m.membership),
+            // Unknown: every log append is synced.
+            Err(e) => tracing::warn!(error = %e, "could not read the applied membership"),
         }
+        sm
     }
 
     fn marker(&self) -> Result<AppliedMarker, StorageError> {
@@ -286,6 +303,7 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
             this.store
                 .apply(&[], &marker)
                 .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+            this.append_sync.applied(&meta.last_membership);
             let index = meta.last_log_id.map_or(0, |l| l.index);
             this.save_snapshot_file(&SnapshotFile {
                 version: MARKER_VERSION,
@@ -359,7 +377,12 @@ mod tests {
 
     fn machine(dir: &std::path::Path) -> (Arc<NamespaceStore>, StateMachine) {
         let store = Arc::new(NamespaceStore::open(&dir.join("state.redb")).expect("open"));
-        let sm = StateMachine::new(store.clone(), dir, Arc::default());
+        let sm = StateMachine::new(
+            store.clone(),
+            dir,
+            Arc::default(),
+            Arc::new(super::super::append_sync::AppendSync::new(1)),
+        );
         (store, sm)
     }
 

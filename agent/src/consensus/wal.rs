@@ -9,17 +9,26 @@
 //! in memory maps each log index to where its entry lies.
 //!
 //! A segment starts with [`MAGIC`], then records: `u32 LE body length | u32 LE crc32c of
-//! kind and body | kind | body`. Kinds: an entry (`u64 LE index | entry bytes`), a
-//! truncation (`u64 LE index`: entries from it on are gone), a purge (`u64 LE index |
-//! value`: entries up to it are gone, the value is the purge point as the caller encodes
-//! it) and a state value (`key | value`: the vote, the commit index). Opening replays every
-//! segment in order. A record that failed in the shape a crash during an append leaves (it
-//! runs past the end of the file, its header is zeros, or a 4 KiB page under it is all
-//! zeros: a page the kernel never wrote back) ends the last segment: that append was never
-//! acknowledged as durable, since a sync covers every write before it, and the file is cut
-//! there. Any other damage (a record inside the file, written, failing its checksum), or
-//! damage before the last segment, refuses the start: cutting there could drop records
-//! that were synced, a vote among them.
+//! the rest | kind | u64 LE synced-to | body`. Kinds: an entry (`u64 LE index | entry
+//! bytes`), a truncation (`u64 LE index`: entries from it on are gone), a purge (`u64 LE
+//! index | value`: entries up to it are gone, the value is the purge point as the caller
+//! encodes it) and a state value (`key | value`: the vote, the commit index). Synced-to is
+//! how far the segment was known durable when the record was written: everything before
+//! that offset had been synced. Opening replays every segment in order.
+//!
+//! A record that does not parse at the end of the last segment was either cut by a crash
+//! (an append is durable only once synced, and a sync covers every write before it) or
+//! damaged after it was synced. It is taken for a crash's, and the file is cut there, when
+//! no record after it says it was synced, and it has the shape an interrupted append
+//! leaves: it runs past the end of the file, its header is zeros, or a 512-byte sector
+//! under it is all zeros (never written: the file's new region reads as zeros). Anything
+//! else (a later record's synced-to past it, or a written record failing its checksum)
+//! refuses the start, and so does any damage before the last segment: cutting there could
+//! drop records that were synced, a vote among them. Damage to the very last record after
+//! its sync, in a sector that was zeros, cannot be told from a crash and is cut.
+//!
+//! Segments of the previous format (`shoalwl1`: no synced-to) are still read; a log whose
+//! newest segment is one starts a new segment at open.
 //!
 //! A segment is closed (synced) at [`SEGMENT_BYTES`], and the next one starts with the
 //! current purge point and state values, so once the purge point has passed every entry in
@@ -28,21 +37,28 @@
 //! its whole head.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Bound;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::durable::{replace_file, sync_dir};
+use shoal_disk::{Disk, DiskFile, replace_file};
+
+/// An open segment file.
+type Segment = Arc<dyn DiskFile>;
 
 /// First bytes of every segment: the format's name and version.
-pub const MAGIC: &[u8; 8] = b"shoalwl1";
+pub const MAGIC: &[u8; 8] = b"shoalwl2";
+/// The previous format's: records without synced-to.
+const MAGIC_V1: &[u8; 8] = b"shoalwl1";
 /// A segment is closed once it holds this much.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
-/// Record header: body length, checksum, kind.
-const HEADER: usize = 9;
+/// Record header: body length, checksum, kind, synced-to.
+const HEADER: usize = 17;
+/// The previous format's header: body length, checksum, kind.
+const HEADER_V1: usize = 9;
+/// The unit a torn write leaves unwritten (zeros) at worst.
+const SECTOR: usize = 512;
 /// The largest record body accepted when reading (an entry is at most a few MiB).
 const MAX_BODY: u32 = 256 << 20;
 
@@ -73,15 +89,16 @@ impl Key {
 #[derive(Clone)]
 struct Loc {
     segment: u64,
-    file: Arc<File>,
+    file: Segment,
     offset: u64,
     len: u32,
 }
 
 struct Inner {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     /// Every segment by its number; the last is the active one.
-    segments: BTreeMap<u64, Arc<File>>,
+    segments: BTreeMap<u64, Segment>,
     active: u64,
     /// Bytes in the active segment (where the next record goes).
     end: u64,
@@ -90,6 +107,8 @@ struct Inner {
     state: BTreeMap<Key, Vec<u8>>,
     /// Size at which the active segment is closed.
     limit: u64,
+    /// How far the active segment is known durable.
+    synced: u64,
 }
 
 /// The log's records on disk, with the index of its entries.
@@ -109,47 +128,85 @@ fn corrupt(path: &Path, offset: u64, what: &str) -> io::Error {
 }
 
 /// One record.
-fn single(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+fn single(kind: u8, synced_to: u64, parts: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
-    record(&mut out, kind, parts);
+    record(&mut out, kind, synced_to, parts);
     out
 }
 
 /// Appends one record to `out`.
-fn record(out: &mut Vec<u8>, kind: u8, parts: &[&[u8]]) {
+fn record(out: &mut Vec<u8>, kind: u8, synced_to: u64, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut crc = crc32c::crc32c(&[kind]);
+    crc = crc32c::crc32c_append(crc, &synced_to.to_le_bytes());
     for p in parts {
         crc = crc32c::crc32c_append(crc, p);
     }
     out.extend_from_slice(&(len as u32).to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
     out.push(kind);
+    out.extend_from_slice(&synced_to.to_le_bytes());
     for p in parts {
         out.extend_from_slice(p);
     }
 }
 
-/// One record read back from a segment: its kind, body and where the body starts.
+/// A segment's format.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    V1,
+    V2,
+}
+
+impl Format {
+    fn of(bytes: &[u8]) -> Option<Format> {
+        if bytes.starts_with(MAGIC) {
+            Some(Format::V2)
+        } else if bytes.starts_with(MAGIC_V1) {
+            Some(Format::V1)
+        } else {
+            None
+        }
+    }
+
+    fn header(self) -> usize {
+        match self {
+            Format::V1 => HEADER_V1,
+            Format::V2 => HEADER,
+        }
+    }
+}
+
+/// One record read back from a segment: its kind, body, where the body starts, and how
+/// far the segment was synced when it was written (0 in the previous format).
 struct Parsed<'a> {
     kind: u8,
     body: &'a [u8],
     body_at: u64,
+    synced_to: u64,
 }
 
 /// The record at `at` in `bytes`, or `None` where the records end (cut short, or a
 /// checksum that does not match).
-fn parse(bytes: &[u8], at: usize) -> Option<(Parsed<'_>, usize)> {
-    let head = bytes.get(at..at + HEADER)?;
+fn parse(bytes: &[u8], at: usize, format: Format) -> Option<(Parsed<'_>, usize)> {
+    let header = format.header();
+    let head = bytes.get(at..at.checked_add(header)?)?;
     let len = u32::from_le_bytes(head[0..4].try_into().ok()?);
     let crc = u32::from_le_bytes(head[4..8].try_into().ok()?);
     let kind = head[8];
     if len > MAX_BODY {
         return None;
     }
-    let start = at + HEADER;
+    let start = at + header;
     let body = bytes.get(start..start + len as usize)?;
-    if crc32c::crc32c_append(crc32c::crc32c(&[kind]), body) != crc {
+    let (synced_to, covered) = match format {
+        Format::V1 => (0, crc32c::crc32c(&[kind])),
+        Format::V2 => (
+            u64::from_le_bytes(head[9..17].try_into().ok()?),
+            crc32c::crc32c(&head[8..17]),
+        ),
+    };
+    if crc32c::crc32c_append(covered, body) != crc {
         return None;
     }
     Some((
@@ -157,34 +214,52 @@ fn parse(bytes: &[u8], at: usize) -> Option<(Parsed<'_>, usize)> {
             kind,
             body,
             body_at: start as u64,
+            synced_to,
         },
         start + len as usize,
     ))
 }
 
 /// Whether the record at `at`, which did not parse, has the shape an append interrupted by
-/// a crash leaves: cut short by the end of the file, or lying over a page never written
-/// (the file's new region reads as zeros until its page is written back).
-fn torn(bytes: &[u8], at: usize) -> bool {
-    const PAGE: usize = 4096;
-    let Some(head) = bytes.get(at..at + HEADER) else {
+/// a crash leaves: cut short by the end of the file, or lying over a sector never written
+/// (the file's new region reads as zeros until it is written).
+fn torn(bytes: &[u8], at: usize, format: Format) -> bool {
+    let Some(head) = bytes.get(at..at + format.header()) else {
         return true;
     };
     if head.iter().all(|&b| b == 0) {
         return true;
     }
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    let end = at.saturating_add(HEADER).saturating_add(len);
+    let end = at.saturating_add(format.header()).saturating_add(len);
     if end > bytes.len() {
         return true;
     }
-    let mut page = at / PAGE * PAGE;
-    while page < end {
-        let span = &bytes[page..(page + PAGE).min(bytes.len())];
+    let mut sector = at / SECTOR * SECTOR;
+    while sector < end {
+        let span = &bytes[sector..(sector + SECTOR).min(bytes.len())];
         if span.iter().all(|&b| b == 0) {
             return true;
         }
-        page += PAGE;
+        sector += SECTOR;
+    }
+    false
+}
+
+/// Whether a record after the damaged one at `at` says the segment was synced past `at`
+/// (so the damaged record was durable: damage, not a crash). Follows the records from
+/// where the damaged one's length says it ends.
+fn synced_past(bytes: &[u8], at: usize, format: Format) -> bool {
+    let Some(head) = bytes.get(at..at + format.header()) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let mut next = at.saturating_add(format.header()).saturating_add(len);
+    while let Some((r, after)) = parse(bytes, next, format) {
+        if r.synced_to > at as u64 {
+            return true;
+        }
+        next = after;
     }
     false
 }
@@ -196,7 +271,7 @@ fn split_index(body: &[u8]) -> Option<(u64, &[u8])> {
 
 impl Inner {
     /// Applies one replayed record.
-    fn replay(&mut self, path: &Path, segment: u64, file: &Arc<File>, r: Parsed) -> io::Result<()> {
+    fn replay(&mut self, path: &Path, segment: u64, file: &Segment, r: Parsed) -> io::Result<()> {
         let bad = |what: &str| corrupt(path, r.body_at, what);
         match r.kind {
             ENTRY => {
@@ -235,10 +310,10 @@ impl Inner {
     fn head(&self) -> Vec<u8> {
         let mut out = MAGIC.to_vec();
         if let Some((index, value)) = &self.purged {
-            record(&mut out, PURGE, &[&index.to_le_bytes(), value]);
+            record(&mut out, PURGE, 0, &[&index.to_le_bytes(), value]);
         }
         for (key, value) in &self.state {
-            record(&mut out, STATE, &[&[*key as u8], value]);
+            record(&mut out, STATE, 0, &[&[*key as u8], value]);
         }
         out
     }
@@ -246,16 +321,18 @@ impl Inner {
     /// Syncs the active segment and starts segment `active + 1`.
     fn roll(&mut self) -> io::Result<()> {
         if let Some(file) = self.segments.get(&self.active) {
-            file.sync_data()?;
+            file.sync()?;
         }
         let n = self.active + 1;
         let head = self.head();
         let path = self.dir.join(segment_name(n));
-        replace_file(&path, &head)?;
-        let file = OpenOptions::new().read(true).write(true).open(&path)?;
-        self.segments.insert(n, Arc::new(file));
+        replace_file(&*self.disk, &path, &head)?;
+        let file = self.disk.open(&path, false)?;
+        self.segments.insert(n, file);
         self.active = n;
         self.end = head.len() as u64;
+        // The head was synced before its rename.
+        self.synced = self.end;
         self.drop_unneeded();
         Ok(())
     }
@@ -277,20 +354,21 @@ impl Inner {
         let deleted = !old.is_empty();
         for n in old {
             let path = self.dir.join(segment_name(n));
-            if let Err(e) = std::fs::remove_file(&path) {
+            if let Err(e) = self.disk.remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "could not delete a log segment");
                 break;
             }
             self.segments.remove(&n);
         }
-        if deleted && let Err(e) = sync_dir(&self.dir) {
+        if deleted && let Err(e) = self.disk.sync_dir(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "could not sync the log's directory");
         }
     }
 
-    /// Writes `bytes` (whole records) at the end of the active segment, starting a new
-    /// one first when this one is full. Returns the segment and where the bytes start.
-    fn write(&mut self, bytes: &[u8]) -> io::Result<(u64, Arc<File>, u64)> {
+    /// Writes the records `make` builds (given how far the active segment is synced) at the
+    /// end of the active segment, starting a new one first when this one is full. Returns
+    /// the segment, its file and where the bytes start.
+    fn write(&mut self, make: impl FnOnce(u64) -> Vec<u8>) -> io::Result<(u64, Segment, u64)> {
         if self.end >= self.limit {
             self.roll()?;
         }
@@ -299,34 +377,31 @@ impl Inner {
             .get(&self.active)
             .cloned()
             .ok_or_else(|| io::Error::other("no active log segment"))?;
+        let bytes = make(self.synced);
         let at = self.end;
-        file.write_all_at(bytes, at)?;
+        file.write_all_at(&bytes, at)?;
         self.end += bytes.len() as u64;
         Ok((self.active, file, at))
     }
 }
 
 impl Wal {
-    /// Opens the log in `dir` (created if missing), replaying its segments.
-    pub fn open(dir: &Path) -> io::Result<Wal> {
-        Wal::open_with(dir, SEGMENT_BYTES)
+    /// Opens the log in `dir` on `disk` (created if missing), replaying its segments.
+    pub fn open(disk: Arc<dyn Disk>, dir: &Path) -> io::Result<Wal> {
+        Wal::open_with(disk, dir, SEGMENT_BYTES)
     }
 
     /// [`Self::open`], closing segments at `limit` bytes.
-    pub fn open_with(dir: &Path, limit: u64) -> io::Result<Wal> {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)?;
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent)?;
-            }
+    pub fn open_with(disk: Arc<dyn Disk>, dir: &Path, limit: u64) -> io::Result<Wal> {
+        if !disk.exists(dir) {
+            disk.create_dir_all(dir)?;
+            disk.sync_dir(shoal_disk::parent(dir))?;
         }
         let mut numbers = Vec::new();
-        for item in std::fs::read_dir(dir)? {
-            let name = item?.file_name();
-            let name = name.to_string_lossy();
+        for name in disk.list(dir)? {
             if name.ends_with(".tmp") {
                 // A segment whose start was never synced and renamed: nothing refers to it.
-                std::fs::remove_file(dir.join(name.as_ref()))?;
+                disk.remove_file(&dir.join(&name))?;
             } else if let Some(hex) = name.strip_suffix(".wal")
                 && let Ok(n) = u64::from_str_radix(hex, 16)
             {
@@ -341,11 +416,12 @@ impl Wal {
             for n in numbers.drain(..=gap) {
                 let path = dir.join(segment_name(n));
                 tracing::warn!(path = %path.display(), "deleting a log segment left before a gap");
-                std::fs::remove_file(&path)?;
+                disk.remove_file(&path)?;
             }
-            sync_dir(dir)?;
+            disk.sync_dir(dir)?;
         }
         let mut inner = Inner {
+            disk: disk.clone(),
             dir: dir.to_owned(),
             segments: BTreeMap::new(),
             active: 0,
@@ -354,17 +430,18 @@ impl Wal {
             purged: None,
             state: BTreeMap::new(),
             limit,
+            synced: 0,
         };
         let last = numbers.last().copied();
+        let mut last_format = Format::V2;
         for n in numbers {
             let path = dir.join(segment_name(n));
-            let file = Arc::new(OpenOptions::new().read(true).write(true).open(&path)?);
-            let bytes = std::fs::read(&path)?;
-            if !bytes.starts_with(MAGIC) {
-                return Err(corrupt(&path, 0, "not a shoal log segment"));
-            }
+            let file = disk.open(&path, false)?;
+            let bytes = file.read_all()?;
+            let format =
+                Format::of(&bytes).ok_or_else(|| corrupt(&path, 0, "not a shoal log segment"))?;
             let mut at = MAGIC.len();
-            while let Some((r, next)) = parse(&bytes, at) {
+            while let Some((r, next)) = parse(&bytes, at, format) {
                 inner.replay(&path, n, &file, r)?;
                 at = next;
             }
@@ -376,7 +453,14 @@ impl Wal {
                         "damaged record before the last segment",
                     ));
                 }
-                if !torn(&bytes, at) {
+                if synced_past(&bytes, at, format) {
+                    return Err(corrupt(
+                        &path,
+                        at as u64,
+                        "damaged record inside the last segment (a later record says it was synced)",
+                    ));
+                }
+                if !torn(&bytes, at, format) {
                     return Err(corrupt(
                         &path,
                         at as u64,
@@ -390,15 +474,21 @@ impl Wal {
                     "the log ends in a record cut short (a crash during an append): cut there"
                 );
                 file.set_len(at as u64)?;
-                file.sync_all()?;
             }
             inner.segments.insert(n, file);
             inner.active = n;
             inner.end = at as u64;
+            last_format = format;
         }
-        if last.is_none() {
-            // Segment 1 is written like any later one: under a temporary name.
+        if last.is_none() || last_format == Format::V1 {
+            // Segment 1 is written like any later one: under a temporary name; and records
+            // of this format never go into a segment of the previous one.
             inner.roll()?;
+        } else if let Some(file) = inner.segments.get(&inner.active) {
+            // What is in the active segment now (written back or not before a crash) is
+            // made durable, so records written from here on can say so.
+            file.sync()?;
+            inner.synced = inner.end;
         }
         inner.drop_unneeded();
         Ok(Wal {
@@ -410,23 +500,28 @@ impl Wal {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes `records` at the end of the log and applies `update` (given the segment,
-    /// its file and where the records start) under the same lock; with `sync`, makes them
-    /// durable once the lock is released, so readers never wait for the disk.
+    /// Writes the records `make` builds (given the active segment's synced-to) at the end
+    /// of the log and applies `update` (given the segment, its file and where the records
+    /// start) under the same lock; with `sync`, makes them durable once the lock is
+    /// released, so readers never wait for the disk.
     fn commit(
         &self,
-        records: &[u8],
+        make: impl FnOnce(u64) -> Vec<u8>,
         sync: bool,
-        update: impl FnOnce(&mut Inner, u64, &Arc<File>, u64),
+        update: impl FnOnce(&mut Inner, u64, &Segment, u64),
     ) -> io::Result<()> {
-        let file = {
+        let (segment, file, end) = {
             let mut inner = self.lock();
-            let (segment, file, at) = inner.write(records)?;
+            let (segment, file, at) = inner.write(make)?;
             update(&mut inner, segment, &file, at);
-            file
+            (segment, file, inner.end)
         };
         if sync {
-            file.sync_data()?;
+            file.sync()?;
+            let mut inner = self.lock();
+            if inner.active == segment {
+                inner.synced = inner.synced.max(end);
+            }
         }
         Ok(())
     }
@@ -434,12 +529,6 @@ impl Wal {
     /// Appends entries (log index, bytes) in order; with `sync`, returns once they (and
     /// everything before them) are on disk.
     pub fn append(&self, entries: &[(u64, Vec<u8>)], sync: bool) -> io::Result<()> {
-        let mut buf = Vec::with_capacity(
-            entries
-                .iter()
-                .map(|(_, b)| HEADER + 8 + b.len())
-                .sum::<usize>(),
-        );
         if let Some((index, bytes)) = entries
             .iter()
             .find(|(_, b)| b.len() + 8 > MAX_BODY as usize)
@@ -452,12 +541,21 @@ impl Wal {
                 ),
             ));
         }
+        // Where each entry's bytes start among the records (headers have one length).
         let mut offsets = Vec::with_capacity(entries.len());
-        for (index, bytes) in entries {
-            offsets.push(buf.len() as u64 + (HEADER + 8) as u64);
-            record(&mut buf, ENTRY, &[&index.to_le_bytes(), bytes]);
+        let mut total = 0;
+        for (_, bytes) in entries {
+            offsets.push(total + (HEADER + 8) as u64);
+            total += (HEADER + 8 + bytes.len()) as u64;
         }
-        self.commit(&buf, sync, |inner, segment, file, at| {
+        let make = |synced_to| {
+            let mut buf = Vec::with_capacity(total as usize);
+            for (index, bytes) in entries {
+                record(&mut buf, ENTRY, synced_to, &[&index.to_le_bytes(), bytes]);
+            }
+            buf
+        };
+        self.commit(make, sync, |inner, segment, file, at| {
             for ((index, bytes), offset) in entries.iter().zip(offsets) {
                 let loc = Loc {
                     segment,
@@ -472,8 +570,8 @@ impl Wal {
 
     /// Removes the entries from `index` on, durably.
     pub fn truncate(&self, index: u64) -> io::Result<()> {
-        let rec = single(TRUNCATE, &[&index.to_le_bytes()]);
-        self.commit(&rec, true, |inner, _, _, _| {
+        let rec = |synced_to| single(TRUNCATE, synced_to, &[&index.to_le_bytes()]);
+        self.commit(rec, true, |inner, _, _, _| {
             inner.index.split_off(&index);
         })
     }
@@ -481,8 +579,8 @@ impl Wal {
     /// Removes the entries up to `index`, records `value` as the purge point, durably,
     /// and deletes the segments no longer needed.
     pub fn purge(&self, index: u64, value: &[u8]) -> io::Result<()> {
-        let rec = single(PURGE, &[&index.to_le_bytes(), value]);
-        self.commit(&rec, true, |inner, _, _, _| {
+        let rec = |synced_to| single(PURGE, synced_to, &[&index.to_le_bytes(), value]);
+        self.commit(rec, true, |inner, _, _, _| {
             inner.index = inner.index.split_off(&index.saturating_add(1));
             inner.purged = Some((index, value.to_vec()));
         })?;
@@ -493,8 +591,8 @@ impl Wal {
 
     /// Sets a state value; with `sync`, durably.
     pub fn set(&self, key: Key, value: &[u8], sync: bool) -> io::Result<()> {
-        let rec = single(STATE, &[&[key as u8], value]);
-        self.commit(&rec, sync, |inner, _, _, _| {
+        let rec = |synced_to| single(STATE, synced_to, &[&[key as u8], value]);
+        self.commit(rec, sync, |inner, _, _, _| {
             inner.state.insert(key, value.to_vec());
         })
     }
@@ -530,9 +628,16 @@ impl Wal {
     pub fn sync(&self) -> io::Result<()> {
         let inner = self.lock();
         match inner.segments.get(&inner.active) {
-            Some(f) => f.sync_data(),
+            Some(f) => f.sync(),
             None => Ok(()),
         }
+    }
+
+    /// Whether the next write starts a new segment (a roll syncs and writes files: not
+    /// work for the Raft core's task).
+    pub fn rolls_next(&self) -> bool {
+        let inner = self.lock();
+        inner.end >= inner.limit
     }
 
     /// Segment files on disk (for tests).

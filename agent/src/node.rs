@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use crate::consensus::metrics::MetaMetrics;
 use crate::consensus::{Group, GroupWorkers};
 use crate::data::shard_rpc::ShardRequest;
-use crate::data::{StripeSettings, Stripes};
+use crate::data::{ClusterView, StripeSettings, Stripes};
 use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
 use crate::tier::{self, Tier, TierMetrics};
@@ -159,8 +159,14 @@ impl Node {
             identity.node,
             store.clone(),
             transport.clone(),
-            gossip.clone(),
-            group.store_arc(),
+            ClusterView {
+                gossip: gossip.clone(),
+                namespace: group.store_arc(),
+                book: {
+                    let group = group.clone();
+                    Arc::new(move |node: shoal_placement::NodeId| group.member_addr(node.0))
+                },
+            },
             StripeSettings {
                 default_ec: config.storage.ec,
                 min_write_shards: config.storage.min_write_shards,

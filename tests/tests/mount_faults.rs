@@ -315,3 +315,82 @@ fn full_cluster_restart_with_mounts_keeps_everything() {
         b"after"
     );
 }
+
+/// Reads through a mount while its agent is killed and restarted, again and again: the
+/// application sees no error (the restarted agent asks holders gossip has not heard of
+/// yet at their metadata addresses, and what it cannot serve yet makes the mount wait).
+#[test]
+fn reads_through_a_mount_never_fail_while_its_agent_restarts() {
+    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+    use std::os::fd::AsFd;
+
+    let c = DevCluster::up_with(4, 87, &["--mount"]);
+    let _restart = RestartOnDrop(&c);
+    let dir = c.mnt(1).join("data");
+    fs::create_dir(&dir).expect("mkdir");
+    let sizes = [4_096usize, 70_000, 300_000, 1 << 20, 2 << 20];
+    let files: Vec<(PathBuf, u64, usize)> = (0..10u64)
+        .map(|i| {
+            (
+                dir.join(format!("f{i}")),
+                870 + i,
+                sizes[i as usize % sizes.len()],
+            )
+        })
+        .collect();
+    for (path, seed, size) in &files {
+        write_fsync(path, &stream_bytes(*seed, 0, *size)).expect("write");
+    }
+    let reader_dir = c.mnt(4).join("data");
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        let files: Vec<(PathBuf, u64, usize)> = files
+            .iter()
+            .map(|(p, s, n)| (reader_dir.join(p.file_name().expect("name")), *s, *n))
+            .collect();
+        std::thread::spawn(move || {
+            let (mut reads, mut errors) = (0usize, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                for (path, seed, size) in &files {
+                    let got = File::open(path).and_then(|f| {
+                        let mut buf = Vec::new();
+                        std::io::Read::read_to_end(&mut &f, &mut buf)?;
+                        // The next round reads through the agent again, not the page cache.
+                        posix_fadvise(f.as_fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+                            .map_err(std::io::Error::from)?;
+                        Ok(buf)
+                    });
+                    reads += 1;
+                    match got {
+                        Ok(b) if b == stream_bytes(*seed, 0, *size) => {}
+                        Ok(b) => {
+                            errors.push(format!("{}: {} bytes, wrong", path.display(), b.len()))
+                        }
+                        Err(e) => errors.push(format!("{}: {e}", path.display())),
+                    }
+                }
+                rounds.fetch_add(1, Ordering::SeqCst);
+            }
+            (reads, errors)
+        })
+    };
+    wait_count(&rounds, 2, "reads before the first restart");
+    for _ in 0..5 {
+        c.kill_agent(4);
+        c.respawn_agent(4);
+        let now = rounds.load(Ordering::SeqCst);
+        wait_count(&rounds, now + 2, "reads after a restart");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (reads, errors) = reader.join().expect("reader");
+    eprintln!("{reads} reads through node 4's mount across 5 restarts of its agent");
+    assert!(
+        errors.is_empty(),
+        "{} of {reads} reads failed: {:?}\nmount.log:\n{}",
+        errors.len(),
+        &errors[..errors.len().min(10)],
+        c.mount_log(4)
+    );
+}

@@ -56,12 +56,13 @@ pub enum ConsensusError {
 impl ConsensusError {
     /// Whether the same request may succeed a little later (after an election).
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            ConsensusError::NoLeader { .. }
-                | ConsensusError::Membership { .. }
-                | ConsensusError::Task(_)
-        )
+        match self {
+            ConsensusError::NoLeader { .. } | ConsensusError::Membership { .. } => true,
+            // A panic is a bug, not worth the mount's `--retry-for`; a task cancelled by a
+            // stop is retried (the agent comes back).
+            ConsensusError::Task(e) => e.is_cancelled(),
+            _ => false,
+        }
     }
 }
 
@@ -84,5 +85,18 @@ impl ConsensusError {
             what,
             source: Box::new(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConsensusError;
+
+    #[tokio::test]
+    async fn a_panicked_task_is_not_retried() {
+        let panicked = tokio::spawn(async { panic!("a bug") })
+            .await
+            .expect_err("panicked");
+        assert!(!ConsensusError::Task(panicked).is_retryable());
     }
 }

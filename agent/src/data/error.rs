@@ -131,7 +131,10 @@ impl StripeError {
             StripeError::NotStored(f) | StripeError::NotDeleted { faults: f, .. } => {
                 f.0.iter().all(|s| s.kind == ShardFailure::Other)
             }
-            StripeError::Unreadable { .. } | StripeError::Mesh(_) | StripeError::Task(_) => true,
+            StripeError::Unreadable { .. } => true,
+            StripeError::Mesh(e) => e.is_retryable(),
+            // A panic is not retried; a task cancelled by a stop is.
+            StripeError::Task(e) => e.is_cancelled(),
             StripeError::Geometry(_)
             | StripeError::TooFewNodes { .. }
             | StripeError::NoSpace { .. }
@@ -181,9 +184,35 @@ mod tests {
         assert!(!geometry.is_retryable());
         let few = StripeError::Placement(PlacementError::NotEnoughNodes { need: 6, have: 5 });
         assert!(few.is_retryable());
+        let unreadable = StripeError::Unreadable {
+            stripe: StripeId(1),
+            source: ErasureError::TooFewShards {
+                present: 1,
+                total: 3,
+                need: 2,
+            },
+        };
+        assert!(unreadable.is_retryable(), "holders may be back in a moment");
         assert_eq!(
             fault(ShardFailure::Full).to_string(),
             "shard 1 on n2 (0000000000000002): node full: x"
         );
+    }
+}
+
+#[cfg(test)]
+mod task_tests {
+    use super::StripeError;
+
+    #[tokio::test]
+    async fn a_panicked_task_is_not_retried_and_a_cancelled_one_is() {
+        let panicked = tokio::spawn(async { panic!("a bug") })
+            .await
+            .expect_err("panicked");
+        assert!(!StripeError::Task(panicked).is_retryable());
+        let slow = tokio::spawn(std::future::pending::<()>());
+        slow.abort();
+        let cancelled = slow.await.expect_err("cancelled");
+        assert!(StripeError::Task(cancelled).is_retryable());
     }
 }

@@ -20,7 +20,7 @@ pub use error::{ShardFault, ShardFaults, StripeError};
 pub use read::StripeParts;
 pub use rebuild::{Rebuild, Rebuilt};
 pub use shard_rpc::carries_payload;
-pub use stripes::{StripeSettings, Stripes};
+pub use stripes::{AddressBook, ClusterView, StripeSettings, Stripes};
 
 /// A store with less room than this takes no new shards (two of the largest shards); a
 /// node whose facts give it less is full.

@@ -202,6 +202,16 @@ impl Stripes {
         }
     }
 
+    /// Where to ask `node` when gossip does not count it alive: its last address in
+    /// gossip, else its address in the metadata group (gossip has not heard of it yet).
+    fn last_known(&self, peers: &Peers, node: NodeId) -> Option<Addrs> {
+        peers
+            .last_known
+            .get(&node)
+            .copied()
+            .or_else(|| (self.book)(node).map(|rpc| Addrs { rpc, bulk: None }))
+    }
+
     fn note_bad(&self, record: &StripeRecord, index: u8, resp: &ShardResponse) {
         match resp {
             ShardResponse::Failed {
@@ -259,8 +269,8 @@ impl Stripes {
         let mut set = JoinSet::new();
         let sources = degraded_sources(record, &bad).map_err(unreadable)?;
         // Holders gossip does not count alive are asked too when the others are fewer than
-        // k: gossip lags behind a healed partition, and a read that can succeed must not
-        // fail on its word.
+        // k: gossip lags behind a healed partition, and has heard of nobody yet right after
+        // this agent started; a read that can succeed must not fail on its word.
         let last_resort = sources
             .iter()
             .filter(|l| peers.reach(l.node).is_some())
@@ -269,7 +279,7 @@ impl Stripes {
         for loc in sources {
             let this = self.clone();
             let addr = match peers.reach(loc.node) {
-                None if last_resort => peers.last_known.get(&loc.node).copied(),
+                None if last_resort => self.last_known(peers, loc.node),
                 reach => reach,
             };
             let req = ShardRequest::Get {

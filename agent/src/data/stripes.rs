@@ -64,7 +64,21 @@ pub struct Stripes {
     /// When this coordinator started: for a while after, its view of who is alive is
     /// still forming.
     pub(super) started: std::time::Instant,
+    /// Where a node was last known to listen when gossip has no word on it (the metadata
+    /// group's member addresses): a read that cannot do without that node still asks it.
+    pub(super) book: AddressBook,
 }
+
+/// How a coordinator sees the cluster: who is alive (gossip), where shards go (the
+/// replicated layout) and where to ask a node gossip has not heard of.
+pub struct ClusterView {
+    pub gossip: GossipHandle,
+    pub namespace: Arc<shoal_namespace::NamespaceStore>,
+    pub book: AddressBook,
+}
+
+/// A node's last known RPC address, from outside gossip (see [`Stripes`]).
+pub type AddressBook = Arc<dyn Fn(NodeId) -> Option<std::net::SocketAddr> + Send + Sync>;
 
 /// How a coordinator writes: the profile of new stripes and the buffer budget.
 pub struct StripeSettings {
@@ -80,11 +94,15 @@ impl Stripes {
         me: NodeId,
         store: Arc<DiskStore>,
         transport: Arc<Transport>,
-        gossip: GossipHandle,
-        namespace: Arc<shoal_namespace::NamespaceStore>,
+        view: ClusterView,
         settings: StripeSettings,
         registry: &mut Registry,
     ) -> Self {
+        let ClusterView {
+            gossip,
+            namespace,
+            book,
+        } = view;
         let StripeSettings {
             default_ec,
             min_write_shards,
@@ -119,6 +137,7 @@ impl Stripes {
             metrics.corrupt_seen.clone(),
         );
         Stripes {
+            book,
             started: std::time::Instant::now(),
             me,
             buffers: Arc::new(Semaphore::new(buffer_permits as usize)),

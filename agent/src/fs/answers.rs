@@ -19,9 +19,13 @@ impl From<ConsensusError> for FsError {
 
 impl From<StripeError> for FsError {
     fn from(e: StripeError) -> FsError {
-        // The write path has retried what was worth retrying by the time this is called.
+        // What may succeed a little later (holders not reachable yet, as right after this
+        // agent started, or a partition healing) makes the mount wait and send the
+        // request again, up to its `--retry-for`; the application sees EIO only after.
         if e.is_no_space() {
             FsError::NoSpace
+        } else if e.is_retryable() {
+            FsError::Unavailable(e.to_string())
         } else {
             FsError::Io(e.to_string())
         }

@@ -126,3 +126,73 @@ fn a_stat_on_another_node_after_a_close_sees_the_new_size_and_mtime() {
         },
     );
 }
+
+/// Node 3's kernel caches `d/f`; its agent restarts while node 1 moves `f` aside (it stays
+/// linked under another name) and puts a new `f` in its place. The next open of `d/f` on
+/// node 3 gets the new file: the mount took every name it handed out before the restart
+/// for stale, and waited for its watcher to follow the new agent's feed (a position in
+/// the new feed says nothing about the old one).
+#[test]
+fn an_open_right_after_the_local_agent_restarted_follows_no_stale_name() {
+    let c = DevCluster::up_with(3, 88, &["--mount"]);
+    let (m1, m3) = (c.mnt(1), c.mnt(3));
+    fs::create_dir(m1.join("d")).expect("mkdir");
+    for round in 0..3u64 {
+        let old = stream_bytes(880 + round, 0, 20_000);
+        let new = stream_bytes(890 + round, 0, 30_000);
+        write_close(&m1.join("d/f"), &old);
+        assert_bytes_eq(&read(&m3.join("d/f")), &old, "before the restart");
+        c.stop_agent(3);
+        fs::rename(m1.join("d/f"), m1.join(format!("d/aside{round}"))).expect("move aside");
+        write_close(&m1.join("d/f"), &new);
+        c.respawn_agent(3);
+        assert_bytes_eq(
+            &read(&m3.join("d/f")),
+            &new,
+            &format!("d/f on node 3 after its agent restarted (round {round})"),
+        );
+    }
+}
+
+/// One node renames directories while another opens paths below their new names right
+/// after (close-to-open): never ESTALE or ENOENT for a path that exists at the open. The
+/// reader's kernel holds the directories and files below by their inodes all along; the
+/// watcher delivers each rename a little after the reader looked the new name up.
+#[test]
+fn directory_renames_on_one_node_never_fail_an_open_below_them_on_another() {
+    let c = DevCluster::up_with(3, 89, &["--mount"]);
+    let (m1, m3) = (c.mnt(1), c.mnt(3));
+    let dirs = 4;
+    for d in 0..dirs {
+        let top = m1.join(format!("t{d}_0"));
+        fs::create_dir_all(top.join("sub")).expect("mkdir");
+        write_close(&top.join("sub/f"), &stream_bytes(d, 0, 100));
+    }
+    let mut failures = Vec::new();
+    let rounds = 1000u64;
+    for round in 0..rounds {
+        let d = round % dirs;
+        let generation = round / dirs;
+        let (from, to) = (
+            format!("t{d}_{generation}"),
+            format!("t{d}_{}", generation + 1),
+        );
+        fs::rename(m1.join(&from), m1.join(&to)).expect("rename on node 1");
+        let path = m3.join(&to).join("sub/f");
+        match fs::read(&path) {
+            Ok(b) if b == stream_bytes(d, 0, 100) => {}
+            Ok(b) => failures.push(format!(
+                "round {round}: {} read {} bytes",
+                path.display(),
+                b.len()
+            )),
+            Err(e) => failures.push(format!("round {round}: {}: {e}", path.display())),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {rounds} opens failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+}

@@ -428,10 +428,10 @@ mod tests {
             read_frame::<_, Request>(&mut r).await,
             Err(ApiError::TooLarge(_))
         ));
-        let mut r = &[0, 0, 0, 2, 9, 0][..];
+        let mut r = &[0, 0, 0, 2, 99, 0][..];
         assert!(matches!(
             read_frame::<_, Request>(&mut r).await,
-            Err(ApiError::Version { got: 9, .. })
+            Err(ApiError::Version { got: 99, .. })
         ));
         let mut r = &[0, 0, 0, 2, API_VERSION, 77][..];
         assert!(matches!(

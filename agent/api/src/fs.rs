@@ -284,6 +284,10 @@ pub enum FsRequest {
     },
 }
 
+/// The first position of every change feed: a mount that finds a new feed (its agent
+/// restarted) reads it from here, so it misses nothing the new agent applied.
+pub const FEED_START: u64 = 1;
+
 /// Longest a [`FsRequest::Watch`] waits before it answers with no change.
 pub const MAX_WATCH_MS: u32 = 10_000;
 
@@ -398,5 +402,20 @@ pub enum FsResponse {
     Opened {
         attr: FileAttr,
         changes: u64,
+    },
+    /// Open, to clients of protocol 9 on: as `Opened`, with the feed the position is of
+    /// (after an agent restart, a position in the new feed says nothing of the old one).
+    OpenedIn {
+        attr: FileAttr,
+        epoch: u64,
+        changes: u64,
+    },
+    /// Lookup, to clients of protocol 9 on: the entry, and the feed's position before it
+    /// was read (every change before that position is reflected in the answer, so a mount
+    /// that delivers such a change later does not take the name for changed since).
+    EntryAt {
+        attr: FileAttr,
+        epoch: u64,
+        position: u64,
     },
 }

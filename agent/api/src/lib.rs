@@ -19,9 +19,9 @@ pub mod units;
 pub use client::AgentClient;
 pub use error::ApiError;
 pub use fs::{
-    ChangeBatch, DELIVERY_WAIT_MS, DirEntry, Extent, FileAttr, FileKind, FileLayout, FsError,
-    FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX, Owner,
-    ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
+    ChangeBatch, DELIVERY_WAIT_MS, DirEntry, Extent, FEED_START, FileAttr, FileKind, FileLayout,
+    FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX,
+    Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
 };
 pub use maintenance::{DrainPlan, DrainProgress, DrainTarget, OkToStop};
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
@@ -38,9 +38,11 @@ use serde::{Deserialize, Serialize};
 /// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
 /// version 4 added the `MetaDigest` request, 5 `OkToStop`, 6 the drain and maintenance
 /// requests, 7 the cold-tier requests, 8 the mount's change feed (`FsRequest::Watch`, and
-/// `FsResponse::Opened` for an open). Every other message is as in version 3, so mounts
-/// started with an earlier release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 8;
+/// `FsResponse::Opened` for an open), 9 the feed's epoch and position on answers
+/// (`FsResponse::OpenedIn` for an open, `FsResponse::EntryAt` for a lookup). Every other
+/// message is as in version 3, so mounts started with an earlier release keep working
+/// across an agent upgrade.
+pub const API_VERSION: u8 = 9;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";

@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use shoal_agent_api::{ChangeBatch, Ino};
+use shoal_agent_api::{ChangeBatch, FEED_START, Ino};
 use shoal_namespace::Touched;
 use tokio::sync::watch;
 
@@ -103,14 +103,19 @@ impl ChangeFeed {
         ChangeFeed {
             epoch: rand::random::<u64>() | 1,
             ring: Mutex::new(Ring {
-                first: 1,
+                first: FEED_START,
                 changes: VecDeque::new(),
                 tail_origin: None,
-                foreign_end: 1,
+                foreign_end: FEED_START,
             }),
-            next: watch::Sender::new(1),
+            next: watch::Sender::new(FEED_START),
             read_from: watch::Sender::new(HashMap::new()),
         }
+    }
+
+    /// This feed's epoch (random per agent process).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The position after the last change published so far.

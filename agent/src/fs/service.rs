@@ -84,16 +84,32 @@ impl FsService {
                 // open was reached by after the open's barrier: a name found here is
                 // answered at once (if another node changed it meanwhile, the open that
                 // follows answers ESTALE and the kernel looks it up again).
+                let feed = &self.group.changes;
+                // The feed's position is read before the entry: every change before it
+                // is in the answer.
+                let entry = |attr, position| {
+                    if version >= 9 {
+                        FsResponse::EntryAt {
+                            attr,
+                            epoch: feed.epoch(),
+                            position,
+                        }
+                    } else {
+                        FsResponse::Entry(attr)
+                    }
+                };
+                let position = feed.position();
                 if version >= 8
                     && let Ok(attr) = store.lookup(parent, &name)
                 {
-                    return Ok(FsResponse::Entry(attr));
+                    return Ok(entry(attr, position));
                 }
                 // At the leader's commit point: a name another node just created, removed
                 // or renamed over must resolve as it does there now (the kernel then caches
                 // the answer for the entry TTL). Concurrent lookups share one round.
                 self.group.barrier().await?;
-                FsResponse::Entry(store.lookup(parent, &name)?)
+                let position = feed.position();
+                entry(store.lookup(parent, &name)?, position)
             }
             FsRequest::GetAttr { ino } => FsResponse::Attr(self.getattr_fresh(ino).await?),
             FsRequest::GetAttrFresh { ino } => {
@@ -167,7 +183,16 @@ impl FsService {
                     // The mount checks the names the open used once its watcher has
                     // delivered this far (its own changes it is never sent).
                     let changes = self.group.changes.needed_by(session);
-                    FsResponse::Opened { attr, changes }
+                    if version >= 9 {
+                        let epoch = self.group.changes.epoch();
+                        FsResponse::OpenedIn {
+                            attr,
+                            epoch,
+                            changes,
+                        }
+                    } else {
+                        FsResponse::Opened { attr, changes }
+                    }
                 } else {
                     FsResponse::Attr(attr)
                 }

@@ -66,6 +66,8 @@ pub struct Agent {
     handles: tokio::sync::Mutex<BTreeMap<u64, Ino>>,
     reachable: AtomicBool,
     available: AtomicBool,
+    /// Called when a new connection follows a failure, before it serves anything.
+    on_reconnect: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Agent {
@@ -83,7 +85,14 @@ impl Agent {
             handles: tokio::sync::Mutex::new(BTreeMap::new()),
             reachable: AtomicBool::new(true),
             available: AtomicBool::new(true),
+            on_reconnect: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets what runs when the mount reconnects after a failure (the agent may be a new
+    /// process that knows nothing of what the old one told the mount).
+    pub fn on_reconnect(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.on_reconnect.set(Box::new(f));
     }
 
     pub fn session(&self) -> u64 {
@@ -246,6 +255,9 @@ impl Agent {
         let mut done = self.reopened.lock().await;
         if *done >= conn.epoch {
             return Ok(());
+        }
+        if let Some(f) = self.on_reconnect.get() {
+            f();
         }
         // Held throughout, so a handle released meanwhile is not opened again after its
         // Release.

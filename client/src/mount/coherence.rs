@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use fuser::{INodeNo, Notifier};
 use shoal_agent_api::{
-    ChangeBatch, DELIVERY_WAIT_MS, FsRequest, FsResponse, Ino, MAX_WATCH_MS, ROOT_INO,
+    ChangeBatch, DELIVERY_WAIT_MS, FEED_START, FsRequest, FsResponse, Ino, MAX_WATCH_MS, ROOT_INO,
 };
 use tokio::sync::watch;
 
@@ -39,6 +39,25 @@ struct Record {
     name: String,
     /// The name changed on another node after it was handed to the kernel.
     stale: bool,
+    /// Where in the agent's feed the answer that handed it out was read (None: an agent
+    /// of protocol 8, or an answer that carries none).
+    stamp: Option<Stamp>,
+}
+
+/// A position in one of the agent's change feeds: an answer stamped with it reflects
+/// every change of that feed before the position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub epoch: u64,
+    pub position: u64,
+}
+
+impl Stamp {
+    /// Whether the answer stamped `self` already reflects every change of a feed batch that
+    /// ended at `end` (its changes lie before `end.position`).
+    fn covers(self, end: Option<Stamp>) -> bool {
+        end.is_some_and(|e| e.epoch == self.epoch && e.position <= self.position)
+    }
 }
 
 /// The names this mount handed to the kernel, and which changed since. Pure: the watcher
@@ -51,8 +70,9 @@ pub struct Names {
     /// Every inode handed to the kernel and not forgotten since (it may cache their
     /// attributes), besides the root, which it always holds.
     held: HashSet<Ino>,
-    /// The last name changes delivered, with their positions.
-    recent: VecDeque<(u64, Ino, String)>,
+    /// The last name changes delivered, with their positions and where their feed batch
+    /// ended.
+    recent: VecDeque<(u64, Ino, String, Option<Stamp>)>,
     /// Name changes delivered so far.
     position: u64,
     /// Lookups sent before this position cannot be checked against `recent`.
@@ -65,16 +85,26 @@ impl Names {
     }
 
     /// The kernel is told `parent/name` is `ino`, by an answer to a request sent at
-    /// `since`. Whether it may cache that: not when the name changed while the request
-    /// was under way (the answer may predate the change).
-    pub fn entered(&mut self, parent: Ino, name: &str, ino: Ino, since: u64) -> bool {
+    /// `since` (stamped `stamp` by the agent, when it did). Whether it may cache that: not
+    /// when the name changed while the request was under way (the answer may predate the
+    /// change), unless the stamp shows the answer already reflects the change.
+    pub fn entered(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        ino: Ino,
+        since: u64,
+        stamp: Option<Stamp>,
+    ) -> bool {
         let raced = since < self.floor
             || self
                 .recent
                 .iter()
                 .rev()
-                .take_while(|(at, _, _)| *at > since)
-                .any(|(_, p, n)| *p == parent && n == name);
+                .take_while(|(at, _, _, _)| *at > since)
+                .any(|(_, p, n, end)| {
+                    *p == parent && n == name && !stamp.is_some_and(|s| s.covers(*end))
+                });
         self.by_name.insert((parent, name.to_owned()), ino);
         self.held.insert(ino);
         self.by_child.insert(
@@ -83,6 +113,7 @@ impl Names {
                 parent,
                 name: name.to_owned(),
                 stale: raced,
+                stamp,
             },
         );
         !raced
@@ -123,20 +154,27 @@ impl Names {
         ino == ROOT_INO || self.held.contains(&ino)
     }
 
-    /// Another node changed `parent/name`; the inode it named here, if any (when none, the
-    /// kernel has no entry for the name: this mount answers a missing name with an error,
-    /// which the kernel does not cache).
-    pub fn changed(&mut self, parent: Ino, name: &str) -> Option<Ino> {
+    /// Another node changed `parent/name` (in a feed batch that ended at `end`); the inode
+    /// it named here, if any, for the kernel to drop (when none, the kernel has no entry for
+    /// the name: this mount answers a missing name with an error, which the kernel does not
+    /// cache). The inode's name is marked stale only while it is still that name, handed
+    /// out by an answer older than the change: a lookup that found the inode under another
+    /// name since, or found this name after the change, stays good.
+    pub fn changed(&mut self, parent: Ino, name: &str, end: Option<Stamp>) -> Option<Ino> {
         self.position += 1;
         if self.recent.len() == RECENT
-            && let Some((at, _, _)) = self.recent.pop_front()
+            && let Some((at, _, _, _)) = self.recent.pop_front()
         {
             self.floor = self.floor.max(at);
         }
         self.recent
-            .push_back((self.position, parent, name.to_owned()));
+            .push_back((self.position, parent, name.to_owned(), end));
         let ino = self.by_name.remove(&(parent, name.to_owned()))?;
-        if let Some(r) = self.by_child.get_mut(&ino) {
+        if let Some(r) = self.by_child.get_mut(&ino)
+            && r.parent == parent
+            && r.name == name
+            && !r.stamp.is_some_and(|s| s.covers(end))
+        {
             r.stale = true;
         }
         Some(ino)
@@ -200,6 +238,8 @@ pub struct Coherence {
     live: AtomicBool,
     /// Invalidations the kernel refused (not counting "not cached").
     failed: AtomicU64,
+    /// The kernel, once the watcher runs (for what the mount drops outside the feed).
+    kernel: std::sync::OnceLock<Notifier>,
 }
 
 impl Default for Coherence {
@@ -209,6 +249,7 @@ impl Default for Coherence {
             delivered: watch::Sender::new((0, 0)),
             live: AtomicBool::new(false),
             failed: AtomicU64::new(0),
+            kernel: std::sync::OnceLock::new(),
         }
     }
 }
@@ -238,8 +279,39 @@ impl Coherence {
     }
 
     /// See [`Names::entered`].
-    pub fn entered(&self, parent: Ino, name: &str, ino: Ino, since: u64) -> bool {
-        self.names().entered(parent, name, ino, since)
+    pub fn entered(
+        &self,
+        parent: Ino,
+        name: &str,
+        ino: Ino,
+        since: u64,
+        stamp: Option<Stamp>,
+    ) -> bool {
+        self.names().entered(parent, name, ino, since, stamp)
+    }
+
+    /// The mount reconnected to its agent (which may have restarted): what changed while
+    /// no agent answered is unknown, so every name handed out is stale, lookups under way
+    /// are not cached, and the kernel drops what it cached. Called before the new
+    /// connection serves anything.
+    pub fn reconnected(&self) {
+        let (names, inodes) = self.names().reset();
+        let drops = Drops { names, inodes };
+        if let Some(kernel) = self.kernel.get()
+            && !drops.is_empty()
+        {
+            let kernel = kernel.clone();
+            // An invalidation can wait for a directory lock: never on this task. The
+            // opens that follow check the marks, not the kernel.
+            std::thread::spawn(move || {
+                for (parent, name) in &drops.names {
+                    let _ = kernel.inval_entry(INodeNo(*parent), OsStr::new(name));
+                }
+                for &ino in &drops.inodes {
+                    let _ = kernel.inval_inode(INodeNo(ino), -1, 0);
+                }
+            });
+        }
     }
 
     pub fn renamed(&self, from: (Ino, &str), to: (Ino, &str)) {
@@ -254,17 +326,23 @@ impl Coherence {
         self.names().forget(ino)
     }
 
-    /// After an open whose barrier saw feed position `changes`: waits until the watcher
-    /// delivered that far, then whether the path the kernel walked to `ino` may be stale.
-    pub async fn open_is_stale(&self, ino: Ino, changes: u64) -> bool {
+    /// After an open whose barrier saw position `changes` (of feed `epoch`, when the agent
+    /// said which): waits until the watcher delivered that far, then whether the path the
+    /// kernel walked to `ino` may be stale. A position in another feed than the one the
+    /// watcher follows says nothing: the open waits until the watcher has moved to the
+    /// open's feed and caught up there.
+    pub async fn open_is_stale(&self, ino: Ino, epoch: Option<u64>, changes: u64) -> bool {
         if !self.live.load(Ordering::Relaxed) {
             return false;
         }
         let mut delivered = self.delivered.subscribe();
-        let epoch = delivered.borrow().0;
+        let watched = delivered.borrow().0;
         let reached = tokio::time::timeout(
             Duration::from_millis(DELIVERY_WAIT_MS),
-            delivered.wait_for(|&(e, next)| e != epoch || next >= changes),
+            delivered.wait_for(|&(e, next)| match epoch {
+                Some(want) => e == want && next >= changes,
+                None => e != watched || next >= changes,
+            }),
         )
         .await;
         if reached.is_err() {
@@ -286,8 +364,12 @@ impl Coherence {
         if batch.reset || renewed {
             (drops.names, drops.inodes) = names.reset();
         }
+        let end = Some(Stamp {
+            epoch: batch.epoch,
+            position: batch.next,
+        });
         for (parent, name) in &batch.names {
-            if let Some(ino) = names.changed(*parent, name) {
+            if let Some(ino) = names.changed(*parent, name, end) {
                 drops.inodes.push(ino);
                 drops.names.push((*parent, name.clone()));
             }
@@ -320,7 +402,11 @@ impl Coherence {
     /// The watcher: reads the feed and delivers it until the runtime ends. The kernel is
     /// told on a blocking thread (an invalidation can wait for a directory lock).
     pub async fn watch(self: Arc<Self>, agent: Arc<Agent>, kernel: Notifier) {
+        let _ = self.kernel.set(kernel.clone());
         let (mut epoch, mut after) = (0u64, 0u64);
+        // The feed was lost (no answer for `--retry-for`, or an agent without one): what
+        // changed meanwhile is unknown.
+        let mut lost = false;
         loop {
             let request = FsRequest::Watch {
                 epoch,
@@ -330,9 +416,14 @@ impl Coherence {
             };
             match agent.fs(request).await {
                 Ok(FsResponse::Changes(batch)) => {
-                    // A new epoch (the agent restarted): what happened meanwhile is
-                    // unknown.
-                    let renewed = epoch != 0 && batch.epoch != epoch;
+                    if epoch != 0 && batch.epoch != epoch && batch.reset {
+                        // A new feed: the agent restarted. The mount marked every name
+                        // stale when it reconnected; what the new agent changed since it
+                        // started is in its feed from the start.
+                        (epoch, after) = (batch.epoch, FEED_START);
+                        continue;
+                    }
+                    let renewed = std::mem::take(&mut lost);
                     (epoch, after) = (batch.epoch, batch.next);
                     let drops = self.mark(&batch, renewed);
                     if !drops.is_empty() {
@@ -354,6 +445,11 @@ impl Coherence {
                             "the agent has no change feed; names and attributes are cached for {UNWATCHED_TTL:?}"
                         );
                     }
+                    if !lost {
+                        // Names handed out so far can no longer be checked.
+                        self.reconnected();
+                        lost = true;
+                    }
                     (epoch, after) = (0, 0);
                     tokio::time::sleep(Duration::from_secs(5)).await;
                 }
@@ -369,10 +465,14 @@ mod tests {
     #[test]
     fn a_name_changed_elsewhere_makes_paths_through_it_stale_once() {
         let mut n = Names::default();
-        assert!(n.entered(ROOT_INO, "d", 10, 0));
-        assert!(n.entered(10, "f", 11, 0));
+        assert!(n.entered(ROOT_INO, "d", 10, 0, None));
+        assert!(n.entered(10, "f", 11, 0, None));
         assert!(!n.stale_path(11));
-        assert_eq!(n.changed(ROOT_INO, "d"), Some(10), "d was renamed away");
+        assert_eq!(
+            n.changed(ROOT_INO, "d", None),
+            Some(10),
+            "d was renamed away"
+        );
         assert!(n.stale_path(11), "d/f was reached through d");
         assert!(!n.stale_path(11), "the kernel looked everything up again");
     }
@@ -381,12 +481,15 @@ mod tests {
     fn a_lookup_answered_while_its_name_changed_is_not_cached() {
         let mut n = Names::default();
         let since = n.position();
-        n.changed(ROOT_INO, "other");
-        assert!(n.entered(ROOT_INO, "f", 5, since), "another name changed");
-        let since = n.position();
-        n.changed(ROOT_INO, "g");
+        n.changed(ROOT_INO, "other", None);
         assert!(
-            !n.entered(ROOT_INO, "g", 6, since),
+            n.entered(ROOT_INO, "f", 5, since, None),
+            "another name changed"
+        );
+        let since = n.position();
+        n.changed(ROOT_INO, "g", None);
+        assert!(
+            !n.entered(ROOT_INO, "g", 6, since, None),
             "its own name changed meanwhile"
         );
         assert!(n.stale_path(6));
@@ -395,14 +498,14 @@ mod tests {
     #[test]
     fn own_renames_and_removals_keep_the_records_right() {
         let mut n = Names::default();
-        n.entered(ROOT_INO, "a", 5, 0);
-        n.entered(ROOT_INO, "b", 6, 0);
+        n.entered(ROOT_INO, "a", 5, 0, None);
+        n.entered(ROOT_INO, "b", 6, 0, None);
         n.renamed((ROOT_INO, "a"), (ROOT_INO, "b"));
-        assert_eq!(n.changed(ROOT_INO, "a"), None, "a is gone here");
-        assert_eq!(n.changed(ROOT_INO, "b"), Some(5), "b is what a was");
-        n.entered(ROOT_INO, "c", 7, n.position());
+        assert_eq!(n.changed(ROOT_INO, "a", None), None, "a is gone here");
+        assert_eq!(n.changed(ROOT_INO, "b", None), Some(5), "b is what a was");
+        n.entered(ROOT_INO, "c", 7, n.position(), None);
         n.removed(ROOT_INO, "c");
-        assert_eq!(n.changed(ROOT_INO, "c"), None);
+        assert_eq!(n.changed(ROOT_INO, "c", None), None);
         n.forget(5);
         assert!(!n.stale_path(5), "forgotten: nothing to check");
     }
@@ -410,14 +513,17 @@ mod tests {
     #[test]
     fn a_reset_makes_everything_stale_and_lookups_under_way_uncached() {
         let mut n = Names::default();
-        n.entered(ROOT_INO, "a", 5, 0);
+        n.entered(ROOT_INO, "a", 5, 0, None);
         let since = n.position();
         let (names, inodes) = n.reset();
         assert_eq!(names, vec![(ROOT_INO, "a".to_string())]);
         assert_eq!(inodes, vec![5]);
         assert!(n.stale_path(5));
-        assert!(!n.entered(ROOT_INO, "b", 6, since), "sent before the reset");
-        assert!(n.entered(ROOT_INO, "b", 6, n.position()));
+        assert!(
+            !n.entered(ROOT_INO, "b", 6, since, None),
+            "sent before the reset"
+        );
+        assert!(n.entered(ROOT_INO, "b", 6, n.position(), None));
     }
 
     fn batch(names: &[(Ino, &str)], inodes: &[Ino]) -> ChangeBatch {
@@ -433,8 +539,8 @@ mod tests {
     #[test]
     fn the_kernel_is_told_only_what_it_was_given() {
         let c = Coherence::default();
-        c.entered(ROOT_INO, "d", 10, 0);
-        c.entered(10, "f", 11, 0);
+        c.entered(ROOT_INO, "d", 10, 0, None);
+        c.entered(10, "f", 11, 0, None);
         // Another node made d/g and changed inode 12: neither was handed to this kernel.
         let none = c.mark(&batch(&[(10, "g")], &[12]), false);
         assert_eq!(none, Drops::default(), "nothing to tell the kernel");
@@ -453,7 +559,7 @@ mod tests {
         // Unknown names still move the position: a lookup under way is not cached.
         let since = c.position();
         c.mark(&batch(&[(10, "h")], &[]), false);
-        assert!(!c.entered(10, "h", 13, since));
+        assert!(!c.entered(10, "h", 13, since, None));
     }
 
     #[test]
@@ -461,9 +567,84 @@ mod tests {
         let mut n = Names::default();
         let since = n.position();
         for i in 0..RECENT + 1 {
-            n.changed(ROOT_INO, &format!("x{i}"));
+            n.changed(ROOT_INO, &format!("x{i}"), None);
         }
-        assert!(!n.entered(ROOT_INO, "y", 9, since));
-        assert!(n.entered(ROOT_INO, "y", 9, n.position()));
+        assert!(!n.entered(ROOT_INO, "y", 9, since, None));
+        assert!(n.entered(ROOT_INO, "y", 9, n.position(), None));
+    }
+
+    fn at(epoch: u64, position: u64) -> Option<Stamp> {
+        Some(Stamp { epoch, position })
+    }
+
+    #[test]
+    fn a_change_delivered_after_a_lookup_that_already_saw_it_leaves_the_name_good() {
+        let mut n = Names::default();
+        // d18/m53 was looked up long ago; another node renames it to /m140.
+        n.entered(18, "m53", 53, 0, at(7, 4));
+        // This mount looks /m140 up before its watcher delivers the rename (the agent had
+        // applied it: the answer is stamped after it).
+        let since = n.position();
+        assert!(n.entered(ROOT_INO, "m140", 53, since, at(7, 12)));
+        n.entered(53, "f", 60, since, at(7, 12));
+        // The rename arrives in a batch ending at 11: both names of it.
+        assert_eq!(n.changed(18, "m53", at(7, 11)), Some(53));
+        assert_eq!(n.changed(ROOT_INO, "m140", at(7, 11)), Some(53));
+        assert!(!n.stale_path(60), "the path was found after the rename");
+        // A later change of the new name (a batch past the stamp) does make it stale.
+        n.entered(ROOT_INO, "m140", 53, n.position(), at(7, 12));
+        n.changed(ROOT_INO, "m140", at(7, 20));
+        assert!(n.stale_path(60));
+    }
+
+    #[test]
+    fn a_stamp_of_another_feed_covers_nothing() {
+        let mut n = Names::default();
+        n.entered(ROOT_INO, "a", 5, 0, at(1, 100));
+        n.changed(ROOT_INO, "a", at(2, 3));
+        assert!(
+            n.stale_path(5),
+            "positions of different feeds do not compare"
+        );
+        let since = n.position();
+        n.changed(ROOT_INO, "b", at(2, 4));
+        assert!(
+            !n.entered(ROOT_INO, "b", 6, since, at(1, 100)),
+            "raced: the stamp is of the old feed"
+        );
+        let since = n.position();
+        n.changed(ROOT_INO, "c", at(2, 5));
+        assert!(
+            n.entered(ROOT_INO, "c", 7, since, at(2, 5)),
+            "the answer was read after the change"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_open_in_a_new_feed_waits_until_the_watcher_follows_that_feed() {
+        let c = Arc::new(Coherence::default());
+        c.live.store(true, Ordering::Relaxed);
+        c.entered(ROOT_INO, "d", 10, 0, at(1, 50));
+        c.entered(10, "f", 11, 0, at(1, 50));
+        c.delivered.send_replace((1, 90));
+        // The agent restarted: its new feed is at 3. Position 3 of feed 2 is no position
+        // of feed 1, though 90 >= 3.
+        let open = {
+            let c = c.clone();
+            tokio::spawn(async move { c.open_is_stale(11, Some(2), 3).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!open.is_finished(), "waits for the watcher to reach feed 2");
+        // The mount reconnected (marking every name), then the watcher read the new feed.
+        c.reconnected();
+        c.delivered.send_replace((2, 3));
+        assert!(
+            open.await.expect("open"),
+            "a name handed out before the restart is stale"
+        );
+        // Looked up again from the new agent: good.
+        c.entered(ROOT_INO, "d", 10, c.position(), at(2, 3));
+        c.entered(10, "f", 11, c.position(), at(2, 3));
+        assert!(!c.open_is_stale(11, Some(2), 3).await);
     }
 }

@@ -18,6 +18,7 @@ use tokio::runtime::Handle;
 
 use super::MountArgs;
 use super::attr::{self, to_kernel};
+use super::coherence::Stamp;
 use super::ops::{FsState, NewNode};
 
 /// Size of `statfs` blocks.
@@ -87,13 +88,23 @@ fn empty(reply: ReplyEmpty, result: Result<(), Errno>) {
 fn entry_reply(
     state: &FsState,
     reply: ReplyEntry,
-    (parent, name, since): (INodeNo, String, u64),
+    key: (INodeNo, String, u64),
     result: Result<FileAttr, Errno>,
 ) {
+    stamped_entry_reply(state, reply, key, result.map(|a| (a, None)));
+}
+
+/// [`entry_reply`] for an answer the agent stamped with its feed's position.
+fn stamped_entry_reply(
+    state: &FsState,
+    reply: ReplyEntry,
+    (parent, name, since): (INodeNo, String, u64),
+    result: Result<(FileAttr, Option<Stamp>), Errno>,
+) {
     match result {
-        Ok(a) => reply.entry_with_ttls(
+        Ok((a, stamp)) => reply.entry_with_ttls(
             &state.attr_ttl_of(&a),
-            &state.entered(parent.0, &name, &a, since),
+            &state.entered(parent.0, &name, &a, since, stamp),
             &to_kernel(&a),
             Generation(0),
         ),
@@ -143,8 +154,8 @@ impl fuser::Filesystem for ShoalFs {
         };
         let key = self.named(parent, &name);
         self.spawn(
-            move |s: Arc<FsState>| async move { s.lookup(parent.0, name).await },
-            move |s, r| entry_reply(s, reply, key, r),
+            move |s: Arc<FsState>| async move { s.lookup_stamped(parent.0, name).await },
+            move |s, r| stamped_entry_reply(s, reply, key, r),
         );
     }
 
@@ -561,7 +572,8 @@ impl fuser::Filesystem for ShoalFs {
                 // One TTL for both the name and the attributes here: the file's (0 by
                 // default), so another node's write is seen at the next open.
                 Ok((a, fh)) => reply.created(
-                    &s.entered(parent.0, &key, &a, since).min(s.attr_ttl_of(&a)),
+                    &s.entered(parent.0, &key, &a, since, None)
+                        .min(s.attr_ttl_of(&a)),
                     &to_kernel(&a),
                     Generation(0),
                     FileHandle(fh),

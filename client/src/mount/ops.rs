@@ -14,7 +14,7 @@ use shoal_agent_api::{
 
 use super::MountArgs;
 use super::agent::Agent;
-use super::coherence::Coherence;
+use super::coherence::{Coherence, Stamp};
 use super::dir::{Listed, Listing};
 use super::files::OpenFiles;
 use super::readahead::read_direct;
@@ -51,6 +51,11 @@ pub struct NewNode {
 
 impl FsState {
     pub fn new(agent: Arc<Agent>, args: &MountArgs, stripe: u64) -> Self {
+        let coherence = Arc::new(Coherence::default());
+        {
+            let coherence = coherence.clone();
+            agent.on_reconnect(move || coherence.reconnected());
+        }
         FsState {
             files: OpenFiles::new(agent.clone(), stripe, args.read_ahead, args.write_buffer),
             agent,
@@ -60,7 +65,7 @@ impl FsState {
             attr_ttl: Duration::from_millis(args.attr_ttl_ms),
             file_attr_ttl: Duration::from_millis(args.file_attr_ttl_ms),
             entry_ttl: Duration::from_millis(args.entry_ttl_ms),
-            coherence: Arc::default(),
+            coherence,
         }
     }
 
@@ -79,8 +84,25 @@ impl FsState {
     }
 
     pub async fn lookup(&self, parent: Ino, name: String) -> Result<FileAttr, Errno> {
-        let attr = attr_of(self.agent.fs(FsRequest::Lookup { parent, name }).await?)?;
-        self.with_own_writes(attr).await
+        Ok(self.lookup_stamped(parent, name).await?.0)
+    }
+
+    /// A lookup, with where in the agent's feed it was answered (an agent of protocol 9
+    /// on says).
+    pub async fn lookup_stamped(
+        &self,
+        parent: Ino,
+        name: String,
+    ) -> Result<(FileAttr, Option<Stamp>), Errno> {
+        let (attr, stamp) = match self.agent.fs(FsRequest::Lookup { parent, name }).await? {
+            FsResponse::EntryAt {
+                attr,
+                epoch,
+                position,
+            } => (attr, Some(Stamp { epoch, position })),
+            other => (attr_of(other)?, None),
+        };
+        Ok((self.with_own_writes(attr).await?, stamp))
     }
 
     /// `by_path`: a stat of a name (the kernel names no open file), which must see what
@@ -228,8 +250,13 @@ impl FsState {
         };
         match self.agent.fs(request).await {
             Ok(answer) => {
-                if let FsResponse::Opened { changes, .. } = answer
-                    && self.coherence.open_is_stale(ino, changes).await
+                let at = match answer {
+                    FsResponse::Opened { changes, .. } => Some((None, changes)),
+                    FsResponse::OpenedIn { epoch, changes, .. } => Some((Some(epoch), changes)),
+                    _ => None,
+                };
+                if let Some((epoch, changes)) = at
+                    && self.coherence.open_is_stale(ino, epoch, changes).await
                 {
                     // The kernel reached the inode by a name that changed on another
                     // node: it looks the path up again.
@@ -336,8 +363,15 @@ impl FsState {
     /// The kernel is about to be told `parent/name` is `attr`, answering a request sent
     /// at feed position `since`: the entry TTL to give it (0 when the name changed on
     /// another node meanwhile).
-    pub fn entered(&self, parent: Ino, name: &str, attr: &FileAttr, since: u64) -> Duration {
-        if self.coherence.entered(parent, name, attr.ino, since) {
+    pub fn entered(
+        &self,
+        parent: Ino,
+        name: &str,
+        attr: &FileAttr,
+        since: u64,
+        stamp: Option<Stamp>,
+    ) -> Duration {
+        if self.coherence.entered(parent, name, attr.ino, since, stamp) {
             self.entry_ttl()
         } else {
             Duration::ZERO
@@ -441,5 +475,7 @@ pub fn kind(r: &FsResponse) -> &'static str {
         FsResponse::Error(_) => "Error",
         FsResponse::Changes(_) => "Changes",
         FsResponse::Opened { .. } => "Opened",
+        FsResponse::OpenedIn { .. } => "OpenedIn",
+        FsResponse::EntryAt { .. } => "EntryAt",
     }
 }

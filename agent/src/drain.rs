@@ -1,9 +1,11 @@
 //! Operator changes to a node (`shoal drain`, `undrain`, `remove`, `maintenance`) and
 //! how drains stand (`shoal drain status`). A drain is assessed first with the repair
 //! planner itself, as if the node were draining already: what moves, where, and whether
-//! every shard finds a target (failure domains, room); one that cannot finish is refused
-//! before anything changes. The change is then one `ChangeNode` command, which the state
-//! machine checks again against the node's state; the repair worker does the moving.
+//! every shard finds a target with room that leaves its stripe at least as well spread as
+//! it is (as many shards and failure domains, no more shards in one domain); one that
+//! cannot finish is refused, naming what would get worse, before anything changes. The
+//! change is then one `ChangeNode` command, which the state machine checks again against
+//! the node's state; the repair worker does the moving.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -15,7 +17,7 @@ use shoal_namespace::nodes::{NodeChange, state_name, transition};
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
 
-use crate::workers::repair::plan::{self, Health, Room};
+use crate::workers::repair::plan::{self, Health, Room, Weakened};
 use crate::{AgentError, Node};
 
 /// Stripes read from the replica per page.
@@ -164,7 +166,7 @@ async fn assess(
     )?;
     let room: Room = crate::workers::repair::room_of(members);
     let mut candidates = Vec::new();
-    let (mut stripes, mut bytes, mut widest) = (0u64, 0u64, 0usize);
+    let (mut stripes, mut bytes) = (0u64, 0u64);
     let mut cursor = None;
     loop {
         let page = store.stripes(cursor, PAGE)?;
@@ -175,7 +177,6 @@ async fn assess(
             }
             stripes += 1;
             bytes += held * r.shard_len;
-            widest = widest.max(r.ec.total());
             let mut h = Health::of(r, &as_draining, &alive);
             // Only what moves off the node: other lost slots are repair's.
             h.lost.clear();
@@ -196,19 +197,8 @@ async fn assess(
             e.1 += t.record.shard_len;
         }
     }
-    let mut reasons = Vec::new();
-    let domains: BTreeSet<String> = placement
-        .nodes()
-        .iter()
-        .filter(|n| n.is_eligible() && alive.contains(&n.id))
-        .map(|n| n.failure_domain.to_string())
-        .collect();
-    if widest > domains.len() {
-        reasons.push(format!(
-            "the drain would leave {} failure domain(s) that take shards; its widest stripes need {widest} (k+m)",
-            domains.len()
-        ));
-    }
+    let domains = domains_taking_shards(&placement, &alive);
+    let mut reasons = weakened_reasons(&p.weakened, &domains);
     let waiting: u64 = candidates
         .iter()
         .filter(|(_, h)| h.moving.is_empty())
@@ -226,7 +216,7 @@ async fn assess(
             .map(|(_, r)| r)
             .sum();
         reasons.push(format!(
-            "{stuck} shard(s) have no node to go to (every other node holds a shard of their stripe, is down, or is full): {bytes} bytes to move, {room_left} bytes of room on the other nodes"
+            "{stuck} shard(s) have no node to go to (every other node holds a shard of their stripe, is down, or is full), so their stripes would keep fewer shards: {bytes} bytes to move, {room_left} bytes of room on the other nodes; {domains}"
         ));
     }
     Ok(DrainPlan {
@@ -248,6 +238,71 @@ async fn assess(
         can_finish: reasons.is_empty(),
         reasons,
     })
+}
+
+/// The nodes that take shards (eligible and alive in `placement`), by failure domain, in
+/// words: what an operator needs to see why a drain would spread stripes worse.
+fn domains_taking_shards(placement: &Layout, alive: &BTreeSet<NodeId>) -> String {
+    let mut per_domain: BTreeMap<String, usize> = BTreeMap::new();
+    for n in placement
+        .nodes()
+        .iter()
+        .filter(|n| n.is_eligible() && alive.contains(&n.id))
+    {
+        *per_domain.entry(n.failure_domain.to_string()).or_default() += 1;
+    }
+    let list: Vec<String> = per_domain.iter().map(|(d, n)| format!("{d} {n}")).collect();
+    format!(
+        "nodes that would take shards, by failure domain: {}",
+        if list.is_empty() {
+            "none".to_owned()
+        } else {
+            list.join(", ")
+        }
+    )
+}
+
+/// What would get worse for the stripes whose shards could move off the node only by
+/// spreading them worse (`weakened`, from the planner), in words; `domains` says where
+/// the nodes that would take shards are.
+fn weakened_reasons(weakened: &[Weakened], domains: &str) -> Vec<String> {
+    let crowded: Vec<&Weakened> = weakened
+        .iter()
+        .filter(|w| w.then.most_in_one_domain > w.now.most_in_one_domain)
+        .collect();
+    let narrowed: Vec<&Weakened> = weakened
+        .iter()
+        .filter(|w| w.then.domains < w.now.domains)
+        .collect();
+    let thinned = weakened
+        .iter()
+        .filter(|w| w.then.shards < w.now.shards)
+        .count();
+    let mut reasons = Vec::new();
+    if !crowded.is_empty() {
+        let then = crowded.iter().map(|w| w.then.most_in_one_domain).max();
+        let now = crowded.iter().map(|w| w.now.most_in_one_domain).max();
+        reasons.push(format!(
+            "{} stripe(s) would hold up to {} shards in one failure domain (now at most {}): losing that domain would cost them more shards; {domains}",
+            crowded.len(),
+            then.unwrap_or(0),
+            now.unwrap_or(0),
+        ));
+    }
+    if !narrowed.is_empty() {
+        let then = narrowed.iter().map(|w| w.then.domains).min();
+        let now = narrowed.iter().map(|w| w.now.domains).max();
+        reasons.push(format!(
+            "{} stripe(s) would span fewer failure domains (as few as {}, now up to {}); {domains}",
+            narrowed.len(),
+            then.unwrap_or(0),
+            now.unwrap_or(0),
+        ));
+    }
+    if thinned > 0 {
+        reasons.push(format!("{thinned} stripe(s) would keep fewer shards"));
+    }
+    reasons
 }
 
 /// `shoal drain NODE [--dry-run]`.
@@ -468,7 +523,51 @@ pub async fn status(node: &Node, which: Option<&str>) -> Result<Vec<DrainProgres
 
 #[cfg(test)]
 mod tests {
-    use super::other_releases;
+    use shoal_placement::{Spread, StripeId};
+
+    use super::{Weakened, other_releases, weakened_reasons};
+
+    fn spread(shards: usize, domains: usize, most_in_one_domain: usize) -> Spread {
+        Spread {
+            shards,
+            domains,
+            most_in_one_domain,
+        }
+    }
+
+    #[test]
+    fn a_refusal_names_what_would_get_worse() {
+        let weakened = |id, now, then| Weakened {
+            stripe: StripeId(id),
+            slots: vec![0],
+            now,
+            then,
+        };
+        let domains = "nodes that would take shards, by failure domain: fd1 3, fd2 1, fd3 2";
+        let reasons = weakened_reasons(
+            &[
+                weakened(1, spread(6, 3, 2), spread(6, 3, 3)),
+                weakened(2, spread(6, 3, 2), spread(6, 3, 3)),
+                weakened(3, spread(3, 3, 1), spread(3, 2, 2)),
+            ],
+            domains,
+        );
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(
+            reasons[0].starts_with(
+                "3 stripe(s) would hold up to 3 shards in one failure domain (now at most 2)"
+            ),
+            "{reasons:?}"
+        );
+        assert!(reasons[0].ends_with(domains), "{reasons:?}");
+        assert!(
+            reasons[1].starts_with(
+                "1 stripe(s) would span fewer failure domains (as few as 2, now up to 3)"
+            ),
+            "{reasons:?}"
+        );
+        assert!(weakened_reasons(&[], domains).is_empty());
+    }
 
     #[test]
     fn members_on_another_release_are_named() {

@@ -2,7 +2,8 @@
 //! weights, states, epoch), the erasure-coding profile (`k+m`), the geometry of a stripe
 //! (how its bytes are cut into shards) and the placement function
 //! `(layout, stripe id, profile) -> ordered targets`, by weighted rendezvous hashing with
-//! failure-domain spreading.
+//! failure-domain spreading; and how well a stripe is spread ([`Spread`]), which no drain
+//! or rebalance move may make worse ([`place_moves`]).
 //!
 //! Read first: [`place`], [`Layout`], [`StripeGeometry`]. The hash behind `place` is
 //! part of the on-disk contract (it decides where data lives): see the `hash` module.
@@ -18,6 +19,7 @@ mod ids;
 mod layout;
 mod profile;
 mod rendezvous;
+mod spread;
 
 pub use error::PlacementError;
 pub use geometry::{DEFAULT_SHARD_SIZE, SHARD_ALIGN, ShardSlice, StripeGeometry};
@@ -25,3 +27,4 @@ pub use ids::{NodeId, StripeId};
 pub use layout::{FailureDomain, Layout, LayoutNode, NodeState};
 pub use profile::{EcProfile, MAX_SHARDS};
 pub use rendezvous::{place, place_degraded, place_repair};
+pub use spread::{Move, Spread, place_moves};

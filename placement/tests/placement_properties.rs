@@ -1,12 +1,14 @@
 //! Property tests of `place`: determinism, spreading, balance by weight, movement on
-//! join and leave. Proptest prints a failing case and stores its seed under
+//! join and leave; and of `place_moves`: never a worse spread, a newcomer's share with
+//! fewer domains than k+m. Proptest prints a failing case and stores its seed under
 //! `proptest-regressions/` so it replays on the next run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use shoal_placement::{
-    EcProfile, Layout, LayoutNode, NodeId, NodeState, PlacementError, StripeId, place,
+    EcProfile, Layout, LayoutNode, NodeId, NodeState, PlacementError, Spread, StripeId, place,
+    place_moves,
 };
 
 /// `count` well-spread stripe ids starting from `base`.
@@ -286,5 +288,107 @@ proptest! {
         let (before, after) = (layout(before), layout(after));
         let (moved, held, _) = movement(&before, &after, gone, base, MOVE_STRIPES, profile);
         prop_assert!(moved >= held && (moved as f64) <= 2.5 * held as f64, "moved {moved} slots, the leaver held {held}");
+    }
+}
+
+proptest! {
+    /// Whatever changed in the layout (nodes joined, one went down), the moves toward the
+    /// new placement keep the stripe's spread after every one of them, go only from nodes
+    /// placement no longer wants to nodes it wants that held nothing of the stripe, move
+    /// each slot at most once, skip what `may_take` refuses, and are deterministic.
+    #[test]
+    fn moves_toward_placement_never_spread_a_stripe_worse(
+        nodes in arb_nodes(),
+        joining in proptest::collection::vec((0u8..8, 1u64..1000), 0..4),
+        down in proptest::option::of(any::<prop::sample::Index>()),
+        refused in proptest::option::of(any::<prop::sample::Index>()),
+        stripe in any::<u128>(),
+        profile in arb_profile(),
+    ) {
+        let before = layout(nodes.clone());
+        let Ok(holders) = place(&before, StripeId(stripe), profile) else {
+            return Ok(());
+        };
+        let mut after_nodes = nodes;
+        for (i, (d, weight)) in joining.into_iter().enumerate() {
+            let id = NodeId(u64::MAX - i as u64);
+            if after_nodes.iter().all(|n| n.id != id) {
+                after_nodes.push(LayoutNode::active(id, format!("rack-{d}").as_str(), weight));
+            }
+        }
+        if let Some(i) = down {
+            let i = i.index(after_nodes.len());
+            after_nodes[i].state = NodeState::Down;
+        }
+        let after = layout(after_nodes);
+        let refused = refused.map(|i| after.nodes()[i.index(after.nodes().len())].id);
+        let may_take = |_: u8, to: NodeId| Some(to) != refused;
+        let moves = place_moves(&after, StripeId(stripe), profile, &holders, may_take);
+        prop_assert_eq!(&moves, &place_moves(&after, StripeId(stripe), profile, &holders, may_take));
+        if moves.is_empty() {
+            return Ok(());
+        }
+        let ideal = place(&after, StripeId(stripe), profile)
+            .map_err(|e| TestCaseError::fail(format!("moves without a placement: {e}")))?;
+        let spread = Spread::of(&after, holders.iter().copied());
+        let mut now = holders.clone();
+        let mut slots = BTreeSet::new();
+        for m in &moves {
+            let slot = usize::from(m.slot);
+            prop_assert!(slots.insert(m.slot), "slot {} twice: {:?}", m.slot, moves);
+            prop_assert!(Some(m.to) != refused);
+            prop_assert!(ideal.contains(&m.to) && !holders.contains(&m.to), "{:?}", m);
+            prop_assert!(!ideal.contains(&holders[slot]), "moved off a wanted node: {:?}", m);
+            now[slot] = m.to;
+            let then = Spread::of(&after, now.iter().copied());
+            prop_assert!(then.keeps(&spread), "{:?} -> {:?} after {:?}", spread, then, m);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// With fewer failure domains than k+m, each holding the same number of shards of
+    /// every stripe, a node that joins one of them receives a shard of every stripe
+    /// placement now gives it, each from a node of its own domain.
+    #[test]
+    fn a_newcomer_beside_fewer_domains_than_shards_gets_what_placement_gives_it(
+        domains in 2u64..=4,
+        per_domain in 2u64..=4,
+        rounds in 2u64..=4,
+        m in 1u8..=4,
+        weights in proptest::collection::vec(50u64..=150, 16),
+        joins in any::<prop::sample::Index>(),
+        new_weight in 50u64..=150,
+        base in any::<u128>(),
+    ) {
+        let rounds = rounds.min(per_domain);
+        let total = (domains * rounds) as u8;
+        prop_assume!(m < total);
+        let profile = EcProfile { k: total - m, m };
+        let domain_of = |id: u64| format!("rack-{}", id % domains);
+        let nodes: Vec<LayoutNode> = (0..domains * per_domain)
+            .map(|id| LayoutNode::active(NodeId(id), domain_of(id).as_str(), weights[id as usize]))
+            .collect();
+        let newcomer = NodeId(100);
+        let domain = joins.index(domains as usize) as u64;
+        let mut after = nodes.clone();
+        after.push(LayoutNode::active(newcomer, domain_of(domain).as_str(), new_weight));
+        let (before, after) = (layout(nodes), layout(after));
+        let (mut took, mut wanted) = (0, 0);
+        for s in stripes(base, 200) {
+            let holders = targets(&before, s, profile);
+            let moves = place_moves(&after, s, profile, &holders, |_, _| true);
+            let gets = targets(&after, s, profile).contains(&newcomer);
+            wanted += u64::from(gets);
+            for mv in &moves {
+                let from = holders[usize::from(mv.slot)];
+                let same = domain_of(from.0) == after.node(mv.to).map(|n| n.failure_domain.0.clone()).unwrap_or_default();
+                prop_assert!(same, "stripe {}: {:?} from {} leaves its domain", s, mv, from);
+            }
+            took += moves.iter().filter(|mv| mv.to == newcomer).count() as u64;
+        }
+        prop_assert_eq!(took, wanted);
     }
 }

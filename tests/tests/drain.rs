@@ -3,7 +3,9 @@
 //! moved; a drain whose agent is killed -9 mid-way resumes and finishes without orphans;
 //! refusals say why before anything moves; undrain stops a drain mid-way; a maintenance
 //! window keeps a stopped node from going out until it ends; a node that joins a loaded
-//! cluster receives its share of shards.
+//! cluster receives its share of shards. With fewer failure domains than k+m (7 or 6
+//! nodes in 3 domains, 4+2) a drain that keeps every stripe's spread finishes, one that
+//! would crowd a domain is refused saying so, and a node that joins still receives shards.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -492,4 +494,128 @@ fn a_drain_the_others_have_no_room_for_is_refused_with_the_numbers() {
     assert!(out.contains("NOT draining"), "{out}");
     assert_eq!(c.layout_state(1, &id).as_deref(), Some("active"));
     check_files(&c, 2, &files);
+}
+
+/// A 4+2 cluster of `nodes` agents with mounts, in three failure domains (round robin:
+/// node i in fd((i-1) % 3 + 1)): fewer domains than k+m, as with racks as domains.
+fn three_domains(nodes: u8, subnet: u8) -> DevCluster {
+    let c = DevCluster::up_with(
+        nodes,
+        subnet,
+        &[
+            "--mount",
+            "--failure-domains",
+            "3",
+            "--ec",
+            "4+2",
+            "--meta",
+            "orphan_shard_grace_s=5",
+        ],
+    );
+    c.wait_layout(1);
+    c
+}
+
+/// Writes files `s<seed>` of 256 to 512 KiB (one stripe each) through node `node`'s
+/// mount, fsync'd.
+fn write_one_stripe_files(
+    c: &DevCluster,
+    node: u8,
+    seeds: std::ops::Range<u64>,
+    out: &mut Vec<Written>,
+) {
+    for seed in seeds {
+        let size = (256 << 10) + (seed as usize * 7_919) % (256 << 10);
+        let name = format!("s{seed}");
+        shoal_tests::write_fsync(
+            &c.mnt(node).join(&name),
+            &shoal_tests::stream_bytes(seed, 0, size),
+        )
+        .unwrap_or_else(|e| panic!("{name} ({size} bytes): {e}"));
+        out.push(Written { name, seed, size });
+    }
+}
+
+#[test]
+fn a_drain_with_fewer_domains_than_k_plus_m_finishes_when_no_stripe_gets_worse() {
+    // 7 nodes in 3 domains: fd1 holds nodes 1, 4, 7; fd2 nodes 2, 5; fd3 nodes 3, 6.
+    // Every stripe holds two shards in each domain.
+    let c = three_domains(7, 160);
+    let mut files = Vec::new();
+    write_one_stripe_files(&c, 1, 0..24, &mut files);
+    let stripes =
+        c.wait_until_healthy(1, files.len() as u64, Duration::from_secs(60))["stripes_total"]
+            .as_u64()
+            .expect("stripes_total");
+    // Node 5's shards could only go to fd1 (fd2 would keep node 2 alone): three shards of
+    // a stripe in one domain, whose loss would then lose the stripe. Refused, saying so.
+    let (code, dry, out, err) = cli(&c, 1, &["drain", &c.node_id(5), "--dry-run", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(dry["can_finish"], false, "{dry}");
+    let reasons = dry["reasons"].to_string();
+    eprintln!("node 5's drain refused: {reasons}");
+    assert!(reasons.contains("3 shards in one failure domain"), "{dry}");
+    assert!(reasons.contains("now at most 2"), "{dry}");
+    // Node 7's go to the other fd1 node: each stripe as well spread as before.
+    let id = c.node_id(7);
+    let (code, dry, out, err) = cli(&c, 1, &["drain", &id, "--dry-run", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(dry["can_finish"], true, "{dry}");
+    let (code, out) = cli_within(&c, 1, &["drain", &id, "--wait"], Duration::from_secs(240));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(c.layout_state(1, &id).as_deref(), Some("drained"), "{out}");
+    wait_for(Duration::from_secs(90), "node 7's copies swept", || {
+        let held: u64 = (1..=6).map(|i| shard_files(&c, i).len() as u64).sum();
+        (held == stripes * 6 && shard_files(&c, 7).is_empty()).then_some(())
+    });
+    c.wait_until_healthy(2, stripes, Duration::from_secs(60));
+    check_files(&c, 2, &files);
+    check_files(&c, 6, &files);
+}
+
+#[test]
+fn a_node_joining_fewer_domains_than_k_plus_m_receives_its_share() {
+    // 6 nodes in 3 domains (two each): every stripe has a shard on every node.
+    let mut c = three_domains(6, 161);
+    let mut files = Vec::new();
+    write_one_stripe_files(&c, 1, 0..48, &mut files);
+    let stripes =
+        c.wait_until_healthy(1, files.len() as u64, Duration::from_secs(90))["stripes_total"]
+            .as_u64()
+            .expect("stripes_total");
+    // A seventh server joins fd1, beside nodes 1 and 4: moves from them to it keep every
+    // stripe's spread as it is.
+    c.nodes = 7;
+    c.start();
+    c.wait_layout(1);
+    let share = stripes * 6 / 7;
+    let (held, took) = wait_for(
+        Duration::from_secs(180),
+        "node 7 holds half its share",
+        || {
+            let held = shard_files(&c, 7).len() as u64;
+            (held * 2 >= share).then_some(held)
+        },
+    );
+    eprintln!("node 7 holds {held} shards ({share} its weight share) {took:?} after the join");
+    let since = Instant::now();
+    let r = wait_for(Duration::from_secs(180), "the rebalance done", || {
+        let r = c.redundancy(2)?;
+        let fresh = r["scanned_ms_ago"]
+            .as_u64()
+            .is_some_and(|ago| Duration::from_millis(ago) < since.elapsed());
+        (fresh && r["rebalance_bytes"] == 0 && r["stripes_healthy"] == r["stripes_total"])
+            .then_some(r)
+    })
+    .0;
+    eprintln!(
+        "after the rebalance node 7 holds {} shards: {r}",
+        shard_files(&c, 7).len()
+    );
+    check_files(&c, 7, &files);
+    check_files(&c, 2, &files);
+    wait_for(Duration::from_secs(90), "no orphan shard left", || {
+        let all: u64 = (1..=7).map(|i| shard_files(&c, i).len() as u64).sum();
+        (all == stripes * 6).then_some(())
+    });
 }

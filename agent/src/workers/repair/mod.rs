@@ -343,15 +343,17 @@ impl Repair {
             if h.has_work() {
                 pass.candidates.push((record.clone(), h));
             } else if h.missing() == 0 && !below_share.is_empty() {
-                let mut moves: Vec<Rebuild> = plan::misplaced(record, &placement)
-                    .into_iter()
-                    .filter(|m| below_share.contains(&m.to))
-                    .collect();
+                let below = |_: u8, to: NodeId| below_share.contains(&to);
+                let mut moves: Vec<Rebuild> = plan::misplaced(record, &placement, below);
                 if !moves.is_empty() {
                     // A node that disowned a copy of the slot is fenced for it: the move
                     // would be refused (and tried again every pass).
                     let fenced = store.disowned(record.id)?;
-                    moves.retain(|m| !fenced.contains(&(m.index, m.to)));
+                    if moves.iter().any(|m| fenced.contains(&(m.index, m.to))) {
+                        moves = plan::misplaced(record, &placement, |slot, to| {
+                            below(slot, to) && !fenced.contains(&(slot, to))
+                        });
+                    }
                 }
                 pass.summary.add_misplaced(record, &moves);
                 if !moves.is_empty() && pass.misplaced.len() < QUEUE_MAX {
@@ -390,6 +392,13 @@ impl Repair {
                 debug!(
                     stripes = no_target,
                     "lost shards no node can take now (too few nodes, full, or fenced)"
+                );
+            }
+            if !plan.weakened.is_empty() {
+                debug!(
+                    stripes = plan.weakened.len(),
+                    first = %plan.weakened[0].stripe,
+                    "shards stay on draining nodes: every target left would spread their stripes worse"
                 );
             }
             self.queue = plan.tasks.into();
@@ -649,7 +658,17 @@ async fn repair_one(
         for f in &copied.failed {
             debug!(stripe = %id, fault = %f, "shard not copied off its draining node");
         }
-        moves.extend(copied.moves);
+        let mut copied = copied.moves;
+        if task.rebalance {
+            // Only a prefix of a stripe's rebalance moves is sure to keep its spread.
+            let done = task
+                .copies
+                .iter()
+                .take_while(|c| copied.iter().any(|m| m.index == c.index))
+                .count();
+            copied.retain(|m| task.copies[..done].iter().any(|c| c.index == m.index));
+        }
+        moves.extend(copied);
     }
     if moves.is_empty() {
         return Ok(Some(Done::default()));

@@ -7,20 +7,24 @@
 //! degraded, or given up as corrupt) or a node that is `out` or gone from the layout. Lost
 //! slots are rebuilt, the stripes with the fewest available shards first.
 //!
-//! A healthy stripe whose slots are not where placement would put them now (a node
+//! A healthy stripe whose shards are not where placement would put them now (a node
 //! joined since it was written, or it was written or repaired around a node) is
-//! *misplaced*: those slots are copied to their placement target, after every rebuild and
-//! move, on the rebalance budget — only where the target holds nothing of the stripe and
-//! its failure domain is used by no other holder, so spreading never gets worse.
+//! *misplaced*: a shard on a node placement no longer wants for it is copied to a node
+//! placement wants that holds nothing of it, after every rebuild and move, on the
+//! rebalance budget — only where the stripe keeps its spread (as many failure domains,
+//! no more shards in one: [`Spread`]), so with fewer domains than k+m a shard still
+//! moves to a newcomer of its own domain.
 //!
 //! A slot on a node being drained (`draining`, or `drained` and named by a stripe
 //! committed late) that is alive is *moving*: available (it is read like any other) and
-//! copied to a new target as it is, no decode needed. Moves come after every rebuild.
+//! copied to a new target as it is, no decode needed. Moves come after every rebuild,
+//! and only where they keep the stripe's spread: otherwise the shard stays (the drain
+//! assessment refuses such a drain up front).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use shoal_agent_api::StripeRecord;
-use shoal_placement::{Layout, NodeId, NodeState, StripeId, place, place_repair};
+use shoal_placement::{Layout, NodeId, NodeState, Spread, StripeId, place_moves, place_repair};
 
 use crate::data::Rebuild;
 
@@ -220,9 +224,14 @@ pub fn rebalance_layout(layout: &Layout, alive: &BTreeSet<NodeId>) -> Layout {
     Layout::new(layout.epoch(), nodes).unwrap_or_else(|_| layout.clone())
 }
 
-/// The slots of a healthy stripe (every slot available, none moving) that placement would
-/// put elsewhere now, each with its target (see the module doc for when a slot moves).
-pub fn misplaced(record: &StripeRecord, placement: &Layout) -> Vec<Rebuild> {
+/// The slots of a healthy stripe (every slot available, none moving) to move toward where
+/// placement puts it now, each with its target, that `may_take` allows (see the module
+/// doc; [`place_moves`] chooses them), in the order to make them.
+pub fn misplaced(
+    record: &StripeRecord,
+    placement: &Layout,
+    may_take: impl FnMut(u8, NodeId) -> bool,
+) -> Vec<Rebuild> {
     // A stripe with a shard on a node in maintenance (or otherwise not active) stays as
     // it is: that node keeps its shards.
     let all_active = record.shards.iter().all(|s| {
@@ -230,33 +239,23 @@ pub fn misplaced(record: &StripeRecord, placement: &Layout) -> Vec<Rebuild> {
             .node(s.node)
             .is_some_and(|n| n.state == NodeState::Active)
     });
-    if !all_active {
+    let in_order = record
+        .shards
+        .iter()
+        .enumerate()
+        .all(|(i, s)| usize::from(s.index) == i);
+    if !all_active || !in_order {
         return Vec::new();
     }
-    let Ok(ideal) = place(placement, record.id, record.ec) else {
-        return Vec::new();
-    };
-    let domain = |n: NodeId| placement.node(n).map(|l| l.failure_domain.clone());
-    let mut moves = Vec::new();
-    for (s, &to) in record.shards.iter().zip(&ideal) {
-        if s.node == to || record.shards.iter().any(|o| o.node == to) {
-            continue;
-        }
-        let to_domain = domain(to);
-        let shared = record
-            .shards
-            .iter()
-            .filter(|o| o.index != s.index)
-            .any(|o| domain(o.node) == to_domain);
-        if !shared {
-            moves.push(Rebuild {
-                index: s.index,
-                from: s.node,
-                to,
-            });
-        }
-    }
-    moves
+    let holders: Vec<NodeId> = record.shards.iter().map(|s| s.node).collect();
+    place_moves(placement, record.id, record.ec, &holders, may_take)
+        .into_iter()
+        .map(|m| Rebuild {
+            index: m.slot,
+            from: holders[usize::from(m.slot)],
+            to: m.to,
+        })
+        .collect()
 }
 
 /// Whether node `to` holds clearly fewer shards than its weight's share of all shards
@@ -285,13 +284,15 @@ pub fn below_share(counts: &BTreeMap<NodeId, u64>, placement: &Layout, to: NodeI
 }
 
 /// Plans copies of misplaced shards (`stripes`: each with its moves from [`misplaced`]),
-/// in stripe order, onto targets with room (each copy uses some).
+/// in stripe order, onto targets with room (each copy uses some). A stripe's moves are
+/// taken in their order up to the first without room: only such a prefix is sure to keep
+/// the stripe's spread.
 pub fn plan_rebalance(stripes: &[(StripeRecord, Vec<Rebuild>)], room: &mut Room) -> Vec<Task> {
     let mut tasks = Vec::new();
     for (record, moves) in stripes {
         let copies: Vec<Rebuild> = moves
             .iter()
-            .filter(|m| {
+            .take_while(|m| {
                 let fits = room.get(&m.to).is_none_or(|r| *r >= record.shard_len);
                 if fits && let Some(r) = room.get_mut(&m.to) {
                     *r -= record.shard_len;
@@ -327,6 +328,54 @@ pub struct Plan {
     pub no_target: Vec<(StripeId, Vec<u8>)>,
     /// Stripes with lost slots but fewer than k available shards.
     pub unreadable: Vec<StripeId>,
+    /// Stripes whose shards on draining nodes stay where they are: every target left
+    /// would spread the stripe worse than it is now.
+    pub weakened: Vec<Weakened>,
+}
+
+/// A stripe that copies off a draining node would leave less well spread than it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Weakened {
+    pub stripe: StripeId,
+    /// The slots that would move.
+    pub slots: Vec<u8>,
+    /// Its spread now (rebuilt shards included), and after the copies.
+    pub now: Spread,
+    pub then: Spread,
+}
+
+/// Whether `copies` (off draining nodes) would leave `record` less well spread than it
+/// is once `rebuilds` are done; a rebuild only adds a shard, so it goes wherever there
+/// is room, but a copy must keep the spread (shards, failure domains, the most in one).
+fn weakened_by(
+    record: &StripeRecord,
+    h: &Health,
+    placement: &Layout,
+    rebuilds: &[Rebuild],
+    copies: &[Rebuild],
+) -> Option<Weakened> {
+    if copies.is_empty() {
+        return None;
+    }
+    let kept = record.shards.iter().filter(|s| !h.lost.contains(&s.index));
+    let rebuilt = rebuilds.iter().map(|r| r.to);
+    let now = Spread::of(
+        placement,
+        kept.clone().map(|s| s.node).chain(rebuilt.clone()),
+    );
+    let moved = kept.map(|s| {
+        copies
+            .iter()
+            .find(|c| c.index == s.index)
+            .map_or(s.node, |c| c.to)
+    });
+    let then = Spread::of(placement, moved.chain(rebuilt));
+    (!then.keeps(&now)).then(|| Weakened {
+        stripe: record.id,
+        slots: copies.iter().map(|c| c.index).collect(),
+        now,
+        then,
+    })
 }
 
 /// Where each node stands for new shards: room left (bytes) per eligible node.
@@ -393,6 +442,15 @@ pub fn plan(
         if !stuck.is_empty() {
             out.no_target.push((record.id, stuck));
         }
+        if let Some(w) = weakened_by(record, h, placement, &rebuilds, &copies) {
+            // The shards stay on the draining node: give back the room they took.
+            for c in copies.drain(..) {
+                if let Some(r) = room.get_mut(&c.to) {
+                    *r += record.shard_len;
+                }
+            }
+            out.weakened.push(w);
+        }
         if rebuilds.is_empty() && copies.is_empty() {
             continue;
         }
@@ -421,7 +479,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use shoal_agent_api::ShardLocation;
-    use shoal_placement::{EcProfile, LayoutNode};
+    use shoal_placement::{EcProfile, LayoutNode, place};
 
     use super::*;
 
@@ -476,6 +534,32 @@ mod tests {
                 .collect(),
             ..stripe(id, [0; 3])
         }
+    }
+
+    /// Any target may take a move.
+    fn any(_: u8, _: NodeId) -> bool {
+        true
+    }
+
+    /// Nodes `1..=n` in three failure domains, node `i` in `fd((i-1) % 3 + 1)` as
+    /// `dev-cluster` spreads them; `states` overrides some nodes' states.
+    fn three_domains(n: u64, states: &[(u64, NodeState)]) -> Layout {
+        let nodes = (1..=n)
+            .map(|i| LayoutNode {
+                state: states
+                    .iter()
+                    .find(|(id, _)| *id == i)
+                    .map_or(NodeState::Active, |(_, s)| *s),
+                ..LayoutNode::active(NodeId(i), format!("fd{}", (i - 1) % 3 + 1).as_str(), 1)
+            })
+            .collect();
+        Layout::new(1, nodes).expect("layout")
+    }
+
+    /// A 4+2 stripe where `layout` places it.
+    fn placed(id: u128, layout: &Layout) -> StripeRecord {
+        let on = place(layout, StripeId(id), EcProfile { k: 4, m: 2 }).expect("place");
+        wide(id, [on[0].0, on[1].0, on[2].0, on[3].0, on[4].0, on[5].0])
     }
 
     fn alive(ids: &[u64]) -> BTreeSet<NodeId> {
@@ -732,10 +816,10 @@ mod tests {
             let on = place(&before, StripeId(id), EcProfile { k: 2, m: 1 }).expect("place");
             let record = stripe(id, [on[0].0, on[1].0, on[2].0]);
             assert!(
-                misplaced(&record, &before).is_empty(),
+                misplaced(&record, &before, any).is_empty(),
                 "placed as placement says"
             );
-            let moves = misplaced(&record, &after);
+            let moves = misplaced(&record, &after, any);
             assert!(moves.len() <= 1, "{moves:?}");
             for m in &moves {
                 assert_eq!(m.to, NodeId(4), "only the newcomer takes slots: {m:?}");
@@ -781,5 +865,133 @@ mod tests {
         assert_eq!(tasks.len(), 1);
         assert_eq!(tasks[0].reason(), Reason::Rebalance);
         assert_eq!(room[&NodeId(4)], 0);
+    }
+
+    #[test]
+    fn a_drain_with_fewer_domains_than_shards_moves_within_the_domain() {
+        // 4+2 on 7 nodes in 3 domains: fd1 = {1, 4, 7}, fd2 = {2, 5}, fd3 = {3, 6}; two
+        // shards of every stripe in each domain. Node 7 drains: its shards go to the
+        // other fd1 node, and every stripe stays two, two, two.
+        let written = three_domains(7, &[]);
+        let draining = three_domains(7, &[(7, NodeState::Draining)]);
+        let up = [1, 2, 3, 4, 5, 6, 7];
+        let records: Vec<StripeRecord> = (0..60).map(|id| placed(id, &written)).collect();
+        let on_7 = records
+            .iter()
+            .filter(|r| r.shards.iter().any(|s| s.node == NodeId(7)))
+            .count();
+        assert!(on_7 > 20, "{on_7}");
+        let p = plan(
+            &assessed(&records, &draining, &up),
+            &draining,
+            &mut Room::new(),
+            &HashMap::new(),
+        );
+        assert!(p.weakened.is_empty() && p.no_target.is_empty(), "{p:?}");
+        assert_eq!(p.tasks.len(), on_7);
+        for t in &p.tasks {
+            let [c] = t.copies.as_slice() else {
+                panic!("one copy: {t:?}")
+            };
+            assert_eq!(c.from, NodeId(7));
+            assert!(c.to == NodeId(1) || c.to == NodeId(4), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn a_drain_copy_that_would_crowd_a_domain_is_not_made() {
+        // Node 5 drains: fd2 keeps node 2 alone, so its shards could only go to fd1,
+        // which would then hold three shards of a stripe. They stay, and the plan says
+        // why; a lost shard of the same stripe is still rebuilt.
+        let written = three_domains(7, &[]);
+        let draining = three_domains(7, &[(5, NodeState::Draining)]);
+        let up = [1, 2, 3, 4, 5, 6, 7];
+        let mut record = placed(3, &written);
+        let lost = record
+            .shards
+            .iter()
+            .position(|s| s.node == NodeId(3))
+            .expect("every stripe has a shard on node 3");
+        record.shards[lost].node = NodeId::NONE;
+        let mut room = Room::from([(NodeId(1), 1000), (NodeId(4), 1000), (NodeId(7), 1000)]);
+        let p = plan(
+            &assessed(&[record.clone()], &draining, &up),
+            &draining,
+            &mut room,
+            &HashMap::new(),
+        );
+        let [w] = p.weakened.as_slice() else {
+            panic!("one stripe weakened: {p:?}")
+        };
+        assert_eq!(w.stripe, record.id);
+        assert_eq!(
+            (w.now.most_in_one_domain, w.then.most_in_one_domain),
+            (2, 3)
+        );
+        assert_eq!(w.now.domains, 3);
+        let [t] = p.tasks.as_slice() else {
+            panic!("the rebuild goes on: {p:?}")
+        };
+        assert!(t.copies.is_empty(), "{t:?}");
+        assert_eq!(t.rebuilds.len(), 1);
+        let room_left: u64 = room.values().sum();
+        assert_eq!(room_left, 3000, "the copy's room given back");
+    }
+
+    #[test]
+    fn a_newcomer_beside_fewer_domains_than_shards_takes_shards_of_its_own_domain() {
+        // 6 nodes in 3 domains hold every stripe; node 7 joins fd1.
+        let before = three_domains(6, &[]);
+        let after = three_domains(7, &[]);
+        let mut moved = 0;
+        for id in 0..300 {
+            let record = placed(id, &before);
+            let moves = misplaced(&record, &after, any);
+            assert!(moves.len() <= 1, "{moves:?}");
+            for m in &moves {
+                assert_eq!(m.to, NodeId(7), "{m:?}");
+                assert!(
+                    m.from == NodeId(1) || m.from == NodeId(4),
+                    "from fd1: {m:?}"
+                );
+                assert_eq!(m.from, record.shards[usize::from(m.index)].node);
+            }
+            moved += moves.len();
+            let only_others = |_: u8, to: NodeId| to != NodeId(7);
+            assert!(misplaced(&record, &after, only_others).is_empty());
+        }
+        assert!(
+            (150..=250).contains(&moved),
+            "about 2 in 3 stripes: {moved}"
+        );
+    }
+
+    #[test]
+    fn a_stripe_s_rebalance_moves_stop_at_the_first_without_room() {
+        let record = wide(1, [1, 2, 3, 4, 5, 6]);
+        let moves = vec![
+            Rebuild {
+                index: 0,
+                from: NodeId(1),
+                to: NodeId(7),
+            },
+            Rebuild {
+                index: 1,
+                from: NodeId(2),
+                to: NodeId(8),
+            },
+            Rebuild {
+                index: 2,
+                from: NodeId(3),
+                to: NodeId(9),
+            },
+        ];
+        let mut room = Room::from([(NodeId(7), 25), (NodeId(8), 0), (NodeId(9), 25)]);
+        let tasks = plan_rebalance(&[(record, moves.clone())], &mut room);
+        let [t] = tasks.as_slice() else {
+            panic!("{tasks:?}")
+        };
+        assert_eq!(t.copies, moves[..1], "not the third after the second");
+        assert_eq!(room[&NodeId(9)], 25);
     }
 }

@@ -125,8 +125,8 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
 }
 
 /// The oldest protocol version that encodes `request` and its answer as this agent does:
-/// the status report's fields grew in versions 4 and 5, `MetaDigest` came with version 4
-/// and `OkToStop` with 5, everything else is as version 3 had it.
+/// the status report's fields grew in versions 4 and 5, `MetaDigest` came with version 4,
+/// `OkToStop` with 5 and `OkToStopNodes` with 9, everything else is as version 3 had it.
 fn oldest_version_for(request: &Request) -> u8 {
     match request {
         Request::Status => API_VERSION,
@@ -143,6 +143,7 @@ fn oldest_version_for(request: &Request) -> u8 {
         | Request::TierPin { .. }
         | Request::ColdExtents { .. } => 7,
         Request::RevokeCertificate { .. } => 8,
+        Request::OkToStopNodes { .. } => 9,
         _ => 3,
     }
 }
@@ -185,8 +186,15 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
                 )),
             },
         },
-        Request::OkToStop { node: which } => match crate::ok_to_stop::assess(node, &which).await {
-            Ok(r) => Response::OkToStop(Box::new(r)),
+        // The one-node form of protocol 5 to 8, answered in the form those clients decode.
+        Request::OkToStop { node: which } => {
+            match crate::ok_to_stop::assess(node, std::slice::from_ref(&which)).await {
+                Ok(r) => Response::OkToStop(Box::new(r.into_one())),
+                Err(e) => Response::Error(e.to_string()),
+            }
+        }
+        Request::OkToStopNodes { nodes } => match crate::ok_to_stop::assess(node, &nodes).await {
+            Ok(r) => Response::OkToStopNodes(Box::new(r)),
             Err(e) => Response::Error(e.to_string()),
         },
         Request::Drain {

@@ -14,8 +14,10 @@
 #    at a time (generation +1 each) with never more than one node out; invalid variables ->
 #    the play stops before touching any node; a config the agent refuses never replaces the
 #    good one; with resources.enforcement = "required" an agent that cannot confine itself
-#    refuses to start (a scratch agent on node1, beside the running one); rolling_upgrade.yml replaces the binary node by node; with one agent down a
-#    rolling restart stops at the gate after the first failure domain; drain.yml;
+#    refuses to start (a scratch agent on node1, beside the running one); rolling_upgrade.yml replaces the binary node by node; a batch
+#    of two voters (node1 and node2 put in one failure domain) stops at ok-to-stop, asked
+#    for both together; with one agent down a rolling restart stops at the gate after the
+#    first failure domain; drain.yml;
 # 3. the lab is torn down, also on failure (trap).
 # Prints every check; exits non-zero on the first failure. The Python venv with ansible-core
 # and ansible-lint is kept in $SHOAL_ANSIBLE_VENV (default /var/tmp/shoal-ansible-venv) and
@@ -405,6 +407,28 @@ check "the agents' restarts did not overlap (systemd journals)" restarts_serial 
 check "the cluster stayed available during the upgrade: never more than one node out" \
   rolling_ok poll-upgrade.log
 check "every agent is alive and sees every other afterwards" wait_all_alive
+
+# ---------------------------------------------------------------------------------------
+say "a batch is one stop: node1 and node2 in one failure domain (two of three voters) are not restarted together"
+# --limit with one domain for both makes node1 and node2 one batch, and a new log level
+# changes both configs: both agents would restart at once. Each asks its agent
+# `shoal ok-to-stop node1 node2`, which says no (one voter of three would be left).
+for i in 1 2; do on "$i" cp -p /etc/shoal/agent.toml /etc/shoal/agent.toml.lab; done
+SNAP_BATCH=$(snapshot)
+GEN_BATCH=$(generations)
+if play batch-blocks.log site.yml --limit node1,node2 -e shoal_failure_domain=rack-a \
+    -e shoal_log_level=error -e shoal_gate_retries=3; then
+  fail "node1 and node2 were restarted together, leaving one of three voters"
+fi
+check "the play stopped at ok-to-stop on both hosts of the batch" \
+  sh -c "grep -qF 'node1: NOT ok to stop' '$LAST_LOG' && grep -qF 'node2: NOT ok to stop' '$LAST_LOG'"
+check "the one call named both nodes and the two voters they hold" \
+  sh -c "grep -qE 'NOT ok to stop node1 \\([0-9a-f]{16} in rack-a\\), node2 \\([0-9a-f]{16} in rack-b\\) together' '$LAST_LOG' &&
+         grep -qF 'stopping voters node1, node2 together' '$LAST_LOG'"
+check "no agent restarted (generations $GEN_BATCH)" test "$(generations)" = "$GEN_BATCH"
+for i in 1 2; do on "$i" mv /etc/shoal/agent.toml.lab /etc/shoal/agent.toml; done
+check "node1's and node2's configs put back as they run" test "$(snapshot)" = "$SNAP_BATCH"
+check "every agent is alive and sees every other" wait_all_alive
 
 # ---------------------------------------------------------------------------------------
 say "the gate holds: with node3's agent stopped, a rolling restart stops before restarting node1"

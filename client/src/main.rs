@@ -114,13 +114,16 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Whether stopping NODE now is safe: exits 0 when every stripe it holds keeps at
-    /// least k+1 available shards and the metadata group keeps a quorum, 1 otherwise
-    /// (saying how many stripes, and which failure domains, would be at risk).
+    /// Whether stopping the NODEs together now is safe: exits 0 when every stripe they
+    /// hold keeps at least k+1 available shards and the metadata group keeps a quorum, 1
+    /// otherwise (naming the stripes, failure domains and voters at risk). Name every node
+    /// that stops at once (a rolling restart's whole batch): each alone may be safe when
+    /// the batch is not.
     #[command(name = "ok-to-stop")]
     OkToStop {
-        /// The node: its name or its 16-hex-digit id.
-        node: String,
+        /// The nodes: names or 16-hex-digit ids.
+        #[arg(required = true, value_name = "NODE")]
+        nodes: Vec<String>,
         /// The agent's admin socket.
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
@@ -283,7 +286,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command()? {
         Cmd::Status { socket, json } => status_cmd(socket, json),
         Cmd::Mount(args) => mount::run(args, None),
-        Cmd::OkToStop { node, socket, json } => maintenance::ok_to_stop(&socket, &node, json),
+        Cmd::OkToStop {
+            nodes,
+            socket,
+            json,
+        } => maintenance::ok_to_stop(&socket, &nodes, json),
         Cmd::Stat { path, socket, json } => stat::run(&path, &socket, json),
         Cmd::Drain(a) => maintenance::drain(&a),
         Cmd::Undrain { node, socket } => maintenance::change(&socket, Request::Undrain { node }),
@@ -388,6 +395,14 @@ mod tests {
         assert!(matches!(after, Cmd::Status { socket, json: true } if socket == Path::new("/s")));
         let ok = parse(&["shoal", "--json", "ok-to-stop", "gpu07"]).expect("ok-to-stop");
         assert!(matches!(ok, Cmd::OkToStop { json: true, .. }));
+        let batch = parse(&["shoal", "ok-to-stop", "gpu07", "gpu08", "--json"]).expect("batch");
+        assert!(
+            matches!(batch, Cmd::OkToStop { nodes, json: true, .. } if nodes == ["gpu07", "gpu08"])
+        );
+        assert!(
+            parse(&["shoal", "ok-to-stop"]).is_err(),
+            "at least one node"
+        );
         let mount = parse(&["shoal", "--socket", "/s", "mount", "/mnt/x"]).expect("mount");
         assert!(matches!(mount, Cmd::Mount(a) if a.socket == Path::new("/s")));
     }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use shoal_agent_api::{
-    AgentClient, DEFAULT_SOCKET, DrainPlan, DrainProgress, OkToStop, Request, Response, SOCKET_ENV,
+    API_VERSION, AgentClient, ApiError, DEFAULT_SOCKET, DrainPlan, DrainProgress, OkToStopNodes,
+    Request, Response, SOCKET_ENV,
 };
 
 use crate::status::{bytes, span};
@@ -230,18 +231,10 @@ pub fn change(socket: &Path, request: Request) -> anyhow::Result<()> {
 #[error("refused")]
 pub struct NotOk;
 
-/// `shoal ok-to-stop NODE`: prints the assessment; `Err(NotOk)` when stopping is not safe.
-pub fn ok_to_stop(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
-    let response = call(
-        socket,
-        Request::OkToStop {
-            node: node.to_owned(),
-        },
-    )?;
-    let r = match response {
-        Response::OkToStop(r) => r,
-        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
-    };
+/// `shoal ok-to-stop NODE [NODE...]`: prints the assessment of stopping the nodes
+/// together; `Err(NotOk)` when that is not safe.
+pub fn ok_to_stop(socket: &Path, nodes: &[String], json: bool) -> anyhow::Result<()> {
+    let r = ask_ok_to_stop(socket, nodes)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -250,15 +243,67 @@ pub fn ok_to_stop(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
     if r.ok { Ok(()) } else { Err(NotOk.into()) }
 }
 
-fn render(r: &OkToStop) -> String {
-    let who = format!("{} ({})", r.name, r.node);
+/// The agent's assessment. An agent of protocol 5 to 8 (a release before the batch form,
+/// still running while a rolling upgrade installs this CLI beside it) refuses this
+/// client's version: it is asked in its own form when one node is named, and a batch is
+/// an error (it could only judge each node as if it stopped alone).
+fn ask_ok_to_stop(socket: &Path, nodes: &[String]) -> anyhow::Result<OkToStopNodes> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let asked = Request::OkToStopNodes {
+        nodes: nodes.to_vec(),
+    };
+    let response = match rt
+        .block_on(async { AgentClient::connect(socket).await?.call(&asked).await })
+    {
+        Err(ApiError::Version { got, .. }) if (OK_TO_STOP_ONE..API_VERSION).contains(&got) => {
+            let [node] = nodes else {
+                anyhow::bail!(
+                    "the agent speaks protocol {got}, which judges one node at a time: it cannot say whether {} may stop together (upgrade the agent first, or ask for one node)",
+                    nodes.join(", ")
+                );
+            };
+            let one = Request::OkToStop { node: node.clone() };
+            rt.block_on(async { AgentClient::connect(socket).await?.call_as(got, &one).await })?
+        }
+        other => other?,
+    };
+    match response {
+        Response::OkToStopNodes(r) => Ok(*r),
+        Response::OkToStop(r) => Ok((*r).into()),
+        Response::Error(e) => anyhow::bail!("agent: {e}"),
+        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+/// The protocol version that brought the one-node `OkToStop`.
+const OK_TO_STOP_ONE: u8 = 5;
+
+fn render(r: &OkToStopNodes) -> String {
+    let who = r
+        .nodes
+        .iter()
+        .map(|n| {
+            let state = if n.alive { "" } else { ", down already" };
+            match n.domain.as_str() {
+                "" => format!("{} ({}{state})", n.name, n.node),
+                d => format!("{} ({} in {d}{state})", n.name, n.node),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let together = if r.nodes.len() > 1 { " together" } else { "" };
     let mut out = if r.ok {
         format!(
-            "ok to stop {who}: the {} stripe(s) with a shard on it keep at least k+1 shards available; the metadata group keeps {} of {} voters\n",
-            r.stripes_on_node, r.voters_alive_after, r.voters
+            "ok to stop {who}{together}: the {} stripe(s) with a shard on {} keep at least k+1 shards available; the metadata group keeps {} of {} voters\n",
+            r.stripes_on_nodes,
+            if r.nodes.len() > 1 { "them" } else { "it" },
+            r.voters_alive_after,
+            r.voters
         )
     } else {
-        format!("NOT ok to stop {who}:\n")
+        format!("NOT ok to stop {who}{together}:\n")
     };
     for reason in &r.reasons {
         out.push_str(&format!("  - {reason}\n"));
@@ -268,16 +313,26 @@ fn render(r: &OkToStop) -> String {
 
 #[cfg(test)]
 mod tests {
+    use shoal_agent_api::{OkToStop, StopNode};
+
     use super::*;
+
+    fn stop_node(id: &str, name: &str, domain: &str) -> StopNode {
+        StopNode {
+            node: id.into(),
+            name: name.into(),
+            domain: domain.into(),
+            alive: true,
+        }
+    }
 
     #[test]
     fn a_refusal_lists_its_reasons() {
-        let r = OkToStop {
-            node: "00000000000000a1".into(),
-            name: "gpu07".into(),
+        let r = OkToStopNodes {
+            nodes: vec![stop_node("00000000000000a1", "gpu07", "")],
             ok: false,
             reasons: vec!["3 stripe(s) would be left with only k shards".into()],
-            ..OkToStop::default()
+            ..OkToStopNodes::default()
         };
         let text = render(&r);
         assert!(
@@ -285,6 +340,78 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("  - 3 stripe(s)"), "{text}");
+    }
+
+    #[test]
+    fn a_batch_is_named_as_one_stop() {
+        let r = OkToStopNodes {
+            nodes: vec![
+                stop_node("00000000000000a1", "gpu07", "rack-a"),
+                stop_node("00000000000000a2", "gpu08", "rack-a"),
+            ],
+            ok: false,
+            reasons: vec!["the metadata group would keep 1 of 3 voters alive".into()],
+            ..OkToStopNodes::default()
+        };
+        let text = render(&r);
+        assert!(
+            text.starts_with(
+                "NOT ok to stop gpu07 (00000000000000a1 in rack-a), gpu08 (00000000000000a2 in rack-a) together:"
+            ),
+            "{text}"
+        );
+    }
+
+    /// An agent of protocol 8 refuses a frame of this client's version and answers in its
+    /// own; the one-node form asked in version 8 it answers.
+    async fn older_agent(listener: tokio::net::UnixListener) {
+        use shoal_agent_api::frame::{read_any_frame, write_frame_as};
+        const OLD: u8 = 8;
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let answer = match read_any_frame::<_, Request>(&mut stream).await {
+                Ok(Some((OLD, Request::OkToStop { node }))) => {
+                    Response::OkToStop(Box::new(OkToStop {
+                        node: "00000000000000a1".into(),
+                        name: node,
+                        ok: true,
+                        voters: 3,
+                        voters_alive_after: 2,
+                        ..OkToStop::default()
+                    }))
+                }
+                Ok(Some((v, _))) => {
+                    Response::Error(format!("this agent speaks protocol {OLD}, the client {v}"))
+                }
+                _ => continue,
+            };
+            let _ = write_frame_as(&mut stream, OLD, &answer).await;
+        }
+    }
+
+    #[test]
+    fn an_older_agent_is_asked_about_one_node_in_its_form_and_refuses_a_batch() {
+        let socket =
+            std::env::temp_dir().join(format!("shoal-older-agent-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let listener = rt
+            .block_on(async { tokio::net::UnixListener::bind(&socket) })
+            .expect("bind");
+        rt.spawn(older_agent(listener));
+        let r = ask_ok_to_stop(&socket, &["gpu07".into()]).expect("one node");
+        assert!(r.ok && r.voters_alive_after == 2, "{r:?}");
+        assert_eq!(r.nodes[0].name, "gpu07");
+        let err = ask_ok_to_stop(&socket, &["gpu07".into(), "gpu08".into()])
+            .expect_err("a batch")
+            .to_string();
+        assert!(
+            err.contains("protocol 8") && err.contains("gpu07, gpu08"),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(&socket);
     }
 
     #[test]

@@ -428,10 +428,11 @@ mod tests {
             read_frame::<_, Request>(&mut r).await,
             Err(ApiError::TooLarge(_))
         ));
-        let mut r = &[0, 0, 0, 2, 99, 0][..];
+        let newer = API_VERSION + 1;
+        let mut r = &[0, 0, 0, 2, newer, 0][..];
         assert!(matches!(
             read_frame::<_, Request>(&mut r).await,
-            Err(ApiError::Version { got: 99, .. })
+            Err(ApiError::Version { got, .. }) if got == newer
         ));
         let mut r = &[0, 0, 0, 2, API_VERSION, 77][..];
         assert!(matches!(

@@ -23,7 +23,10 @@ pub use fs::{
     FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX,
     Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
 };
-pub use maintenance::{DrainPlan, DrainProgress, DrainTarget, OkToStop};
+pub use maintenance::{
+    DrainPlan, DrainProgress, DrainTarget, MAX_STRIPES_NAMED, OkToStop, OkToStopNodes, StopNode,
+    StripeAtRisk,
+};
 pub use shoal_placement::{EcProfile, NodeId, StripeId};
 pub use status::{
     BackgroundBudget, GpuStatus, MemberState, MemberStatus, MetaStatus, MissingShards,
@@ -38,10 +41,10 @@ use serde::{Deserialize, Serialize};
 /// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
 /// version 4 added the `MetaDigest` request, 5 `OkToStop`, 6 the drain and maintenance
 /// requests, 7 the cold-tier requests, 8 the mount's change feed (`FsRequest::Watch`, and
-/// `FsResponse::Opened` for an open), 9 the feed's epoch and position on answers
-/// (`FsResponse::OpenedIn` for an open, `FsResponse::EntryAt` for a lookup). Every other
-/// message is as in version 3, so mounts started with an earlier release keep working
-/// across an agent upgrade.
+/// `FsResponse::Opened` for an open), 9 `OkToStopNodes` (several nodes stopped together)
+/// and the feed's epoch and position on answers (`FsResponse::OpenedIn` for an open,
+/// `FsResponse::EntryAt` for a lookup). Every other message is as in version 3, so mounts
+/// started with an earlier release keep working across an agent upgrade.
 pub const API_VERSION: u8 = 9;
 
 /// DNS name that every node certificate carries and every agent verifies.
@@ -79,7 +82,8 @@ pub enum Request {
     /// together: replicas at the same index must have the same digest.
     MetaDigest,
     /// Whether stopping node `node` (a name or a 16-hex-digit id) now keeps every stripe
-    /// at k+1 available shards and the metadata group at a quorum.
+    /// at k+1 available shards and the metadata group at a quorum: the one-node form of
+    /// protocol 5 to 8, still answered (as `OkToStopNodes` of that one node).
     OkToStop { node: String },
     /// Drains node `node`: assesses what moves where and, unless `dry_run` or it cannot
     /// finish, marks it `draining`.
@@ -107,6 +111,9 @@ pub enum Request {
     /// Revokes every certificate of the node named `name` issued before now, cluster-wide
     /// (answered with `Done`).
     RevokeCertificate { name: String },
+    /// Whether stopping the nodes `nodes` (names or 16-hex-digit ids) together now keeps
+    /// every stripe at k+1 available shards and the metadata group at a quorum.
+    OkToStopNodes { nodes: Vec<String> },
 }
 
 /// The agent's answer to one [`Request`].
@@ -140,6 +147,8 @@ pub enum Response {
     TierMoved(TierMoved),
     /// ColdExtents.
     ColdExtents(Vec<ColdExtent>),
+    /// OkToStopNodes: the assessment.
+    OkToStopNodes(Box<OkToStopNodes>),
 }
 
 impl frame::TrailingBytes for Request {
@@ -183,5 +192,29 @@ impl frame::TrailingBytes for Response {
         PREFIX
             .get_or_init(|| frame::trailing_prefix(&Response::Fs(FsResponse::Data(Vec::new()))))
             .as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client of protocol 5 to 8 still asks `OkToStop` for one node and decodes the
+    /// answer: its variant and the answer's fields keep their encoding.
+    #[test]
+    fn the_one_node_ok_to_stop_keeps_its_protocol_5_encoding() {
+        let asked = postcard::to_allocvec(&Request::OkToStop { node: "n1".into() });
+        assert_eq!(asked.expect("encode"), [6, 2, b'n', b'1']);
+        let answer = Response::OkToStop(Box::new(OkToStop {
+            node: "a".into(),
+            name: "b".into(),
+            ok: true,
+            stripes_total: 1,
+            ..OkToStop::default()
+        }));
+        assert_eq!(
+            postcard::to_allocvec(&answer).expect("encode"),
+            [7, 1, b'a', 1, b'b', 1, 1, 0, 0, 0, 0, 0, 0, 0]
+        );
     }
 }

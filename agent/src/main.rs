@@ -64,6 +64,10 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        reason = node.metadata_failed() => {
+            node.shutdown().await;
+            anyhow::bail!("exiting for a restart: this node's metadata member failed: {reason}");
+        }
     };
     info!(signal = which, "shutting down");
     node.shutdown().await;

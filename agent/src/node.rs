@@ -30,6 +30,10 @@ use crate::workers::scrub::{self, ScrubShared};
 use crate::workers::{Workers, facts, gc, gpu, metrics, steward};
 use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
 
+/// How long an agent whose metadata member failed goes on (status and gossip say so, and
+/// the metadata leader replaces it as a voter after 30 s) before it exits.
+const MEMBER_FAILED_EXIT_AFTER: std::time::Duration = std::time::Duration::from_secs(40);
+
 /// One running agent.
 pub struct Node {
     /// The validated configuration this node runs with.
@@ -263,6 +267,10 @@ impl Node {
     fn start_workers(&self, group: GroupWorkers) {
         let w = &self.workers;
         w.spawn(group.batcher);
+        w.spawn(crate::consensus::CoreWatch::new(
+            self.group.clone(),
+            self.gossip.clone(),
+        ));
         if let Some(rejoiner) = group.rejoiner {
             w.spawn(rejoiner);
         }
@@ -357,6 +365,15 @@ impl Node {
     /// Leaves the cluster gracefully and stops everything, in dependency order: local
     /// clients (no new requests), membership (leave), the workers, Raft (its state
     /// flushed), the transport, and what is left of the services.
+    /// Resolves once this node's metadata member stopped on its own (a storage failure)
+    /// and the cluster had time to stop counting on it as a voter: then the agent exits
+    /// non-zero, and its supervisor (systemd) starts it again.
+    pub async fn metadata_failed(&self) -> String {
+        let reason = self.group.core_failed().await;
+        tokio::time::sleep(MEMBER_FAILED_EXIT_AFTER).await;
+        reason
+    }
+
     pub async fn shutdown(&self) {
         self.stop_service("admin socket");
         self.stop_service("metrics");
@@ -493,6 +510,7 @@ async fn start_membership(
         store_room_bytes: 0,
         repair_bytes_per_sec: 0,
         store_opening: true,
+        meta_failed: false,
     };
     let (membership, _) =
         Membership::new(me, facts, &config.mesh.membership(), rand::rng().random())?;

@@ -203,6 +203,12 @@ fn render_meta(out: &mut String, report: &StatusReport) {
         meta.layout_epoch.map_or("-".into(), |e| e.to_string()),
         meta.inodes
     );
+    if let Some(failed) = &meta.failed {
+        let _ = writeln!(
+            out,
+            "metadata member FAILED (not counted on as a voter; the agent restarts): {failed}"
+        );
+    }
     if let Some(notice) = &meta.notice {
         let _ = writeln!(out, "metadata notice: {notice}");
     }

@@ -55,6 +55,9 @@ pub struct NodeFacts {
     /// The store is still opening (start-up recovery): no new shards yet, but not full
     /// either; writers wait for it rather than call the cluster full or write degraded.
     pub store_opening: bool,
+    /// This node's metadata member failed (its Raft core stopped on a storage error): the
+    /// group must not count on it as a voter.
+    pub meta_failed: bool,
 }
 
 /// Fields appended by the second release.
@@ -69,6 +72,12 @@ struct StoreTail {
 struct RepairTail {
     repair_bytes_per_sec: u64,
     store_opening: bool,
+}
+
+/// Fields appended by the fourth release.
+#[derive(Deserialize)]
+struct MetaTail {
+    meta_failed: bool,
 }
 
 /// The facts of the first release, before the store fields were appended.
@@ -106,6 +115,7 @@ impl From<NodeFactsFirst> for NodeFacts {
             store_room_bytes: f.capacity_bytes.saturating_sub(f.used_bytes),
             repair_bytes_per_sec: 0,
             store_opening: false,
+            meta_failed: false,
         }
     }
 }
@@ -134,9 +144,12 @@ impl NodeFacts {
                 if let Ok((store, rest)) = postcard::take_from_bytes::<StoreTail>(rest) {
                     f.store_accepting = store.store_accepting;
                     f.store_room_bytes = store.store_room_bytes;
-                    if let Ok((repair, _)) = postcard::take_from_bytes::<RepairTail>(rest) {
+                    if let Ok((repair, rest)) = postcard::take_from_bytes::<RepairTail>(rest) {
                         f.repair_bytes_per_sec = repair.repair_bytes_per_sec;
                         f.store_opening = repair.store_opening;
+                        if let Ok((meta, _)) = postcard::take_from_bytes::<MetaTail>(rest) {
+                            f.meta_failed = meta.meta_failed;
+                        }
                     }
                 }
                 Ok(f)
@@ -230,6 +243,7 @@ mod tests {
             store_room_bytes: 42,
             repair_bytes_per_sec: 7,
             store_opening: true,
+            meta_failed: false,
         }
     }
 
@@ -239,9 +253,9 @@ mod tests {
         assert_eq!(NodeFacts::decode(&f.encode()).expect("decode"), f);
     }
 
-    /// Golden bytes of the first release's facts (before the store fields were appended)
-    /// and the second's (before the repair rate): they still decode, and a payload with
-    /// fields a later release appends decodes too.
+    /// Golden bytes of the first release's facts (before the store fields were appended),
+    /// the second's (before the repair rate) and the third's (before the member failure):
+    /// they still decode, and a payload with fields a later release appends decodes too.
     #[test]
     fn facts_of_neighbouring_releases_decode() {
         let first: &[u8] = &[
@@ -256,6 +270,7 @@ mod tests {
                 store_room_bytes: 90,
                 repair_bytes_per_sec: 0,
                 store_opening: false,
+                meta_failed: false,
                 ..facts(3)
             }
         );
@@ -267,9 +282,23 @@ mod tests {
             NodeFacts {
                 repair_bytes_per_sec: 0,
                 store_opening: false,
+                meta_failed: false,
                 ..facts(3)
             }
         );
+        // The third release: up to the store's opening flag; a member failure is unknown.
+        let mut third = second.clone();
+        third.extend_from_slice(&[7, 1]);
+        assert_eq!(
+            NodeFacts::decode(&third).expect("third release"),
+            NodeFacts {
+                meta_failed: false,
+                ..facts(3)
+            }
+        );
+        let mut failed = third.clone();
+        failed.push(1);
+        assert!(NodeFacts::decode(&failed).expect("fourth").meta_failed);
         let mut newer = facts(3).encode();
         newer.extend_from_slice(&[1, 2, 3]);
         assert_eq!(NodeFacts::decode(&newer).expect("newer release"), facts(3));

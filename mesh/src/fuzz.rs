@@ -41,6 +41,7 @@ fn member() -> Membership {
         store_room_bytes: 1,
         repair_bytes_per_sec: 0,
         store_opening: false,
+        meta_failed: false,
     };
     match Membership::new(me, facts, &MembershipConfig::default(), 7) {
         Ok((m, _)) => m,

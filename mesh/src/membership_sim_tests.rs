@@ -33,6 +33,7 @@ fn facts_for(id: MemberId) -> NodeFacts {
         store_room_bytes: 1 << 40,
         repair_bytes_per_sec: 0,
         store_opening: false,
+        meta_failed: false,
     }
 }
 

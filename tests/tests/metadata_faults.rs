@@ -350,6 +350,98 @@ async fn a_restarted_voter_syncs_every_append() {
     );
 }
 
+/// Makes a file immutable until dropped (`chattr +i`): even root's writes to it fail, on
+/// descriptors opened before too, as on a disk that fails its writes.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn new(path: std::path::PathBuf) -> Self {
+        let ok = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(&path)
+            .status()
+            .expect("run chattr");
+        assert!(ok.success(), "chattr +i {}", path.display());
+        Immutable(path)
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A voter whose log stops taking writes (its Raft core stops on the error): its status
+/// says its metadata member failed and why, the leader replaces it as a voter, and the
+/// agent exits non-zero for its supervisor to restart it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_whose_log_fails_is_reported_and_replaced() {
+    let c = DevCluster::up(4, 90);
+    let (leader, _) = wait_for(Duration::from_secs(30), "a metadata leader", || {
+        c.meta_leader(1)
+    });
+    let learner = *c.non_voters(1).first().expect("4 nodes: a learner");
+    let victim = (1..=4)
+        .find(|&i| i != leader && i != learner)
+        .expect("a follower voter");
+    let victim_id = c.node_id(victim);
+    let log = c.node_dir(victim).join("data/meta/log");
+    let mut segments: Vec<_> = std::fs::read_dir(&log)
+        .expect("log dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .collect();
+    segments.sort();
+    let _frozen = Immutable::new(segments.pop().expect("an active segment"));
+    let mut fs = Fs::connect(&c, leader).await;
+    let dir = fs.mknod(ROOT_INO, "d", FileKind::Dir).await;
+    for i in 0..5 {
+        fs.mknod(dir, &format!("f{i}"), FileKind::File).await;
+    }
+    let (failed, _) = wait_for(
+        Duration::from_secs(30),
+        "the victim to report its failure",
+        || {
+            c.status(victim)?["meta"]["failed"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    );
+    eprintln!("node {victim} says: {failed}");
+    let voters = |i: u8| -> Option<Vec<String>> {
+        let s = c.status(i)?;
+        Some(
+            s["meta"]["voters"]
+                .as_array()?
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        )
+    };
+    let (now, took) = wait_for(Duration::from_secs(90), "the failed voter replaced", || {
+        voters(leader).filter(|v| v.len() == 3 && !v.contains(&victim_id))
+    });
+    eprintln!("voters {now:?} {took:?} after the failure was seen");
+    // The group goes on with its new voters.
+    for i in 0..5 {
+        fs.mknod(dir, &format!("g{i}"), FileKind::File).await;
+    }
+    wait_for(
+        Duration::from_secs(60),
+        "the victim's agent to exit",
+        || c.exited(victim).then_some(()),
+    );
+    assert!(
+        c.log(victim).contains("metadata member failed"),
+        "the agent said why it exited:\n{}",
+        c.log_warnings(victim, 10)
+    );
+}
+
 /// Copies a member's Raft log (its segment files) and replica from `from` to `to`,
 /// replacing what `to` had.
 fn copy_meta(from: &std::path::Path, to: &std::path::Path) {

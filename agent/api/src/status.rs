@@ -189,6 +189,9 @@ pub struct MetaStatus {
     /// Something an operator should know about this replica (e.g. that it found its data
     /// dir older than the cluster's record and rejoined with fresh state).
     pub notice: Option<String>,
+    /// Why this node's metadata member stopped (a storage failure), once it did: it is no
+    /// longer counted on as a voter, and the agent restarts.
+    pub failed: Option<String>,
 }
 
 /// Space in this node's shard store.

@@ -51,13 +51,19 @@ pub enum ConsensusError {
     /// A blocking task failed.
     #[error("metadata task: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// This node's metadata member stopped on a storage failure (its log could not be
+    /// written); the agent restarts it.
+    #[error("this node's metadata member failed: {0}")]
+    MemberFailed(String),
 }
 
 impl ConsensusError {
     /// Whether the same request may succeed a little later (after an election).
     pub fn is_retryable(&self) -> bool {
         match self {
-            ConsensusError::NoLeader { .. } | ConsensusError::Membership { .. } => true,
+            ConsensusError::NoLeader { .. }
+            | ConsensusError::Membership { .. }
+            | ConsensusError::MemberFailed(_) => true,
             // A panic is a bug, not worth the mount's `--retry-for`; a task cancelled by a
             // stop is retried (the agent comes back).
             ConsensusError::Task(e) => e.is_cancelled(),

@@ -64,6 +64,10 @@ pub struct Group {
     notice: Option<String>,
     /// The cluster clock's value as last read, and when this node first saw it.
     clock_seen: std::sync::Mutex<(u64, Instant)>,
+    /// Why this member's Raft core stopped (a storage failure), once it did: from then on
+    /// it leads nothing and serves nothing, and the agent exits for its supervisor to
+    /// restart it (see `core_watch.rs`).
+    failed: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// The workers a started group needs run: the leader's batcher, and (after a stale data
@@ -153,6 +157,7 @@ impl Group {
             sends,
             notice: rejoin.as_ref().map(|(n, _)| n.clone()),
             clock_seen: std::sync::Mutex::new((0, Instant::now())),
+            failed: tokio::sync::watch::Sender::new(None),
         });
         group.register_handlers();
         let workers = GroupWorkers {
@@ -160,6 +165,43 @@ impl Group {
             rejoiner: rejoin.map(|(_, peers)| Rejoiner::new(group.clone(), peers)),
         };
         Ok((group, workers))
+    }
+
+    /// Why this member's Raft core stopped, once it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.borrow().clone()
+    }
+
+    /// Resolves with the reason once this member's Raft core stopped.
+    pub async fn core_failed(&self) -> String {
+        let mut rx = self.failed.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Records that the Raft core stopped (the first reason is kept). Not while the agent
+    /// stops: a stopped core is then expected.
+    pub(super) fn core_stopped(&self, reason: String) {
+        if self.is_stopping() {
+            return;
+        }
+        self.failed.send_if_modified(|f| {
+            if f.is_some() {
+                return false;
+            }
+            tracing::error!(%reason, "the metadata member stopped; it leads and serves nothing from now on, and the agent exits for its supervisor to restart it");
+            *f = Some(reason);
+            true
+        });
+    }
+
+    fn member_failed(&self) -> Result<(), ConsensusError> {
+        match self.failure() {
+            Some(reason) => Err(ConsensusError::MemberFailed(reason)),
+            None => Ok(()),
+        }
     }
 
     fn is_rejoining(&self) -> bool {
@@ -345,6 +387,7 @@ impl Group {
                 .map(|l| l.epoch()),
             inodes: self.store.stats().map(|s| s.inodes).unwrap_or(0),
             notice: self.notice.clone(),
+            failed: self.failure(),
         }
     }
 
@@ -361,7 +404,12 @@ impl Group {
         Ok((applied, digest))
     }
 
+    /// The leader as this member knows it; none once its core stopped (its metrics are
+    /// frozen as they were).
     pub fn leader(&self) -> Option<u64> {
+        if self.failed.borrow().is_some() {
+            return None;
+        }
         self.raft.metrics().borrow().current_leader
     }
 
@@ -450,6 +498,7 @@ impl Group {
         let started = Instant::now();
         let mut pause = Duration::from_millis(20);
         loop {
+            self.member_failed()?;
             let asked = Instant::now();
             let res = match self.leader() {
                 Some(l) if l == self.me => self.submit_local(proposals.clone()).await,
@@ -522,6 +571,7 @@ impl Group {
         let started = Instant::now();
         let mut pause = Duration::from_millis(20);
         loop {
+            self.member_failed()?;
             let index = match self.leader() {
                 Some(l) if l == self.me => self.leader_read_index().await,
                 Some(l) => self.ask_leader(l, &ReadIndex).await,

@@ -12,6 +12,7 @@ pub mod ballast;
 mod batcher;
 pub mod changes;
 pub mod config;
+mod core_watch;
 mod error;
 #[doc(hidden)]
 pub mod fuzz;
@@ -32,6 +33,7 @@ mod wal;
 pub use batcher::Batcher;
 pub use changes::ChangeFeed;
 pub use config::MetaConfig;
+pub use core_watch::CoreWatch;
 pub use error::{BoxError, ConsensusError};
 pub use group::{Group, GroupWorkers};
 pub use rejoin::Rejoiner;

@@ -241,6 +241,7 @@ mod tests {
                 store_room_bytes: room,
                 repair_bytes_per_sec: 0,
                 store_opening: false,
+                meta_failed: false,
             }),
         }
     }

@@ -465,6 +465,7 @@ mod tests {
                 store_room_bytes: 1,
                 repair_bytes_per_sec: 0,
                 store_opening: false,
+                meta_failed: false,
             }),
         }
     }

@@ -35,12 +35,14 @@ struct Member {
     weight: u64,
 }
 
+/// The members gossip counts alive, less those whose metadata member failed (counted on
+/// as a voter, one would take a quorum's place while acknowledging nothing).
 fn alive_members(views: &[MemberView]) -> Vec<Member> {
     views
         .iter()
         .filter(|m| m.state == MemberState::Alive)
         .filter_map(|m| {
-            let f = m.facts.as_ref()?;
+            let f = m.facts.as_ref().filter(|f| !f.meta_failed)?;
             Some(Member {
                 id: m.id.node.0,
                 failure_domain: f.failure_domain.clone(),

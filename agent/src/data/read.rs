@@ -139,8 +139,8 @@ impl Stripes {
     /// record (not the holder's word), whichever lane it came by: a whole shard directly, a
     /// part through the holder's block table (which must combine to that checksum) and the
     /// blocks holding it. A holder that cannot answer `GetChecked` (an older release) is
-    /// asked with `Get`, checked only by the holder. A mismatch comes back as `Data` of the
-    /// wrong length (read around as corrupt, see `note_bad`).
+    /// asked for the whole shard, checked, and the part cut from it. A mismatch comes back
+    /// as `Data` of the wrong length (read around as corrupt, see `note_bad`).
     async fn fetch_checked(
         self: &Arc<Self>,
         node: NodeId,
@@ -197,7 +197,17 @@ impl Stripes {
             ShardResponse::Failed {
                 kind: ShardFailure::Unsupported,
                 ..
-            } => self.call(node, addr, get, RANGE_TIMEOUT).await,
+            } => {
+                // A holder of a release without `GetChecked`: the whole shard, so its bytes
+                // are checked here against the record's checksum too.
+                let whole = ShardRequest::Get {
+                    stripe,
+                    index: s.shard_index,
+                    offset: 0,
+                    len: None,
+                };
+                checked_slice(self.call(node, addr, whole, WHOLE_TIMEOUT).await, crc, s)
+            }
             other => other,
         }
     }
@@ -328,6 +338,25 @@ impl Stripes {
     }
 }
 
+/// The part `s` of a whole shard answered by its holder, once the whole matched the
+/// record's checksum `crc`; empty `Data` (read around as corrupt) when it did not, or
+/// when it is too short for the part. Other answers pass through.
+fn checked_slice(answer: ShardResponse, crc: u32, s: ShardSlice) -> ShardResponse {
+    match answer {
+        ShardResponse::Data(d) => {
+            let (start, end) = (
+                s.offset_in_shard as usize,
+                (s.offset_in_shard + s.len) as usize,
+            );
+            if crc32c::crc32c(&d) != crc || end > d.len() {
+                return ShardResponse::Data(Bytes::new());
+            }
+            ShardResponse::Data(d.slice(start..end))
+        }
+        other => other,
+    }
+}
+
 /// A stripe range as read: its bytes in order, in the parts they came in.
 pub struct StripeParts {
     pub parts: Vec<Bytes>,
@@ -445,5 +474,33 @@ mod tests {
                 need: 4
             })
         ));
+    }
+
+    #[test]
+    fn a_range_from_a_holder_without_checked_reads_is_checked_against_the_record() {
+        let whole = Bytes::from((0..200u8).collect::<Vec<u8>>());
+        let crc = crc32c::crc32c(&whole);
+        let part = ShardSlice {
+            shard_index: 1,
+            offset_in_shard: 50,
+            len: 20,
+        };
+        match checked_slice(ShardResponse::Data(whole.clone()), crc, part) {
+            ShardResponse::Data(d) => assert_eq!(&d[..], &whole[50..70]),
+            other => panic!("{other:?}"),
+        }
+        // One flipped bit anywhere in the shard, even outside the part: refused.
+        let mut bad = whole.to_vec();
+        bad[150] ^= 1;
+        match checked_slice(ShardResponse::Data(bad.into()), crc, part) {
+            ShardResponse::Data(d) => assert!(d.is_empty(), "read around as corrupt"),
+            other => panic!("{other:?}"),
+        }
+        let short = whole.slice(..60);
+        let short_crc = crc32c::crc32c(&short);
+        match checked_slice(ShardResponse::Data(short), short_crc, part) {
+            ShardResponse::Data(d) => assert!(d.is_empty(), "too short for the part"),
+            other => panic!("{other:?}"),
+        }
     }
 }

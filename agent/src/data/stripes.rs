@@ -51,7 +51,7 @@ pub struct Stripes {
     full: Marks,
     store: Arc<DiskStore>,
     transport: Arc<Transport>,
-    gossip: GossipHandle,
+    pub(super) gossip: GossipHandle,
     /// The replicated metadata: its layout is where new shards go (gossip only says who
     /// is alive right now).
     namespace: Arc<shoal_namespace::NamespaceStore>,

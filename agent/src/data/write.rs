@@ -24,9 +24,9 @@ use super::stripes::{PUT_TIMEOUT, Stripes};
 
 /// Placement attempts of one stripe when nodes answer "full".
 const PLACE_ATTEMPTS: usize = 4;
-/// Once enough shards of a stripe are durable, the others get this long (or three times
-/// what the stored ones took, if longer) before the stripe is committed without them.
-const STRAGGLER_WAIT: Duration = Duration::from_secs(2);
+/// Once enough shards of a stripe are durable, how often a write looks whether the nodes
+/// still writing the others are alive for gossip.
+const STRAGGLER_CHECK: Duration = Duration::from_millis(250);
 /// For this long after the agent starts, too few nodes is worth a retry, not an error:
 /// gossip has not settled who is alive yet.
 const VIEW_FORMING: Duration = Duration::from_secs(15);
@@ -52,6 +52,15 @@ pub(super) fn after_failed_put(stored: usize, failed: &[ShardFault], min: usize)
     } else {
         AfterFailure::GiveUp
     }
+}
+
+/// Whether a write with enough shards durable stops waiting for the others (pure): only
+/// when no node still writing one is alive for gossip (suspect or down: a partition, a
+/// crash). A node that answers gossip but writes slowly is waited for, up to the shard
+/// write's own timeout: a stripe is committed with fewer than k+m shards only when a
+/// holder is gone, never because one was slower than the others.
+pub(super) fn stop_waiting(pending: &BTreeMap<u8, NodeId>, alive: impl Fn(NodeId) -> bool) -> bool {
+    pending.values().all(|&n| !alive(n))
 }
 
 /// How one attempt's shards went.
@@ -193,9 +202,9 @@ impl Stripes {
         }
     }
 
-    /// Sends shard `i` to `targets[i]`, all at once. Once `min` are durable the others get
-    /// [`STRAGGLER_WAIT`] (or three times what the stored ones took) before they count as
-    /// failed (and their nodes as suspect).
+    /// Sends shard `i` to `targets[i]`, all at once, and waits for every answer; once `min`
+    /// are durable, for the others only while their nodes are alive for gossip (see
+    /// [`stop_waiting`]).
     async fn put_shards(
         self: &Arc<Self>,
         id: StripeId,
@@ -225,14 +234,20 @@ impl Stripes {
             stored: BTreeMap::new(),
             failed: Vec::new(),
         };
-        let mut deadline: Option<tokio::time::Instant> = None;
         loop {
-            let joined = match deadline {
-                Some(at) => match tokio::time::timeout_at(at, set.join_next()).await {
+            let joined = if attempt.stored.len() >= min && !pending.is_empty() {
+                match tokio::time::timeout(STRAGGLER_CHECK, set.join_next()).await {
                     Ok(j) => j,
-                    Err(_) => break,
-                },
-                None => set.join_next().await,
+                    Err(_) => {
+                        let alive = self.alive_now().await;
+                        if stop_waiting(&pending, |n| alive.contains(&n)) {
+                            break;
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                set.join_next().await
             };
             let Some(joined) = joined else { break };
             let Ok((index, node, resp)) = joined else {
@@ -242,10 +257,6 @@ impl Stripes {
             let (kind, message) = match resp {
                 ShardResponse::Stored => {
                     attempt.stored.insert(index, node);
-                    if attempt.stored.len() >= min && deadline.is_none() && !pending.is_empty() {
-                        let wait = STRAGGLER_WAIT.max(started.elapsed() * 3);
-                        deadline = Some(tokio::time::Instant::now() + wait);
-                    }
                     continue;
                 }
                 ShardResponse::Failed { kind, message } => (kind, message),
@@ -271,12 +282,29 @@ impl Stripes {
                 name: peers.name(node),
                 kind: ShardFailure::Other,
                 message: format!(
-                    "no answer {} ms after the stripe's other shards were durable",
+                    "its node is no longer alive for gossip ({} ms after the write began)",
                     started.elapsed().as_millis()
                 ),
             });
         }
         attempt
+    }
+
+    /// The nodes gossip counts alive now (this one always).
+    async fn alive_now(&self) -> std::collections::BTreeSet<NodeId> {
+        let mut alive: std::collections::BTreeSet<NodeId> = self
+            .gossip
+            .members()
+            .await
+            .map(|m| {
+                m.into_iter()
+                    .filter(|m| m.state == shoal_mesh::MemberState::Alive)
+                    .map(|m| NodeId(m.id.node.0))
+                    .collect()
+            })
+            .unwrap_or_default();
+        alive.insert(self.me);
+        alive
     }
 
     /// Deletes the shards of an attempt that will not be committed (nothing references
@@ -311,6 +339,20 @@ mod tests {
             kind,
             message: String::new(),
         }
+    }
+
+    #[test]
+    fn a_write_waits_for_slow_shards_while_their_nodes_are_alive() {
+        let pending: BTreeMap<u8, NodeId> = [(4, NodeId(5)), (5, NodeId(6))].into();
+        assert!(!stop_waiting(&pending, |_| true), "slow but alive: wait");
+        assert!(
+            !stop_waiting(&pending, |n| n == NodeId(6)),
+            "one of them alive: wait for it"
+        );
+        assert!(
+            stop_waiting(&pending, |_| false),
+            "both gone: commit without"
+        );
     }
 
     #[test]

@@ -117,18 +117,21 @@ impl OpenHandles {
         });
     }
 
-    /// Asks every peer in `addrs` which of `inos` they hold open; one that does not answer
+    /// Asks every node in `holders` (at its address, refused unless the peer's certificate
+    /// names that node) which of `inos` its mounts hold open; one that does not answer
     /// counts as holding all of them (its mounts may still read).
     pub async fn held_anywhere(
         &self,
         transport: &Transport,
         inos: &[Ino],
-        addrs: &[SocketAddr],
+        holders: &[(shoal_placement::NodeId, SocketAddr)],
     ) -> Vec<Ino> {
         let mut held = self.held_among(inos);
-        for addr in addrs {
+        for &(node, addr) in holders {
+            // Asked of that node only: an answer from whoever holds its address now
+            // would say nothing of that node's mounts.
             match transport
-                .call(*addr, &HeldOpen(inos.to_vec()), RPC_TIMEOUT)
+                .call_to(node, addr, &HeldOpen(inos.to_vec()), RPC_TIMEOUT)
                 .await
             {
                 Ok(h) => held.extend(h),

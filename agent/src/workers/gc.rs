@@ -392,7 +392,9 @@ impl Worker for OrphanPurge {
 }
 
 /// Which agents must say whether a mount holds an orphan open before it is purged: every
-/// node of the layout that is not `out`, and every live member not in the layout yet.
+/// node of the layout that is not `out`, and every live member not in the layout yet; each
+/// with its address, asked only of the node it belongs to (the address gossip has may be
+/// another node's by now).
 /// `Err(node)` when one of them cannot be asked (not alive, or no address known): a node
 /// cut off by a partition still serves its open files, so it counts as holding
 /// everything until it is `out` or back (a restarted agent counts as holding everything
@@ -400,13 +402,13 @@ impl Worker for OrphanPurge {
 fn holders_to_ask(
     layout: Option<&Layout>,
     members: &[MemberView],
-) -> Result<Vec<SocketAddr>, NodeId> {
+) -> Result<Vec<(NodeId, SocketAddr)>, NodeId> {
     let reachable = |id: NodeId| {
         members
             .iter()
             .find(|m| m.id.node == id && !m.is_self)
             .filter(|m| m.state == MemberState::Alive)
-            .and_then(|m| m.facts.as_ref().map(|f| f.rpc_addr))
+            .and_then(|m| m.facts.as_ref().map(|f| (id, f.rpc_addr)))
     };
     let me = members.iter().find(|m| m.is_self).map(|m| m.id.node);
     let mut addrs = Vec::new();
@@ -424,7 +426,7 @@ fn holders_to_ask(
         .filter(|m| !in_layout.contains(&m.id.node))
     {
         if let Some(f) = &m.facts {
-            addrs.push(f.rpc_addr);
+            addrs.push((m.id.node, f.rpc_addr));
         }
     }
     Ok(addrs)
@@ -513,7 +515,10 @@ mod tests {
             (3, NodeState::Out),
         ]);
         let asked = holders_to_ask(Some(&out), &members).expect("askable");
-        assert_eq!(asked, vec!["127.0.0.2:7947".parse().expect("addr")]);
+        assert_eq!(
+            asked,
+            vec![(NodeId(2), "127.0.0.2:7947".parse().expect("addr"))]
+        );
     }
 
     #[test]
@@ -525,7 +530,7 @@ mod tests {
         let l = layout(&[(1, NodeState::Active)]);
         assert_eq!(
             holders_to_ask(Some(&l), &members),
-            Ok(vec!["127.0.0.2:7947".parse().expect("addr")])
+            Ok(vec![(NodeId(2), "127.0.0.2:7947".parse().expect("addr"))])
         );
         assert_eq!(holders_to_ask(None, &members).map(|a| a.len()), Ok(1));
     }

@@ -31,7 +31,19 @@ impl NamespaceStore {
     /// Opens or creates the state machine at `path` (a redb file). A new store holds
     /// nothing; its root directory is created by the first applied proposal.
     pub fn open(path: &Path) -> Result<NamespaceStore, NamespaceError> {
-        let db = Database::create(path)?;
+        NamespaceStore::with_database(Database::create(path)?)
+    }
+
+    /// Opens or creates the state machine in `file` of a [`shoal_disk::Disk`] (the
+    /// simulator's disk, which loses what was not synced at a power cut).
+    pub fn open_on(
+        file: std::sync::Arc<dyn shoal_disk::DiskFile>,
+    ) -> Result<NamespaceStore, NamespaceError> {
+        let db = Database::builder().create_with_backend(shoal_disk::RedbFile(file))?;
+        NamespaceStore::with_database(db)
+    }
+
+    fn with_database(db: Database) -> Result<NamespaceStore, NamespaceError> {
         let txn = db.begin_write()?;
         // Create every table, so read transactions always find them.
         txn.open_table(INODES)?;

@@ -18,20 +18,30 @@
 //! One request at a time per connection; concurrency comes from the pool. The lane carries
 //! only the requests the transport lets it (shard payloads), never control messages.
 //!
+//! The port answers anyone who can reach it, so what an unauthenticated connection may hold
+//! is bounded ([`BulkLimits`], `admission`): a few handshakes per source address, a few
+//! hundred in all, each dropped after a short deadline; authenticated connections are
+//! counted apart. A caller whose dial fails that way (or finds the lane busy) is told the
+//! lane is [`BulkFailure::Unavailable`], rests the lane to that peer for a few seconds and
+//! sends its request over QUIC instead (`Transport::call_bulk`).
+//!
 //! Earlier releases' lanes, for a rolling upgrade: version 2 (`shoal-bulk/2`) is served and
 //! offered beside version 3 (its `secure` frames carry a crc32c after the length, which
 //! TLS's own authentication made redundant; its `crc` frames are version 3's); version 1
 //! (`shoal-bulk/1`, crc32c-only plaintext frames in `crc`) is still served in `secure`
 //! mode, where TLS protects it. The server picks the newest version both ends speak.
 
+mod admission;
+
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 use tracing::{debug, warn};
 
@@ -40,6 +50,8 @@ use crate::identity::NodeId;
 use crate::node_cert::{NodeCert, Revocations};
 use crate::rpc::peer_node;
 use crate::tls::TlsMaterial;
+pub use admission::BulkLimits;
+use admission::{Admission, Crowded};
 
 pub(crate) const BULK_ALPN: &[u8] = b"shoal-bulk/3";
 /// The previous release's lane: `secure` frames with a crc32c.
@@ -50,15 +62,17 @@ const BULK_ALPN_V1: &[u8] = b"shoal-bulk/1";
 const OFFERED: &[&[u8]] = &[BULK_ALPN, BULK_ALPN_V2];
 const MAX_FRAME: usize = 17 << 20;
 const ACK: u8 = 0x06;
+/// The server's answer to the mode instead of [`ACK`] when it serves as many connections
+/// as it may: the caller goes over QUIC (a previous release's caller fails the call).
+const BUSY: u8 = 0x15;
 const TAG_LEN: usize = 32;
 /// The TLS exporter label of the `crc` frames' MAC keys (RFC 8446 section 7.5).
 const MAC_LABEL: &[u8] = b"EXPORTER-shoal-bulk-mac-v2";
-/// Longest a TLS handshake plus mode exchange may take.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 8;
-/// Incoming connections served at once, at most (pools of every peer, with room).
-const MAX_INCOMING: usize = 1024;
+/// How long a caller sends over QUIC to a peer whose bulk lane could not be connected to,
+/// before it dials that lane again (its pooled connections are still used meanwhile).
+const REST_AFTER_UNAVAILABLE: Duration = Duration::from_secs(5);
 
 /// How shard payloads travel between nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,12 +301,67 @@ fn closed_by_peer(e: &std::io::Error) -> bool {
     )
 }
 
+/// Why a request did not go over the bulk lane.
+#[derive(Debug)]
+pub(crate) enum BulkFailure {
+    /// No connection could be made: the TCP connect failed, the connection was closed
+    /// before its TLS handshake ended (a server over its limits does that), nothing
+    /// answered within the deadline, the server said it is busy, or the lane to that
+    /// peer is resting after one of these. Nothing was sent: the request may go over QUIC.
+    Unavailable(std::io::Error),
+    /// The peer was reached and refused this node after the handshake (another node, a
+    /// revoked certificate, another mode), or the exchange failed after the request went.
+    Failed(std::io::Error),
+}
+
+/// How a dial ended, when it did not end in a connection.
+#[derive(Debug)]
+enum DialError {
+    /// Nobody completed a TLS handshake with us (see [`BulkFailure::Unavailable`]).
+    Unreachable(std::io::Error),
+    /// The peer was reached but the connection was refused.
+    Refused(std::io::Error),
+}
+
+impl DialError {
+    /// A failure of the TLS handshake itself: the connection closed under it is the lane
+    /// being unreachable (a server over its limits closes it unread); anything else (a
+    /// certificate refused) is a refusal.
+    fn handshake(e: std::io::Error) -> Self {
+        if closed_by_peer(&e) || e.kind() == std::io::ErrorKind::TimedOut {
+            DialError::Unreachable(e)
+        } else {
+            DialError::Refused(e)
+        }
+    }
+}
+
+/// How the server's half of a handshake ended, when not in a connection.
+pub(crate) enum AcceptError {
+    /// Authenticated, but the lane serves as many connections as it may (told [`BUSY`]).
+    Busy,
+    /// The handshake failed.
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for AcceptError {
+    fn from(e: std::io::Error) -> Self {
+        AcceptError::Io(e)
+    }
+}
+
 pub(crate) struct Bulk {
     mode: BulkMode,
+    limits: BulkLimits,
     acceptor: TlsAcceptor,
     connector: TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
+    /// The address this node's dials come from (its mesh address), so that a server
+    /// counts them as this node's, whatever route the kernel would pick.
+    source: Option<IpAddr>,
     pool: Mutex<HashMap<SocketAddr, Vec<Conn>>>,
+    /// Peers whose lane could not be connected to, and until when no new dial is tried.
+    resting: std::sync::Mutex<HashMap<SocketAddr, Instant>>,
     revocations: Arc<Revocations>,
 }
 
@@ -303,8 +372,10 @@ fn refused(why: String) -> std::io::Error {
 impl Bulk {
     pub(crate) fn new(
         mode: BulkMode,
+        limits: BulkLimits,
         tls: &TlsMaterial,
         server_name: &str,
+        source: Option<IpAddr>,
         revocations: Arc<Revocations>,
     ) -> Result<Self, MeshError> {
         let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
@@ -314,7 +385,10 @@ impl Bulk {
             BulkMode::Secure => &[BULK_ALPN, BULK_ALPN_V2, BULK_ALPN_V1],
             _ => &[BULK_ALPN, BULK_ALPN_V2],
         };
-        Self::speaking(mode, tls, server_name, revocations, served, OFFERED)
+        let mut lane = Self::speaking(mode, tls, server_name, revocations, served, OFFERED)?;
+        lane.limits = limits;
+        lane.source = source;
+        Ok(lane)
     }
 
     /// A lane that serves the versions `served` and offers `offered` when it dials, each
@@ -329,16 +403,24 @@ impl Bulk {
     ) -> Result<Self, MeshError> {
         Ok(Bulk {
             mode,
+            limits: BulkLimits::default(),
             acceptor: TlsAcceptor::from(Arc::new(tls.rustls_server_alpns(served)?)),
             connector: TlsConnector::from(Arc::new(tls.rustls_client_alpns(offered)?)),
             server_name,
+            source: None,
             pool: Mutex::new(HashMap::new()),
+            resting: std::sync::Mutex::new(HashMap::new()),
             revocations,
         })
     }
 
-    /// Server half of the handshake.
-    pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<Conn> {
+    /// Server half of the handshake; the connection holds one of `slots` while it is
+    /// served (none left: the peer is told the lane is busy).
+    pub(crate) async fn accept(
+        &self,
+        tcp: TcpStream,
+        slots: &Arc<Semaphore>,
+    ) -> Result<(Conn, OwnedSemaphorePermit), AcceptError> {
         tcp.set_nodelay(true)?;
         let mut tls = self.acceptor.accept(tcp).await?;
         let peer = {
@@ -349,14 +431,19 @@ impl Bulk {
         let mut hello = [0u8; 1];
         tls.read_exact(&mut hello).await?;
         if hello[0] != self.mode.wire() {
-            return Err(std::io::Error::new(
+            return Err(AcceptError::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
                     "peer asked for bulk mode {} but the cluster uses {:?}",
                     hello[0], self.mode
                 ),
-            ));
+            )));
         }
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tls.write_all(&[BUSY]).await?;
+            tls.flush().await?;
+            return Err(AcceptError::Busy);
+        };
         tls.write_all(&[ACK]).await?;
         tls.flush().await?;
         let framing = match self.mode {
@@ -374,46 +461,73 @@ impl Bulk {
                 tls: Box::new(TlsStream::Server(tls)),
             },
         };
-        Ok(Conn {
+        let conn = Conn {
             framing,
             peer: Arc::new(peer),
-        })
+        };
+        Ok((conn, slot))
+    }
+
+    /// A TCP connection to `addr` from this node's address.
+    async fn connect(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        let socket = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        if let Some(ip) = self.source.filter(|ip| ip.is_ipv4() == addr.is_ipv4()) {
+            socket.bind(SocketAddr::new(ip, 0))?;
+        }
+        socket.connect(addr).await
     }
 
     /// Client half of the handshake, to the node `node` when the caller names it.
-    async fn dial(&self, addr: SocketAddr, node: Option<NodeId>) -> std::io::Result<Conn> {
-        let tcp = TcpStream::connect(addr).await?;
-        tcp.set_nodelay(true)?;
+    async fn dial(&self, addr: SocketAddr, node: Option<NodeId>) -> Result<Conn, DialError> {
+        let tcp = self.connect(addr).await.map_err(DialError::Unreachable)?;
+        tcp.set_nodelay(true).map_err(DialError::Unreachable)?;
         let mut tls = self
             .connector
             .connect(self.server_name.clone(), tcp)
-            .await?;
+            .await
+            .map_err(DialError::handshake)?;
         let peer = {
             let (_, session) = tls.get_ref();
             peer_node(session.peer_certificates(), &self.revocations)
-                .map_err(|r| refused(r.reason))?
+                .map_err(|r| DialError::Refused(refused(r.reason)))?
         };
         if let Some(node) = node.filter(|n| *n != peer.node) {
-            return Err(refused(format!(
+            return Err(DialError::Refused(refused(format!(
                 "expected node {node} at {addr}, its certificate is node {} ({})",
                 peer.node, peer.name
-            )));
+            ))));
         }
-        tls.write_all(&[self.mode.wire()]).await?;
-        tls.flush().await?;
         let mut ack = [0u8; 1];
-        tls.read_exact(&mut ack).await?;
-        if ack[0] != ACK {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "bulk handshake refused",
-            ));
+        let exchanged = async {
+            tls.write_all(&[self.mode.wire()]).await?;
+            tls.flush().await?;
+            tls.read_exact(&mut ack).await
+        };
+        // A server that dislikes the mode closes the connection: a refusal.
+        exchanged.await.map_err(DialError::Refused)?;
+        match ack[0] {
+            ACK => {}
+            BUSY => {
+                return Err(DialError::Unreachable(std::io::Error::other(
+                    "the peer's bulk lane serves as many connections as it may",
+                )));
+            }
+            _ => {
+                return Err(DialError::Refused(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "bulk handshake refused",
+                )));
+            }
         }
         // Nothing follows the acknowledgement until we speak, so no TLS record is left
         // buffered when `crc` takes the TCP stream back.
         let framing = match self.mode {
             BulkMode::Crc => {
-                let (to_server, to_client) = mac_keys(tls.get_ref().1)?;
+                let (to_server, to_client) =
+                    mac_keys(tls.get_ref().1).map_err(DialError::Refused)?;
                 Framing::Crc {
                     tcp: tls.into_inner().0,
                     send: to_server,
@@ -431,6 +545,49 @@ impl Bulk {
         })
     }
 
+    /// A fresh connection to `addr`, within the handshake deadline. A lane that cannot be
+    /// connected to rests: no dial is tried for [`REST_AFTER_UNAVAILABLE`] (each would
+    /// cost its caller up to the deadline before it goes over QUIC).
+    async fn dial_or_rest(
+        &self,
+        addr: SocketAddr,
+        node: Option<NodeId>,
+    ) -> Result<Conn, BulkFailure> {
+        let now = Instant::now();
+        {
+            let mut resting = self.resting.lock().unwrap_or_else(|p| p.into_inner());
+            match resting.get(&addr) {
+                Some(until) if *until > now => {
+                    return Err(BulkFailure::Unavailable(std::io::Error::other(format!(
+                        "the bulk lane to {addr} rests for {:?} after a failed dial",
+                        *until - now
+                    ))));
+                }
+                Some(_) => {
+                    resting.remove(&addr);
+                }
+                None => {}
+            }
+        }
+        let deadline = self.limits.handshake_timeout;
+        let error = match tokio::time::timeout(deadline, self.dial(addr, node)).await {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(DialError::Refused(e))) => return Err(BulkFailure::Failed(e)),
+            Ok(Err(DialError::Unreachable(e))) => e,
+            Err(_) => std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no bulk handshake within {deadline:?}"),
+            ),
+        };
+        // Handled here: the callers go over QUIC meanwhile.
+        warn!(%addr, %error, "cannot connect to the peer's bulk lane; its shard requests go over QUIC for {REST_AFTER_UNAVAILABLE:?}");
+        self.resting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, now + REST_AFTER_UNAVAILABLE);
+        Err(BulkFailure::Unavailable(error))
+    }
+
     /// One request/response exchange with the node `node` at `addr` on a pooled
     /// connection. A pooled connection the peer has closed under it (the peer restarted,
     /// or dropped the connection) is found when it is used: the pool to that peer is
@@ -441,7 +598,7 @@ impl Bulk {
         addr: SocketAddr,
         node: Option<NodeId>,
         request: &[u8],
-    ) -> std::io::Result<Vec<u8>> {
+    ) -> Result<Vec<u8>, BulkFailure> {
         // A pooled connection is to the node it was when dialled: check it is still the one
         // asked for, and not revoked since.
         let pooled = self
@@ -463,11 +620,14 @@ impl Bulk {
                     debug!(%addr, error = %e, "pooled bulk connection was closed; dialling again");
                     self.forget(addr).await;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(BulkFailure::Failed(e)),
             }
         }
-        let mut conn = self.dial(addr, node).await?;
-        let response = conn.round_trip(request).await?;
+        let mut conn = self.dial_or_rest(addr, node).await?;
+        let response = conn
+            .round_trip(request)
+            .await
+            .map_err(BulkFailure::Failed)?;
         self.keep(addr, conn).await;
         Ok(response)
     }
@@ -494,54 +654,90 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, MeshError> {
         .map_err(|source| MeshError::Bind { addr, source })
 }
 
+/// Why the accept loop dropped a connection before serving it.
+pub(crate) enum Rejection {
+    /// Closed unread: too many handshakes under way (from its source, or in all).
+    Crowded(Crowded),
+    /// No handshake within the deadline.
+    Timeout,
+    /// Authenticated, but the lane serves as many connections as it may.
+    Busy,
+    /// The handshake failed.
+    Handshake(String),
+}
+
 /// Accept loop: each connection serves requests one after another through `dispatch`,
-/// which is told the node the connection belongs to.
+/// which is told the node the connection belongs to. Every connection is accepted at once
+/// (a full backlog would stall peers' connects too) and dropped unread when its source,
+/// or everyone, has as many handshakes under way as `limits` allow.
 pub(crate) async fn serve<F, Fut>(
     listener: TcpListener,
     bulk: Arc<Bulk>,
     dispatch: F,
-    on_reject: impl Fn(SocketAddr, String) + Send + Sync + 'static,
+    on_reject: impl Fn(SocketAddr, Rejection) + Send + Sync + 'static,
 ) where
     F: Fn(Vec<u8>, Arc<NodeCert>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Vec<u8>> + Send,
 {
     let on_reject = Arc::new(on_reject);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_INCOMING));
+    let admission = Admission::new(bulk.limits);
+    let slots = Arc::new(Semaphore::new(bulk.limits.authenticated));
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let Ok((tcp, remote)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            // Out of descriptors, most likely: let some connections end first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (bulk, dispatch, on_reject) = (bulk.clone(), dispatch.clone(), on_reject.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            // A peer that connects and stalls the handshake must not hold a task forever.
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, bulk.accept(tcp)).await;
-            let mut conn = match handshake {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return on_reject(remote, e.to_string()),
-                Err(_) => return on_reject(remote, "handshake timed out".into()),
-            };
-            loop {
-                let request = match conn.recv().await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        if e.kind() != std::io::ErrorKind::UnexpectedEof {
-                            warn!(%remote, error = %e, "bulk connection dropped");
-                        }
-                        return;
-                    }
-                };
-                let response = dispatch(request, conn.peer.clone()).await;
-                if let Err(e) = conn.send(&response).await {
-                    debug!(%remote, error = %e, "bulk response not sent");
-                    return;
-                }
+        let ticket = match admission.admit(remote.ip()) {
+            Ok(t) => t,
+            Err(crowded) => {
+                drop(tcp);
+                on_reject(remote, Rejection::Crowded(crowded));
+                continue;
             }
+        };
+        let (bulk, dispatch) = (bulk.clone(), dispatch.clone());
+        let (on_reject, slots) = (on_reject.clone(), slots.clone());
+        tokio::spawn(async move {
+            // A peer that connects and stalls the handshake holds its slot only this long.
+            let deadline = bulk.limits.handshake_timeout;
+            let handshake = tokio::time::timeout(deadline, bulk.accept(tcp, &slots)).await;
+            drop(ticket);
+            let (conn, slot) = match handshake {
+                Ok(Ok(c)) => c,
+                Ok(Err(AcceptError::Busy)) => return on_reject(remote, Rejection::Busy),
+                Ok(Err(AcceptError::Io(e))) => {
+                    return on_reject(remote, Rejection::Handshake(e.to_string()));
+                }
+                Err(_) => return on_reject(remote, Rejection::Timeout),
+            };
+            serve_connection(conn, remote, dispatch).await;
+            drop(slot);
         });
+    }
+}
+
+/// Serves one authenticated connection's requests until it ends.
+async fn serve_connection<F, Fut>(mut conn: Conn, remote: SocketAddr, dispatch: F)
+where
+    F: Fn(Vec<u8>, Arc<NodeCert>) -> Fut,
+    Fut: std::future::Future<Output = Vec<u8>>,
+{
+    loop {
+        let request = match conn.recv().await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                    warn!(%remote, error = %e, "bulk connection dropped");
+                }
+                return;
+            }
+        };
+        let response = dispatch(request, conn.peer.clone()).await;
+        if let Err(e) = conn.send(&response).await {
+            debug!(%remote, error = %e, "bulk response not sent");
+            return;
+        }
     }
 }
 
@@ -616,7 +812,10 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let serving = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.expect("accept");
-            let mut conn = server.accept(tcp).await.expect("server handshake");
+            let slots = Arc::new(Semaphore::new(1));
+            let Ok((mut conn, _slot)) = server.accept(tcp, &slots).await else {
+                panic!("server handshake");
+            };
             let request = conn.recv().await.expect("request");
             conn.send(&[&request[..], b" back"].concat())
                 .await

@@ -26,7 +26,7 @@ mod node_cert;
 mod rpc;
 mod tls;
 
-pub use bulk::BulkMode;
+pub use bulk::{BulkLimits, BulkMode};
 pub use config::{LegacyGossip, MeshConfig, TlsConfig};
 pub use error::MeshError;
 pub use facts::{NodeFacts, NodeRole};

@@ -46,6 +46,11 @@ pub struct MeshMetrics {
     /// certificate, an endpoint the lane does not carry.
     pub rpc_requests_refused: Family<ReasonLabel, Counter>,
     pub rpc_latency_seconds: LatencyFamily,
+    /// Bulk lane connections dropped before they were served, by the limit that dropped
+    /// them (a failed handshake counts in `rpc_connections_rejected`).
+    pub bulk_connections_refused: Family<ReasonLabel, Counter>,
+    /// Requests that went over QUIC because the bulk lane to their peer could not connect.
+    pub bulk_fallbacks: Counter,
 }
 
 impl MeshMetrics {
@@ -58,6 +63,8 @@ impl MeshMetrics {
             rpc_requests: Family::default(),
             rpc_requests_refused: Family::default(),
             rpc_latency_seconds: Family::new_with_constructor(latency_histogram),
+            bulk_connections_refused: Family::default(),
+            bulk_fallbacks: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("shoal_mesh");
         r.register(
@@ -77,7 +84,7 @@ impl MeshMetrics {
         );
         r.register(
             "rpc_connections_rejected",
-            "QUIC connections that failed the mutual TLS handshake",
+            "QUIC and bulk lane connections that failed the mutual TLS handshake, by reason",
             m.rpc_connections_rejected.clone(),
         );
         r.register(
@@ -94,6 +101,16 @@ impl MeshMetrics {
             "rpc_latency_seconds",
             "Client-side RPC round-trip latency",
             m.rpc_latency_seconds.clone(),
+        );
+        r.register(
+            "bulk_connections_refused",
+            "Bulk lane connections dropped before they were served, by reason (source_limit: its source address had as many handshakes under way as it may; unauthenticated_limit: every source together had; handshake_timeout: no handshake within the deadline; authenticated_limit: the lane served as many connections as it may)",
+            m.bulk_connections_refused.clone(),
+        );
+        r.register(
+            "bulk_fallbacks",
+            "Shard requests sent over QUIC because the bulk lane to their peer could not connect (or rested after such a failure)",
+            m.bulk_fallbacks.clone(),
         );
         m
     }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::MeshError;
-use crate::bulk::{self, Bulk, BulkMode};
+use crate::bulk::{self, Bulk, BulkFailure, BulkLimits, BulkMode, Rejection};
 use crate::identity::NodeId;
 use crate::metrics::{EndpointLabel, MeshMetrics, ReasonLabel, RpcLabel};
 use crate::node_cert::{NodeCert, Revocations};
@@ -202,6 +202,8 @@ pub struct Transport {
     connections: tokio::sync::Mutex<HashMap<SocketAddr, (quinn::Connection, Arc<NodeCert>)>>,
     metrics: MeshMetrics,
     logged_sources: Mutex<HashSet<IpAddr>>,
+    /// Sources whose bulk connections were dropped for the lane's limits (logged once).
+    bulk_logged_sources: Mutex<HashSet<IpAddr>>,
     tls: TlsFiles,
     /// The TCP bulk lane, once started.
     bulk: std::sync::OnceLock<Arc<Bulk>>,
@@ -266,11 +268,30 @@ enum QuicFailure {
     Stream(String),
 }
 
-/// Which way a request travels.
+/// Which lane a request arrived on.
 #[derive(Clone, Copy)]
 enum Lane {
     Quic,
     Bulk,
+}
+
+/// Where a call goes.
+#[derive(Clone, Copy)]
+enum Route {
+    /// Over QUIC to this address.
+    Quic(SocketAddr),
+    /// Over the bulk lane to `bulk`; over QUIC to `quic` when that lane cannot connect.
+    Bulk { bulk: SocketAddr, quic: SocketAddr },
+}
+
+impl Route {
+    /// The address tried first (named in a timeout).
+    fn first(self) -> SocketAddr {
+        match self {
+            Route::Quic(a) => a,
+            Route::Bulk { bulk, .. } => bulk,
+        }
+    }
 }
 
 impl Transport {
@@ -296,6 +317,7 @@ impl Transport {
             connections: tokio::sync::Mutex::new(HashMap::new()),
             metrics,
             logged_sources: Mutex::new(HashSet::new()),
+            bulk_logged_sources: Mutex::new(HashSet::new()),
             tls: tls.clone(),
             bulk: std::sync::OnceLock::new(),
             revocations: Arc::new(Revocations::default()),
@@ -303,19 +325,35 @@ impl Transport {
         }))
     }
 
-    /// Starts the TCP bulk lane at `addr` in `mode` (nothing for [`BulkMode::Off`]).
+    /// Starts the TCP bulk lane at `addr` in `mode` (nothing for [`BulkMode::Off`]), with
+    /// the default limits on incoming connections.
     pub async fn start_bulk(
         self: &Arc<Self>,
         addr: SocketAddr,
         mode: BulkMode,
     ) -> Result<Option<tokio::task::JoinHandle<()>>, MeshError> {
+        self.start_bulk_with(addr, mode, BulkLimits::default())
+            .await
+    }
+
+    /// Like [`Transport::start_bulk`], with `limits` on incoming connections.
+    pub async fn start_bulk_with(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        mode: BulkMode,
+        limits: BulkLimits,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, MeshError> {
         if mode == BulkMode::Off {
             return Ok(None);
         }
+        // Dials leave from the QUIC endpoint's address: the node's own.
+        let source = self.local_addr().map(|a| a.ip());
         let bulk = Arc::new(Bulk::new(
             mode,
+            limits,
             &self.tls.load()?,
             &self.server_name,
+            source.filter(|ip| !ip.is_unspecified()),
             self.revocations.clone(),
         )?);
         let listener = bulk::bind(addr).await?;
@@ -325,7 +363,7 @@ impl Transport {
             let this = this.clone();
             async move { this.answer(request.into(), &peer, Lane::Bulk).await }
         };
-        let on_reject = move |remote: SocketAddr, reason: String| rejecter.reject(remote, &reason);
+        let on_reject = move |remote: SocketAddr, why: Rejection| rejecter.reject_bulk(remote, why);
         Ok(Some(tokio::spawn(bulk::serve(
             listener, bulk, dispatch, on_reject,
         ))))
@@ -433,7 +471,28 @@ impl Transport {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if logged.len() < MAX_LOGGED_SOURCES && logged.insert(remote.ip()) {
-            warn!(%remote, %reason, "rejected QUIC connection (logged once per source)");
+            warn!(%remote, %reason, "rejected a QUIC or bulk connection (logged once per source)");
+        }
+    }
+
+    /// Counts (and logs once per source) a bulk connection dropped before it was served.
+    fn reject_bulk(&self, remote: SocketAddr, why: Rejection) {
+        let reason = match why {
+            Rejection::Handshake(e) => return self.reject(remote, &e),
+            Rejection::Crowded(c) => c.reason(),
+            Rejection::Timeout => "handshake_timeout",
+            Rejection::Busy => "authenticated_limit",
+        };
+        self.metrics
+            .bulk_connections_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+        let mut logged = self
+            .bulk_logged_sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if logged.len() < MAX_LOGGED_SOURCES && logged.insert(remote.ip()) {
+            warn!(%remote, reason, "dropped a bulk lane connection before it was served (logged once per source)");
         }
     }
 
@@ -599,7 +658,7 @@ impl Transport {
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
-        self.call_on(Lane::Quic, peer, None, msg, timeout).await
+        self.call_on(Route::Quic(peer), None, msg, timeout).await
     }
 
     /// Like [`Transport::call`], to the node `node` at `peer`: refused unless the peer's
@@ -612,57 +671,54 @@ impl Transport {
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
-        self.call_on(Lane::Quic, peer, Some(node), msg, timeout)
+        self.call_on(Route::Quic(peer), Some(node), msg, timeout)
             .await
     }
 
-    /// Like [`Transport::call_to`], over the TCP bulk lane to the node's bulk address (QUIC
-    /// when this node runs no bulk lane).
+    /// Like [`Transport::call_to`], over the TCP bulk lane to the node's bulk address
+    /// `bulk`; over QUIC to its RPC address `rpc` when this node runs no bulk lane, or
+    /// when that lane cannot connect (its port refuses or drops the connection before the
+    /// handshake ends, or says it is busy, or nothing answers within the handshake
+    /// deadline: e.g. someone floods the port). A request already sent on the lane is not
+    /// sent again over QUIC: its failure is the call's.
     pub async fn call_bulk<M: Rpc>(
         &self,
         node: NodeId,
-        peer: SocketAddr,
+        rpc: SocketAddr,
+        bulk: SocketAddr,
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
-        let lane = if self.has_bulk() {
-            Lane::Bulk
+        let route = if self.has_bulk() {
+            Route::Bulk { bulk, quic: rpc }
         } else {
-            Lane::Quic
+            Route::Quic(rpc)
         };
-        self.call_on(lane, peer, Some(node), msg, timeout).await
+        self.call_on(route, Some(node), msg, timeout).await
     }
 
     async fn call_on<M: Rpc>(
         &self,
-        lane: Lane,
-        peer: SocketAddr,
+        route: Route,
         node: Option<NodeId>,
         msg: &M,
         timeout: Duration,
     ) -> Result<M::Response, MeshError> {
         let started = Instant::now();
-        let call = self.call_inner(lane, peer, node, msg);
+        let call = self.call_inner(route, node, msg);
         let res = match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(MeshError::RpcTimeout {
                 endpoint: M::ENDPOINT,
-                peer,
+                peer: route.first(),
             }),
         };
-        if matches!(
-            res,
-            Err(MeshError::RpcTimeout { .. } | MeshError::RpcStream { .. })
-        ) {
+        if let Err(MeshError::RpcTimeout { peer, .. } | MeshError::RpcStream { peer, .. }) = &res {
             // The peer may have restarted behind a connection that has not timed out yet:
             // the next call dials afresh.
-            match lane {
-                Lane::Quic => self.forget_peer(peer).await,
-                Lane::Bulk => {
-                    if let Some(b) = self.bulk.get() {
-                        b.forget(peer).await;
-                    }
-                }
+            match (route, self.bulk.get()) {
+                (Route::Bulk { bulk, .. }, Some(b)) if *peer == bulk => b.forget(bulk).await,
+                _ => self.forget_peer(*peer).await,
             }
         }
         let outcome = if res.is_ok() { "ok" } else { "error" };
@@ -687,12 +743,11 @@ impl Transport {
 
     async fn call_inner<M: Rpc>(
         &self,
-        lane: Lane,
-        peer: SocketAddr,
+        route: Route,
         node: Option<NodeId>,
         msg: &M,
     ) -> Result<M::Response, MeshError> {
-        let stream_err = |reason: String| MeshError::RpcStream {
+        let stream_err = |peer: SocketAddr, reason: String| MeshError::RpcStream {
             endpoint: M::ENDPOINT,
             peer,
             reason,
@@ -704,7 +759,7 @@ impl Transport {
         };
         // Sized first, then encoded once: a shard in the request is copied once, not again
         // at every doubling of a growing buffer.
-        let sized = |e: postcard::Error| stream_err(e.to_string());
+        let sized = |e: postcard::Error| stream_err(route.first(), e.to_string());
         let size = encoded_len(&head).map_err(sized)? + encoded_len(msg).map_err(sized)?;
         let request = postcard::to_extend(&head, Vec::with_capacity(size)).map_err(sized)?;
         let request = postcard::to_extend(msg, request).map_err(sized)?;
@@ -715,18 +770,30 @@ impl Transport {
                 max: MAX_MESSAGE,
             });
         }
-        let response = match (lane, self.bulk.get()) {
-            (Lane::Bulk, Some(bulk)) => bulk
-                .exchange(peer, node, &request)
-                .await
-                .map_err(|e| stream_err(e.to_string()))?,
-            _ => self
-                .exchange_quic(peer, node, &request)
-                .await
-                .map_err(|e| match e {
-                    QuicFailure::Connect(e) => e,
-                    QuicFailure::Stream(reason) => stream_err(reason),
-                })?,
+        let request = &request[..];
+        let quic = |peer: SocketAddr| async move {
+            let answer = self.exchange_quic(peer, node, request).await;
+            let answer = answer.map_err(|e| match e {
+                QuicFailure::Connect(e) => e,
+                QuicFailure::Stream(reason) => stream_err(peer, reason),
+            });
+            answer.map(|r| (peer, r))
+        };
+        let (peer, response) = match (route, self.bulk.get()) {
+            (Route::Bulk { bulk, quic: rpc }, Some(lane)) => {
+                match lane.exchange(bulk, node, request).await {
+                    Ok(r) => (bulk, r),
+                    // Nothing was sent: the same request goes over QUIC (the lane logged
+                    // why when it first failed).
+                    Err(BulkFailure::Unavailable(e)) => {
+                        self.metrics.bulk_fallbacks.inc();
+                        debug!(%bulk, %rpc, error = %e, endpoint = M::ENDPOINT, "bulk lane unavailable; sending over QUIC");
+                        quic(rpc).await?
+                    }
+                    Err(BulkFailure::Failed(e)) => return Err(stream_err(bulk, e.to_string())),
+                }
+            }
+            (Route::Bulk { quic: rpc, .. }, None) | (Route::Quic(rpc), _) => quic(rpc).await?,
         };
         let response = Bytes::from(response);
         match split_response(&response) {

@@ -222,13 +222,15 @@ async fn bulk_lane_carries_calls_in_secure_and_crc_modes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = new_ca("cluster");
         let (a, _) = serve_bulk(&node_files(dir.path(), "a", 1, &ca, &ca), 1, mode).await;
-        let (_b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", 2, &ca, &ca), 2, mode).await;
+        let (b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", 2, &ca, &ca), 2, mode).await;
+        let b_rpc = b.local_addr().expect("addr");
         let big = "x".repeat(3 << 20);
         for _ in 0..3 {
             // Several calls: the second and third reuse the pooled connection.
             let got = a
                 .call_bulk(
                     NodeId(2),
+                    b_rpc,
                     b_bulk,
                     &Echo(big.clone()),
                     Duration::from_secs(10),
@@ -258,15 +260,16 @@ async fn a_bulk_call_after_the_peer_restarted_goes_through_on_a_fresh_connection
             .enable_all()
             .build()
             .expect("runtime");
-        let b_bulk = {
+        let (b_rpc, b_bulk) = {
             let files = b_files.clone();
             life.spawn(async move {
                 let (b, addr) = serve_bulk(&files, 2, mode).await;
+                let rpc = b.local_addr().expect("addr");
                 tokio::spawn(async move {
                     let _b = b;
                     std::future::pending::<()>().await
                 });
-                addr
+                (rpc, addr)
             })
             .await
             .expect("first life")
@@ -274,7 +277,7 @@ async fn a_bulk_call_after_the_peer_restarted_goes_through_on_a_fresh_connection
         let echo = Echo("shard".into());
         let expected = format!("2<-{}: shard", NodeId(1));
         let got = a
-            .call_bulk(NodeId(2), b_bulk, &echo, Duration::from_secs(5))
+            .call_bulk(NodeId(2), b_rpc, b_bulk, &echo, Duration::from_secs(5))
             .await;
         assert_eq!(got.expect("call to the first life"), expected);
         // Ended (its listener and connections closed) before b binds the address again.
@@ -284,7 +287,7 @@ async fn a_bulk_call_after_the_peer_restarted_goes_through_on_a_fresh_connection
         // b comes back at the same address; a still pools the connection to the old one.
         let _b = serve_bulk_at(&b_files, 2, mode, b_bulk).await;
         let got = a
-            .call_bulk(NodeId(2), b_bulk, &echo, Duration::from_secs(5))
+            .call_bulk(NodeId(2), b_rpc, b_bulk, &echo, Duration::from_secs(5))
             .await;
         let got = got.unwrap_or_else(|e| panic!("first call after the restart ({mode:?}): {e}"));
         assert_eq!(got, expected);
@@ -296,12 +299,13 @@ async fn bulk_lane_refuses_a_peer_of_another_cluster() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = new_ca("cluster");
     let foreign = new_ca("elsewhere");
-    let (_server, bulk_addr) = serve_bulk(
+    let (server, bulk_addr) = serve_bulk(
         &node_files(dir.path(), "s", 1, &ca, &ca),
         1,
         shoal_mesh::BulkMode::Crc,
     )
     .await;
+    let rpc = server.local_addr().expect("addr");
     let (intruder, _) = serve_bulk(
         &node_files(dir.path(), "y", 9, &foreign, &foreign),
         9,
@@ -311,6 +315,7 @@ async fn bulk_lane_refuses_a_peer_of_another_cluster() {
     let res = intruder
         .call_bulk(
             NodeId(1),
+            rpc,
             bulk_addr,
             &Echo("let me in".into()),
             Duration::from_secs(5),
@@ -323,12 +328,13 @@ async fn bulk_lane_refuses_a_peer_of_another_cluster() {
 async fn bulk_lane_refuses_a_peer_in_another_mode() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = new_ca("cluster");
-    let (_server, bulk_addr) = serve_bulk(
+    let (server, bulk_addr) = serve_bulk(
         &node_files(dir.path(), "s", 1, &ca, &ca),
         1,
         shoal_mesh::BulkMode::Secure,
     )
     .await;
+    let rpc = server.local_addr().expect("addr");
     let (client, _) = serve_bulk(
         &node_files(dir.path(), "c", 2, &ca, &ca),
         2,
@@ -338,6 +344,7 @@ async fn bulk_lane_refuses_a_peer_in_another_mode() {
     let res = client
         .call_bulk(
             NodeId(1),
+            rpc,
             bulk_addr,
             &Echo("plaintext please".into()),
             Duration::from_secs(5),
@@ -510,7 +517,13 @@ async fn the_bulk_lane_serves_only_what_it_is_told() {
     let (b, b_bulk) = serve_bulk(&node_files(dir.path(), "b", 2, &ca, &ca), 2, mode).await;
     b.register(|_: NodeId, Control(x)| async move { Ok(x) });
     let err = a
-        .call_bulk(NodeId(2), b_bulk, &Control(7), Duration::from_secs(5))
+        .call_bulk(
+            NodeId(2),
+            b.local_addr().expect("addr"),
+            b_bulk,
+            &Control(7),
+            Duration::from_secs(5),
+        )
         .await
         .expect_err("control on the bulk lane");
     assert!(
@@ -634,6 +647,7 @@ async fn frames_injected_or_replayed_on_a_crc_connection_are_refused_and_never_s
         let got = a
             .call_bulk(
                 NodeId(2),
+                b.local_addr().expect("addr"),
                 mitm,
                 &Apply("once".into()),
                 Duration::from_secs(5),
@@ -652,4 +666,210 @@ async fn frames_injected_or_replayed_on_a_crc_connection_are_refused_and_never_s
             "{what}: the injected frame was served"
         );
     }
+}
+
+/// A node serving `Echo` on a bulk lane (`secure`) with `limits`, counting into `metrics`.
+async fn serve_bulk_limited(
+    files: &TlsFiles,
+    id: u64,
+    metrics: MeshMetrics,
+    limits: shoal_mesh::BulkLimits,
+) -> (std::sync::Arc<Transport>, SocketAddr) {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+    let addr = probe.local_addr().expect("addr");
+    drop(probe);
+    let t = serve(files, id, metrics);
+    t.serve_on_bulk::<Echo>(|_| true);
+    t.start_bulk_with(addr, shoal_mesh::BulkMode::Secure, limits)
+        .await
+        .expect("bulk lane");
+    (t, addr)
+}
+
+/// A TCP connection from `from` to `to` that never says a word (a flooder's).
+async fn idle_connection(from: [u8; 4], to: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::from((from, 0))).expect("bind");
+    socket.connect(to).await.expect("connect")
+}
+
+/// Waits until the server closes `conn` (30 s at most).
+async fn closed_by_server(mut conn: tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf)).await;
+    match read {
+        Ok(Ok(0) | Err(_)) => {}
+        Ok(Ok(n)) => panic!("the server sent {n} bytes to a silent connection"),
+        Err(_) => panic!("the server kept a silent connection for 30 s"),
+    }
+}
+
+fn bulk_refused(metrics: &MeshMetrics, reason: &'static str) -> u64 {
+    metrics
+        .bulk_connections_refused
+        .get_or_create(&shoal_mesh::ReasonLabel { reason })
+        .get()
+}
+
+/// Polls `f` every 20 ms until it holds (30 s at most).
+async fn until(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..1_500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn a_flood_from_one_source_holds_only_its_share_and_peers_keep_the_bulk_lane() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let (a_metrics, b_metrics) = (MeshMetrics::unregistered(), MeshMetrics::unregistered());
+    let limits = shoal_mesh::BulkLimits::default();
+    let a_files = node_files(dir.path(), "a", 1, &ca, &ca);
+    let (a, _) = serve_bulk_limited(&a_files, 1, a_metrics.clone(), limits).await;
+    let b_files = node_files(dir.path(), "b", 2, &ca, &ca);
+    let (b, b_bulk) = serve_bulk_limited(&b_files, 2, b_metrics.clone(), limits).await;
+    // Three times its share of silent connections from one address.
+    let share = limits.unauthenticated_per_source;
+    let mut flood = Vec::new();
+    for _ in 0..3 * share {
+        flood.push(idle_connection([127, 0, 0, 2], b_bulk).await);
+    }
+    until("the connections over the source's share dropped", || {
+        bulk_refused(&b_metrics, "source_limit") >= 2 * share as u64
+    })
+    .await;
+    // a (another address) dials the bulk lane as ever: nothing went over QUIC.
+    let b_rpc = b.local_addr().expect("addr");
+    let got = a
+        .call_bulk(
+            NodeId(2),
+            b_rpc,
+            b_bulk,
+            &Echo("shard".into()),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("bulk call during the flood");
+    assert_eq!(got, format!("2<-{}: shard", NodeId(1)));
+    assert_eq!(a_metrics.bulk_fallbacks.get(), 0, "the call went over QUIC");
+    assert_eq!(bulk_refused(&b_metrics, "unauthenticated_limit"), 0);
+    drop(flood);
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_dropped_at_the_handshake_deadline_and_frees_its_slot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let metrics = MeshMetrics::unregistered();
+    let limits = shoal_mesh::BulkLimits {
+        unauthenticated_per_source: 2,
+        handshake_timeout: Duration::from_millis(500),
+        ..shoal_mesh::BulkLimits::default()
+    };
+    let files = node_files(dir.path(), "b", 2, &ca, &ca);
+    let (_b, b_bulk) = serve_bulk_limited(&files, 2, metrics.clone(), limits).await;
+    // Two rounds of as many silent connections as the source may hold: the second round
+    // is admitted only if the first's slots came back when the deadline dropped them.
+    for round in 1..=2u64 {
+        let first = idle_connection([127, 0, 0, 3], b_bulk).await;
+        let second = idle_connection([127, 0, 0, 3], b_bulk).await;
+        closed_by_server(first).await;
+        closed_by_server(second).await;
+        until("both counted as timed out", || {
+            bulk_refused(&metrics, "handshake_timeout") == 2 * round
+        })
+        .await;
+        assert_eq!(bulk_refused(&metrics, "source_limit"), 0, "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn when_the_bulk_lane_cannot_connect_the_call_goes_over_quic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let (a_metrics, b_metrics, c_metrics) = (
+        MeshMetrics::unregistered(),
+        MeshMetrics::unregistered(),
+        MeshMetrics::unregistered(),
+    );
+    // Room for four handshakes in all, held long enough for the test.
+    let limits = shoal_mesh::BulkLimits {
+        unauthenticated_per_source: 4,
+        unauthenticated: 4,
+        handshake_timeout: Duration::from_secs(120),
+        ..shoal_mesh::BulkLimits::default()
+    };
+    let files = |name, id| node_files(dir.path(), name, id, &ca, &ca);
+    let (a, _) = serve_bulk_limited(&files("a", 1), 1, a_metrics.clone(), limits).await;
+    let (b, b_bulk) = serve_bulk_limited(&files("b", 2), 2, b_metrics.clone(), limits).await;
+    let (c, _) = serve_bulk_limited(&files("c", 3), 3, c_metrics.clone(), limits).await;
+    let b_rpc = b.local_addr().expect("addr");
+    let echo = Echo("shard".into());
+    let call = |t: std::sync::Arc<Transport>| {
+        let echo = &echo;
+        async move {
+            t.call_bulk(NodeId(2), b_rpc, b_bulk, echo, Duration::from_secs(10))
+                .await
+        }
+    };
+    // a has a connection to b's lane before the flood.
+    call(a.clone()).await.expect("before the flood");
+    let mut flood = Vec::new();
+    for last in 4..8 {
+        flood.push(idle_connection([127, 0, 0, last], b_bulk).await);
+    }
+    let probe = idle_connection([127, 0, 0, 8], b_bulk).await;
+    closed_by_server(probe).await;
+    until("b counted the probe as over its limit", || {
+        bulk_refused(&b_metrics, "unauthenticated_limit") == 1
+    })
+    .await;
+    // The flood does not take a's authenticated connection from it.
+    call(a.clone()).await.expect("on the pooled connection");
+    assert_eq!(a_metrics.bulk_fallbacks.get(), 0);
+    // c has none and cannot make one: its calls go over QUIC.
+    for n in 1..=2 {
+        let got = call(c.clone()).await.expect("over QUIC");
+        assert_eq!(got, format!("2<-{}: shard", NodeId(3)));
+        assert_eq!(c_metrics.bulk_fallbacks.get(), n);
+    }
+    assert!(bulk_refused(&b_metrics, "unauthenticated_limit") >= 2);
+    drop(flood);
+}
+
+#[tokio::test]
+async fn a_lane_serving_all_it_may_says_busy_and_the_caller_goes_over_quic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = new_ca("cluster");
+    let (b_metrics, c_metrics) = (MeshMetrics::unregistered(), MeshMetrics::unregistered());
+    let limits = shoal_mesh::BulkLimits {
+        authenticated: 1,
+        ..shoal_mesh::BulkLimits::default()
+    };
+    let files = |name, id| node_files(dir.path(), name, id, &ca, &ca);
+    let a_metrics = MeshMetrics::unregistered();
+    let (a, _) = serve_bulk_limited(&files("a", 1), 1, a_metrics, limits).await;
+    let (b, b_bulk) = serve_bulk_limited(&files("b", 2), 2, b_metrics.clone(), limits).await;
+    let (c, _) = serve_bulk_limited(&files("c", 3), 3, c_metrics.clone(), limits).await;
+    let b_rpc = b.local_addr().expect("addr");
+    let echo = Echo("shard".into());
+    // a's pooled connection takes b's one slot; c is told b is busy.
+    a.call_bulk(NodeId(2), b_rpc, b_bulk, &echo, Duration::from_secs(10))
+        .await
+        .expect("a");
+    let got = c
+        .call_bulk(NodeId(2), b_rpc, b_bulk, &echo, Duration::from_secs(10))
+        .await
+        .expect("c over QUIC");
+    assert_eq!(got, format!("2<-{}: shard", NodeId(3)));
+    assert_eq!(c_metrics.bulk_fallbacks.get(), 1);
+    until("b counted the busy refusal", || {
+        bulk_refused(&b_metrics, "authenticated_limit") == 1
+    })
+    .await;
 }

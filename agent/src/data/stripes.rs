@@ -391,15 +391,18 @@ impl Stripes {
                 message: format!("node {node} is not alive"),
             };
         };
-        // Shard payloads take the bulk lane when both ends run one; deletes stay on QUIC.
+        // Shard payloads take the bulk lane when both ends run one (QUIC when it cannot
+        // connect); deletes stay on QUIC.
         let res = match (addr.bulk, &req) {
             (
                 Some(bulk),
                 ShardRequest::Put { .. }
                 | ShardRequest::Get { .. }
                 | ShardRequest::GetChecked { .. },
-            ) if self.transport.has_bulk() => {
-                self.transport.call_bulk(node, bulk, &req, timeout).await
+            ) => {
+                self.transport
+                    .call_bulk(node, addr.rpc, bulk, &req, timeout)
+                    .await
             }
             _ => self.transport.call_to(node, addr.rpc, &req, timeout).await,
         };

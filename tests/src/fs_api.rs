@@ -90,7 +90,10 @@ impl Fs {
                 synced: false,
             })
             .await;
-        assert!(matches!(r, FsResponse::Opened { .. }), "{r:?}");
+        assert!(
+            matches!(r, FsResponse::Opened { .. } | FsResponse::OpenedIn { .. }),
+            "{r:?}"
+        );
     }
 
     /// Announces handle 1 on `ino` again, as a mount does after reconnecting (the file may
@@ -114,7 +117,7 @@ impl Fs {
             })
             .await
         {
-            FsResponse::Entry(a) => Ok(a.ino),
+            FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => Ok(a.ino),
             FsResponse::Error(e) => Err(e),
             other => panic!("lookup: {other:?}"),
         }

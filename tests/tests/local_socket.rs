@@ -172,7 +172,7 @@ async fn a_client_moves_only_itself_and_acts_only_for_its_own_session() {
         synced: false,
     };
     match client.call(&Request::Fs(open)).await.expect("open") {
-        Response::Fs(FsResponse::Opened { .. }) => {}
+        Response::Fs(FsResponse::Opened { .. } | FsResponse::OpenedIn { .. }) => {}
         other => panic!("open: {other:?}"),
     }
 

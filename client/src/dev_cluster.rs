@@ -38,7 +38,8 @@ pub struct UpOptions {
     /// The shoal-agent binary (default: next to this one, then PATH).
     #[arg(long)]
     pub agent_bin: Option<PathBuf>,
-    /// Seconds to wait for the cluster to converge.
+    /// Seconds to wait for the cluster to be ready: every node sees every other, knows the
+    /// metadata leader and has the cluster layout.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
     /// Confine each agent to this memory (e.g. "512MiB"); needs root and cgroups.
@@ -73,7 +74,7 @@ pub struct UpOptions {
     #[arg(long)]
     pub mount: bool,
     /// Extra `[meta]` settings for every node, as TOML `KEY=VALUE` (repeatable), e.g.
-    /// `--meta orphan_shard_grace_s=5`.
+    /// `--meta orphan_shard_grace_s=5` (`bootstrap_expect` is `--nodes` unless given).
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta_setting)]
     pub meta: Vec<String>,
     /// Erasure-coding profile of new stripes (default: 4+2 from 6 nodes, 2+1 from 3).
@@ -370,8 +371,7 @@ ec = "{ec}"
 [background]
 {background}
 [meta]
-bootstrap_expect = {nodes}
-{meta}
+{bootstrap_expect}{meta}
 {tiering}
 {resources}"#,
         data = nd.join("data").display(),
@@ -390,7 +390,7 @@ bootstrap_expect = {nodes}
         capacity = opts.store_capacity.as_deref().unwrap_or("90%"),
         direct_io = opts.direct_io,
         ec = opts.ec.as_deref().unwrap_or(dev_ec(opts.nodes)),
-        nodes = opts.nodes,
+        bootstrap_expect = render_bootstrap_expect(opts),
         meta = opts.meta.join("\n"),
         storage = section_lines(opts, "storage"),
         cluster = section_lines(opts, "cluster"),
@@ -443,6 +443,20 @@ fn render_tiering(opts: &UpOptions, dir: &Path) -> String {
             text
         }
         _ => String::new(),
+    }
+}
+
+/// `bootstrap_expect = NODES`, unless a `--meta` setting gives it (a cluster that waits
+/// for more nodes than this `up` starts).
+fn render_bootstrap_expect(opts: &UpOptions) -> String {
+    let given = opts.meta.iter().any(|l| {
+        l.split_once('=')
+            .is_some_and(|(k, _)| k.trim() == "bootstrap_expect")
+    });
+    if given {
+        String::new()
+    } else {
+        format!("bootstrap_expect = {}\n", opts.nodes)
     }
 }
 
@@ -543,56 +557,81 @@ pub fn running_pid_in(nd: &Path, pid_file: &str) -> Option<Pid> {
     (kill(pid, None).is_ok() && !is_zombie(pid)).then_some(pid)
 }
 
+/// Waits until every node sees every other alive with its facts, knows the metadata
+/// leader and has the cluster layout: a cluster `up` returns from takes writes through
+/// any node, and a node that dies now no longer keeps the group from forming. Says what
+/// it waits for every few seconds, and in the error once `timeout` passed.
 fn wait_converged(dir: &Path, nodes: u8, timeout: Duration) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let deadline = Instant::now() + timeout;
-    let mut missing: Vec<String>;
+    let start = Instant::now();
+    let mut said = start;
     loop {
-        missing = Vec::new();
-        for i in 1..=nodes {
-            let sock = node_dir(dir, i).join("agent.sock");
-            let ready = rt.block_on(ready_count(&sock));
-            if ready != Some(nodes as usize) {
-                missing.push(format!(
-                    "node{i} sees {}",
-                    ready.map_or("nothing (not answering)".into(), |n| format!(
-                        "{n} alive with their addresses and failure domains"
-                    ))
-                ));
-            }
-        }
+        let missing: Vec<String> = (1..=nodes)
+            .filter_map(|i| {
+                let sock = node_dir(dir, i).join("agent.sock");
+                rt.block_on(not_ready(&sock, nodes))
+                    .map(|why| format!("node{i}: {why}"))
+            })
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if start.elapsed() > timeout {
             bail!(
-                "cluster did not converge within {timeout:?}: {}",
-                missing.join(", ")
+                "the cluster was not ready within {timeout:?}:\n  {}",
+                missing.join("\n  ")
             );
+        }
+        if said.elapsed() >= PROGRESS_EVERY {
+            said = Instant::now();
+            eprintln!("waiting for the cluster: {}", missing[0]);
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
-/// Members the agent at `sock` sees alive and whose gossiped facts (RPC address, failure
-/// domain) have arrived: facts follow membership by a gossip round or two, and placement
-/// cannot use a member without them.
-async fn ready_count(sock: &Path) -> Option<usize> {
-    let mut client = AgentClient::connect(sock).await.ok()?;
-    match client.call(&Request::Status).await.ok()? {
-        Response::Status(r) => Some(
-            r.nodes
-                .iter()
-                .filter(|n| {
-                    n.state == MemberState::Alive
-                        && n.rpc_addr.is_some()
-                        && n.failure_domain.is_some()
-                })
-                .count(),
-        ),
-        _ => None,
+/// How often `up` says what it still waits for.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// What the agent at `sock` lacks before the cluster of `nodes` is ready (None: nothing):
+/// an answer, every member alive with its gossiped facts (placement cannot use a member
+/// without its RPC address and failure domain; facts follow membership by a gossip round
+/// or two), a metadata leader and a committed layout in its replica.
+async fn not_ready(sock: &Path, nodes: u8) -> Option<String> {
+    let answer = async {
+        let mut client = AgentClient::connect(sock).await.ok()?;
+        match client.call(&Request::Status).await.ok()? {
+            Response::Status(r) => Some(r),
+            _ => None,
+        }
+    };
+    let Some(r) = answer.await else {
+        return Some("not answering".into());
+    };
+    let ready = r
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.state == MemberState::Alive && n.rpc_addr.is_some() && n.failure_domain.is_some()
+        })
+        .count();
+    let meta = &r.meta;
+    if ready != usize::from(nodes) {
+        Some(format!(
+            "sees {ready} of {nodes} alive with their addresses and failure domains"
+        ))
+    } else if meta.leader.is_none() {
+        Some(
+            meta.notice.clone().unwrap_or_else(|| {
+                "no metadata leader known yet (an election is under way)".into()
+            }),
+        )
+    } else if meta.layout_epoch.is_none() {
+        Some("no cluster layout committed yet".into())
+    } else {
+        None
     }
 }
 
@@ -729,5 +768,19 @@ mod tests {
         assert_eq!(doc["scrub"]["interval"].as_str(), Some("5s"));
         assert_eq!(doc["storage"]["min_write_shards"].as_integer(), Some(3));
         assert_eq!(doc["storage"]["ec"].as_str(), Some("2+1"));
+    }
+
+    #[test]
+    fn bootstrap_expect_is_the_node_count_unless_meta_gives_it() {
+        let config = |meta: Vec<String>| {
+            let mut opts = UpOptions::new(2, PathBuf::from("/tmp/c"));
+            opts.meta = meta;
+            let text = render_config(&opts, Path::new("/tmp/c"), 1, Ipv4Addr::LOCALHOST, &[]);
+            let doc: toml::Table = text.parse().expect("valid TOML");
+            doc["meta"]["bootstrap_expect"].as_integer()
+        };
+        assert_eq!(config(Vec::new()), Some(2));
+        let given = parse_meta_setting("bootstrap_expect=3").expect("setting");
+        assert_eq!(config(vec![given]), Some(3));
     }
 }

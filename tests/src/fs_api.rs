@@ -53,7 +53,7 @@ impl Fs {
             })
             .await;
         match r {
-            FsResponse::Entry(a) => a.ino,
+            FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
             other => panic!("mknod {name}: {other:?}"),
         }
     }

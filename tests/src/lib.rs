@@ -188,9 +188,10 @@ impl DevCluster {
             &dir,
             "--base-ip",
             &base_ip,
-            "--timeout",
-            "60",
         ];
+        if !self.extra.iter().any(|a| a == "--timeout") {
+            args.extend(["--timeout", "60"]);
+        }
         args.extend(self.extra.iter().map(String::as_str));
         shoal(&args)
     }

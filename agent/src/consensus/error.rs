@@ -30,6 +30,10 @@ pub enum ConsensusError {
         waited_s: u64,
         last: Option<ForwardRefused>,
     },
+    /// This node belongs to no metadata group yet: the group has not formed (fewer agents
+    /// than `bootstrap_expect` seen, say), or has not added this node. `why` says which.
+    #[error("{why}")]
+    NotMember { why: String },
     /// A change of the group's membership failed.
     #[error("changing the metadata group's members ({what}): {source}")]
     Membership {
@@ -62,6 +66,7 @@ impl ConsensusError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ConsensusError::NoLeader { .. }
+            | ConsensusError::NotMember { .. }
             | ConsensusError::Membership { .. }
             | ConsensusError::MemberFailed(_) => true,
             // A panic is a bug, not worth the mount's `--retry-for`; a task cancelled by a

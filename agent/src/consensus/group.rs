@@ -62,6 +62,9 @@ pub struct Group {
     sends: Arc<SendGate>,
     /// Shown in status (see [`shoal_agent_api::MetaStatus::notice`]).
     notice: Option<String>,
+    /// While this node belongs to no group: what it waits for (set by the steward), shown
+    /// in status and answered to requests instead of waiting for a leader that cannot come.
+    waiting_for_group: std::sync::Mutex<Option<String>>,
     /// The cluster clock's value as last read, and when this node first saw it.
     clock_seen: std::sync::Mutex<(u64, Instant)>,
     /// Why this member's Raft core stopped (a storage failure), once it did: from then on
@@ -156,6 +159,7 @@ impl Group {
             stopping: std::sync::atomic::AtomicBool::new(false),
             sends,
             notice: rejoin.as_ref().map(|(n, _)| n.clone()),
+            waiting_for_group: std::sync::Mutex::new(None),
             clock_seen: std::sync::Mutex::new((0, Instant::now())),
             failed: tokio::sync::watch::Sender::new(None),
         });
@@ -386,8 +390,38 @@ impl Group {
                 .flatten()
                 .map(|l| l.epoch()),
             inodes: self.store.stats().map(|s| s.inodes).unwrap_or(0),
-            notice: self.notice.clone(),
+            notice: match (self.waiting_for_group(), &self.notice) {
+                (Some(waiting), Some(notice)) => Some(format!("{waiting}; {notice}")),
+                (waiting, notice) => waiting.or_else(|| notice.clone()),
+            },
             failed: self.failure(),
+        }
+    }
+
+    /// Records what this node waits for while it belongs to no group (None once it does).
+    pub fn set_waiting_for_group(&self, why: Option<String>) {
+        *self
+            .waiting_for_group
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    fn waiting_for_group(&self) -> Option<String> {
+        self.waiting_for_group
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The error for a request that found no leader: [`ConsensusError::NotMember`] while
+    /// this node belongs to no group (no leader can come until it does), else None (an
+    /// election may be under way: the caller waits).
+    async fn outside_any_group(&self) -> Option<ConsensusError> {
+        let why = self.waiting_for_group()?;
+        // The steward looks once a second: the group may have added this node since.
+        match self.raft.is_initialized().await {
+            Ok(false) => Some(ConsensusError::NotMember { why }),
+            _ => None,
         }
     }
 
@@ -531,6 +565,11 @@ impl Group {
                     });
                 }
                 Err(e) => {
+                    if matches!(e, ForwardRefused::NotLeader(None))
+                        && let Some(outside) = self.outside_any_group().await
+                    {
+                        return Err(outside);
+                    }
                     if started.elapsed() >= wait {
                         return Err(ConsensusError::NoLeader {
                             waited_s: wait.as_secs(),
@@ -557,9 +596,12 @@ impl Group {
     /// after a caller arrived covers it (its read index is at least the commit index at
     /// the caller's arrival); see [`ReadRounds`].
     pub async fn barrier(&self) -> Result<(), ConsensusError> {
-        let failed = || ConsensusError::NoLeader {
-            waited_s: LEADER_WAIT.as_secs(),
-            last: None,
+        let failed = || match self.waiting_for_group() {
+            Some(why) => ConsensusError::NotMember { why },
+            None => ConsensusError::NoLeader {
+                waited_s: LEADER_WAIT.as_secs(),
+                last: None,
+            },
         };
         self.read_rounds
             .covered(|| self.read_index_round(), failed)
@@ -593,6 +635,11 @@ impl Group {
                     }
                 }
                 Err(e) => {
+                    if matches!(e, ForwardRefused::NotLeader(None))
+                        && let Some(outside) = self.outside_any_group().await
+                    {
+                        return Err(outside);
+                    }
                     debug!(error = ?e, "read barrier not served yet; retrying");
                     Some(e)
                 }

@@ -30,6 +30,8 @@ const VOTER_REPLACE_AFTER: Duration = Duration::from_secs(30);
 
 struct Member {
     id: u64,
+    /// The node's configured name, for messages.
+    name: String,
     failure_domain: String,
     rpc: String,
     weight: u64,
@@ -45,6 +47,7 @@ fn alive_members(views: &[MemberView]) -> Vec<Member> {
             let f = m.facts.as_ref().filter(|f| !f.meta_failed)?;
             Some(Member {
                 id: m.id.node.0,
+                name: f.name.clone(),
                 failure_domain: f.failure_domain.clone(),
                 rpc: f.rpc_addr.to_string(),
                 weight: f.capacity_bytes.max(1),
@@ -64,6 +67,8 @@ pub struct Steward {
     /// has one, else when this leader first missed them).
     layout_down_since: HashMap<u64, Instant>,
     down_out_after: Duration,
+    /// What this node waited for, outside any group, when it last said so.
+    waiting: Option<String>,
     ticker: Ticker,
 }
 
@@ -76,6 +81,7 @@ impl Steward {
             down_since: HashMap::new(),
             layout_down_since: HashMap::new(),
             down_out_after,
+            waiting: None,
             ticker: Ticker::every(TICK),
         }
     }
@@ -131,10 +137,24 @@ impl Worker for Steward {
         let views = self.gossip.members().await?;
         let alive = alive_members(&views);
         if !meta.is_initialized().await? {
-            if self.started.elapsed() >= BOOTSTRAP_SETTLE {
-                bootstrap(meta, &alive).await;
+            let ids: Vec<u64> = alive.iter().map(|m| m.id).collect();
+            let why = match formation(&ids, meta.config.bootstrap_expect, meta.me) {
+                Formation::Wait(why) => why,
+                Formation::Form if self.started.elapsed() < BOOTSTRAP_SETTLE => format!(
+                    "no metadata group yet: {} nodes seen; forming it once gossip settles",
+                    ids.len()
+                ),
+                Formation::Form => bootstrap(meta, &alive).await,
+            };
+            if self.waiting.as_ref() != Some(&why) {
+                info!("{why}");
+                self.waiting = Some(why.clone());
             }
+            meta.set_waiting_for_group(Some(why));
             return Ok(Step::Idle);
+        }
+        if self.waiting.take().is_some() {
+            meta.set_waiting_for_group(None);
         }
         if !meta.is_leader() {
             self.down_since.clear();
@@ -223,20 +243,54 @@ async fn record_generations(meta: &Group, views: &[MemberView]) -> Result<(), Ag
     Ok(())
 }
 
-/// Forms the group if this node has the lowest id among the agents it sees, enough of
-/// them are up, and none of them belongs to a group already.
-async fn bootstrap(meta: &Group, alive: &[Member]) {
-    if alive.len() < meta.config.bootstrap_expect {
-        return;
+/// What a node outside any group does this round.
+#[derive(Debug, PartialEq)]
+enum Formation {
+    /// Wait, for the reason given (shown in status and answered to requests).
+    Wait(String),
+    /// Form the group, unless another agent it sees already belongs to one.
+    Form,
+}
+
+/// Whether node `me` forms the group, given the ids of the agents it sees alive (itself
+/// included) and `[meta] bootstrap_expect`: once enough are seen, the lowest id forms it.
+fn formation(alive: &[u64], expect: usize, me: u64) -> Formation {
+    if alive.len() < expect {
+        return Formation::Wait(format!(
+            "no metadata group yet: {} of {expect} nodes seen; bootstrap_expect = {expect}",
+            alive.len()
+        ));
     }
-    if alive.iter().map(|m| m.id).min() != Some(meta.me) {
-        return;
+    match alive.iter().min() {
+        Some(&lowest) if lowest != me => Formation::Wait(format!(
+            "not in a metadata group yet: {} nodes seen; node {} (the lowest id) forms the group, or its leader adds this node",
+            alive.len(),
+            NodeId(lowest)
+        )),
+        _ => Formation::Form,
     }
+}
+
+/// Forms the group (this node has the lowest id among the agents it sees, and enough of
+/// them are up), unless one of them belongs to a group already or does not answer yet.
+/// Returns what this node waits for now.
+async fn bootstrap(meta: &Group, alive: &[Member]) -> String {
     for m in alive.iter().filter(|m| m.id != meta.me) {
         let Ok(addr) = m.rpc.parse() else { continue };
-        if meta.peer_initialized(addr).await != Some(false) {
-            // Either already in a group (it will add us) or not answering yet.
-            return;
+        match meta.peer_initialized(addr).await {
+            Some(false) => {}
+            Some(true) => {
+                return format!(
+                    "not in a metadata group yet: {} belongs to one, whose leader adds this node",
+                    m.name
+                );
+            }
+            None => {
+                return format!(
+                    "no metadata group yet: {} does not answer at {} yet",
+                    m.name, m.rpc
+                );
+            }
         }
     }
     let candidates: Vec<Candidate> = alive
@@ -253,8 +307,12 @@ async fn bootstrap(meta: &Group, alive: &[Member]) {
         .map(|m| (m.id, BasicNode::new(&m.rpc)))
         .collect();
     info!(voters = ?voters.iter().map(|v| format!("{v:016x}")).collect::<Vec<_>>(), "forming the metadata group");
-    if let Err(e) = meta.raft.initialize(nodes).await {
-        warn!(error = %e, "could not form the metadata group");
+    match meta.raft.initialize(nodes).await {
+        Ok(()) => "forming the metadata group".into(),
+        Err(e) => {
+            warn!(error = %e, "could not form the metadata group");
+            format!("no metadata group yet: forming it failed: {e}")
+        }
     }
 }
 
@@ -422,10 +480,30 @@ mod tests {
     fn member(id: u64, domain: &str, weight: u64) -> Member {
         Member {
             id,
+            name: format!("node{id}"),
             failure_domain: domain.into(),
             rpc: format!("127.0.0.{id}:7947"),
             weight,
         }
+    }
+
+    #[test]
+    fn a_node_outside_any_group_says_what_it_waits_for() {
+        assert_eq!(
+            formation(&[3, 1], 3, 1),
+            Formation::Wait(
+                "no metadata group yet: 2 of 3 nodes seen; bootstrap_expect = 3".into()
+            )
+        );
+        let Formation::Wait(why) = formation(&[3, 1, 2], 3, 2) else {
+            panic!("only the lowest id forms the group");
+        };
+        assert!(
+            why.contains("node 0000000000000001 (the lowest id)"),
+            "{why}"
+        );
+        assert_eq!(formation(&[3, 1, 2], 3, 1), Formation::Form);
+        assert_eq!(formation(&[3, 1, 2, 4], 3, 1), Formation::Form);
     }
 
     fn states(nodes: &[LayoutNode]) -> Vec<(u64, NodeState)> {

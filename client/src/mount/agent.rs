@@ -27,6 +27,9 @@ const MAX_CONNECTIONS: usize = 16;
 const MAX_DATA_CONNECTIONS: usize = 12;
 /// How often the mount pings its agent while files are open (see `Agent::keepalive`).
 const KEEPALIVE: Duration = Duration::from_secs(5);
+/// While the cluster stays unavailable, how often the mount says so again (with the
+/// agent's latest reason).
+const UNAVAILABLE_REMINDER: Duration = Duration::from_secs(30);
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -66,6 +69,8 @@ pub struct Agent {
     handles: tokio::sync::Mutex<BTreeMap<u64, Ino>>,
     reachable: AtomicBool,
     available: AtomicBool,
+    /// While the cluster is unavailable: when the mount last said so.
+    unavailable_said: Mutex<Option<Instant>>,
     /// Called when a new connection follows a failure, before it serves anything.
     on_reconnect: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
@@ -85,6 +90,7 @@ impl Agent {
             handles: tokio::sync::Mutex::new(BTreeMap::new()),
             reachable: AtomicBool::new(true),
             available: AtomicBool::new(true),
+            unavailable_said: Mutex::new(None),
             on_reconnect: std::sync::OnceLock::new(),
         }
     }
@@ -177,9 +183,7 @@ impl Agent {
             let why = match self.try_once(request).await {
                 Ok(Response::Fs(FsResponse::Error(FsError::Unavailable(why)))) => {
                     self.note_reachable();
-                    if self.available.swap(false, Ordering::Relaxed) {
-                        tracing::warn!("cluster unavailable, retrying: {why}");
-                    }
+                    self.note_unavailable(&why);
                     format!("cluster unavailable: {why}")
                 }
                 Ok(response) => {
@@ -207,6 +211,24 @@ impl Agent {
             }
             tokio::time::sleep(backoff.min(self.retry_for - waited)).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Says that the cluster is unavailable and why: when it becomes so, then every
+    /// [`UNAVAILABLE_REMINDER`] while it stays so (the reason may change meanwhile).
+    fn note_unavailable(&self, why: &str) {
+        let became = self.available.swap(false, Ordering::Relaxed);
+        let Ok(mut said) = self.unavailable_said.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let due = became || said.is_none_or(|at| now.duration_since(at) >= UNAVAILABLE_REMINDER);
+        if due {
+            *said = Some(now);
+            tracing::warn!(
+                "cluster unavailable, requests wait up to {:?} (--retry-for) before they fail: {why}",
+                self.retry_for
+            );
         }
     }
 
@@ -393,6 +415,68 @@ mod tests {
             "the mount joins the new agent's reservation"
         );
         assert_eq!(seen.recv().await, Some(Request::Fs(setattr)));
+    }
+
+    /// A log sink for one test's `tracing` output.
+    #[derive(Clone, Default)]
+    struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for CapturedLog {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cluster_without_metadata_group_is_named_in_the_log_and_fails_after_retry_for() {
+        let log = CapturedLog::default();
+        let sink = log.clone();
+        let _guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(move || sink.clone())
+                .with_ansi(false)
+                .finish(),
+        );
+        let why = "no metadata group yet: 2 of 3 nodes seen; bootstrap_expect = 3";
+        let sock = socket_path("unformed");
+        let (tx, mut seen) = mpsc::unbounded_channel();
+        let _agent = fake_agent(sock.clone(), tx, move |_| {
+            Some(Response::Fs(FsResponse::Error(FsError::Unavailable(
+                why.into(),
+            ))))
+        });
+        let agent = Agent::new(sock, Duration::from_millis(300));
+        let lookup = FsRequest::Lookup {
+            parent: ROOT_INO,
+            name: "f".into(),
+        };
+        for _ in 0..3 {
+            assert_eq!(agent.fs(lookup.clone()).await, Err(Errno::EIO));
+        }
+        let mut sent = 0;
+        while seen.try_recv().is_ok() {
+            sent += 1;
+        }
+        assert!(
+            sent > 3,
+            "each request is sent again until --retry-for passed"
+        );
+        let text = String::from_utf8(log.0.lock().expect("log").clone()).expect("utf-8");
+        let warned: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains(why))
+            .collect();
+        assert_eq!(warned.len(), 1, "said once, not per retry:\n{text}");
+        assert!(warned[0].contains("300ms (--retry-for)"), "{text}");
+        let failed = text
+            .lines()
+            .filter(|l| l.contains("ERROR") && l.contains("gave up") && l.contains(why))
+            .count();
+        assert_eq!(failed, 3, "each failed request names the reason:\n{text}");
     }
 
     #[test]

@@ -38,8 +38,19 @@ const INLINE_ENTRIES: u64 = 4;
 /// Most bytes of entries an unsynced append commits on the calling task.
 const INLINE_BYTES: usize = 64 << 10;
 
+/// Where a write of `bytes` runs (pure): on the calling task (the Raft core's) only when it
+/// waits for no disk: unsynced, small, and not starting a new segment (a roll syncs the
+/// old segment, writes and syncs the new one's head, and syncs the directory).
+fn write_place(synced: bool, bytes: usize, rolls: bool) -> Where {
+    if !synced && bytes <= INLINE_BYTES && !rolls {
+        Where::Here
+    } else {
+        Where::Blocking
+    }
+}
+
 /// Where a piece of log work runs.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Where {
     /// On the calling task: short, and never waits for the disk.
     Here,
@@ -283,11 +294,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
         let err = |e: String| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
         let bytes = encode(&committed).map_err(err)?;
-        let place = if self.wal.rolls_next() {
-            Where::Blocking
-        } else {
-            Where::Here
-        };
+        let place = write_place(false, bytes.len(), self.wal.rolls_next());
         self.write(place, move |wal| wal.set(Key::Committed, &bytes, false))
             .await
             .map_err(err)
@@ -316,11 +323,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
             .collect();
         let rows = rows.map_err(|e| log_err(ErrorVerb::Write, e))?;
         let bytes: usize = rows.iter().map(|(_, b)| b.len()).sum();
-        let place = if !synced && bytes <= INLINE_BYTES && !self.wal.rolls_next() {
-            Where::Here
-        } else {
-            Where::Blocking
-        };
+        let place = write_place(synced, bytes, self.wal.rolls_next());
         self.counters.appends.inc();
         if synced {
             self.counters.syncs.inc();
@@ -390,6 +393,19 @@ mod tests {
                 target: None,
             },
         }
+    }
+
+    #[test]
+    fn only_small_unsynced_writes_that_start_no_segment_run_on_the_core_task() {
+        use super::{INLINE_BYTES, Where, write_place};
+        assert_eq!(write_place(false, 300, false), Where::Here);
+        assert_eq!(write_place(true, 300, false), Where::Blocking, "a sync");
+        assert_eq!(write_place(false, INLINE_BYTES + 1, false), Where::Blocking);
+        assert_eq!(
+            write_place(false, 300, true),
+            Where::Blocking,
+            "a roll syncs three times and the directory once"
+        );
     }
 
     /// Bytes as the previous version wrote them: format 1, a batch without a stamp.

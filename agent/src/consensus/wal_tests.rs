@@ -573,3 +573,18 @@ fn power_cuts_lose_only_what_was_not_synced() {
     }
     assert!(cuts > 100, "{cuts} power cuts");
 }
+
+/// The log says before a write whether that write starts a new segment (the log store
+/// keeps such a write off the Raft core's task).
+#[test]
+fn the_log_says_which_write_starts_a_new_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open_with(os(), dir.path(), 100).expect("open");
+    assert!(!wal.rolls_next(), "a new segment has room");
+    let before = segments(dir.path()).len();
+    wal.append(&entries(1..5), false).expect("append");
+    assert!(wal.rolls_next(), "past the limit: the next write rolls");
+    wal.append(&entries(5..6), false).expect("append");
+    assert_eq!(segments(dir.path()).len(), before + 1);
+    assert!(!wal.rolls_next());
+}

@@ -74,6 +74,31 @@ impl Fs {
         }
     }
 
+    /// Makes the file `dir/name` and writes `data` into it; the file's inode, or the error
+    /// the write failed with.
+    pub async fn try_write_new(
+        &mut self,
+        dir: u64,
+        name: &str,
+        data: Vec<u8>,
+    ) -> Result<u64, shoal_agent_api::FsError> {
+        let ino = self.mknod(dir, name, shoal_agent_api::FileKind::File).await;
+        let id = self.id();
+        match self
+            .call(FsRequest::Write {
+                id,
+                ino,
+                offset: 0,
+                data,
+            })
+            .await
+        {
+            FsResponse::Attr(_) => Ok(ino),
+            FsResponse::Error(e) => Err(e),
+            other => panic!("write {name}: {other:?}"),
+        }
+    }
+
     pub async fn read(&mut self, ino: u64, offset: u64, len: u32) -> Vec<u8> {
         match self.call(FsRequest::Read { ino, offset, len }).await {
             FsResponse::Data(d) => d,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use shoal_agent_api::{FileKind, FsError, FsRequest, FsResponse, ROOT_INO};
+use shoal_agent_api::{FileKind, ROOT_INO};
 use shoal_tests::fs_api::{Fs, pattern};
 use shoal_tests::{DevCluster, metric_sum};
 use tokio::io::AsyncReadExt;
@@ -126,24 +126,6 @@ async fn hold_connections(
     }
 }
 
-async fn write_file(fs: &mut Fs, dir: u64, name: &str, data: Vec<u8>) -> Result<u64, FsError> {
-    let ino = fs.mknod(dir, name, FileKind::File).await;
-    let id = fs.id();
-    match fs
-        .call(FsRequest::Write {
-            id,
-            ino,
-            offset: 0,
-            data,
-        })
-        .await
-    {
-        FsResponse::Attr(_) => Ok(ino),
-        FsResponse::Error(e) => Err(e),
-        other => panic!("write {name}: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_go_on_while_a_flood_of_silent_connections_hits_a_bulk_port() {
     // 2+1 on three nodes: every stripe needs a shard on node 2, the flooded one.
@@ -170,7 +152,7 @@ async fn writes_go_on_while_a_flood_of_silent_connections_hits_a_bulk_port() {
             for f in 0..FILES_PER_WRITER {
                 let name = format!("w{w}f{f}");
                 let data = pattern(FILE_BYTES, w * FILES_PER_WRITER + f);
-                let ino = write_file(&mut fs, dir, &name, data.clone()).await;
+                let ino = fs.try_write_new(dir, &name, data.clone()).await;
                 written.push((name, ino, data));
             }
             written

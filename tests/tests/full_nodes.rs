@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use shoal_agent_api::{FileKind, FsError, FsRequest, FsResponse, ROOT_INO};
+use shoal_agent_api::{FileKind, FsError, ROOT_INO};
 use shoal_tests::fs_api::{Fs, pattern};
 use shoal_tests::{DevCluster, wait_for};
 
@@ -18,25 +18,6 @@ fn store_bytes(c: &DevCluster, i: u8) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
-}
-
-/// Writes a new file of `len` bytes through `fs`; the error when the write fails.
-async fn try_write(fs: &mut Fs, dir: u64, name: &str, data: Vec<u8>) -> Result<u64, FsError> {
-    let ino = fs.mknod(dir, name, FileKind::File).await;
-    let id = fs.id();
-    match fs
-        .call(FsRequest::Write {
-            id,
-            ino,
-            offset: 0,
-            data,
-        })
-        .await
-    {
-        FsResponse::Attr(_) => Ok(ino),
-        FsResponse::Error(e) => Err(e),
-        other => panic!("write {name}: {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,7 +34,8 @@ async fn a_full_node_leaves_placement_and_enospc_means_the_cluster_is_full() {
     for i in 0..12u8 {
         let data = pattern(2 << 20, i);
         let name = format!("f{i}");
-        let ino = try_write(&mut fs, dir, &name, data.clone())
+        let ino = fs
+            .try_write_new(dir, &name, data.clone())
             .await
             .unwrap_or_else(|e| panic!("{name} failed while three nodes have room: {e}"));
         written.push((ino, data));
@@ -67,7 +49,7 @@ async fn a_full_node_leaves_placement_and_enospc_means_the_cluster_is_full() {
     let mut refused = None;
     for i in 12..80u8 {
         let data = pattern(2 << 20, i);
-        match try_write(&mut fs, dir, &format!("f{i}"), data.clone()).await {
+        match fs.try_write_new(dir, &format!("f{i}"), data.clone()).await {
             Ok(ino) => written.push((ino, data)),
             Err(e) => {
                 refused = Some(e);
@@ -152,7 +134,7 @@ async fn a_filesystem_filled_by_others_stops_new_shards_there_but_not_the_metada
     let dir = fs.mknod(ROOT_INO, "d", FileKind::Dir).await;
     let before = store_bytes(&c, 3);
     for i in 0..4u8 {
-        try_write(&mut fs, dir, &format!("f{i}"), pattern(3 << 20, i))
+        fs.try_write_new(dir, &format!("f{i}"), pattern(3 << 20, i))
             .await
             .unwrap_or_else(|e| panic!("write {i}: {e}"));
     }

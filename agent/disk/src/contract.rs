@@ -214,3 +214,38 @@ fn redb_commits_on_the_simulated_disk_survive_a_power_cut() {
         }
     }
 }
+
+#[test]
+fn writes_a_failed_sync_dropped_are_read_until_the_cache_is_forgotten() {
+    let (disk, dir) = sim();
+    let f = disk.create(&dir.join("f")).expect("create");
+    disk.sync_dir(&dir).expect("sync dir");
+    f.write_all_at(b"durable", 0).expect("write");
+    f.sync().expect("sync");
+    f.write_all_at(b"LOST", 0).expect("write");
+    disk.set_fault(Some(SimFault::Eio));
+    assert!(f.sync().is_err());
+    disk.set_fault(None);
+    assert_eq!(
+        f.read_all().expect("read"),
+        b"LOSTble",
+        "the cache still has them"
+    );
+    f.sync().expect("nothing left to write");
+    f.forget_cached().expect("forget");
+    assert_eq!(
+        f.read_all().expect("read"),
+        b"durable",
+        "the disk never got them"
+    );
+}
+
+#[test]
+fn forgetting_the_cache_keeps_what_is_not_yet_synced() {
+    each(|disk, dir| {
+        let f = disk.create(&dir.join("c")).expect("create");
+        f.write_all_at(b"dirty", 0).expect("write");
+        f.forget_cached().expect("forget");
+        assert_eq!(f.read_all().expect("read"), b"dirty");
+    });
+}

@@ -40,6 +40,11 @@ pub trait DiskFile: Debug + Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes every write and length change so far durable (`fdatasync`).
     fn sync(&self) -> io::Result<()>;
+    /// Drops what the page cache holds of the file that is not dirty, so the next reads
+    /// come from the disk. After a failed sync Linux marks the pages it could not write
+    /// clean but keeps them: a restarted reader would otherwise read bytes the disk never
+    /// got, and a later successful sync would not write them.
+    fn forget_cached(&self) -> io::Result<()>;
 
     /// The whole file.
     fn read_all(&self) -> io::Result<Vec<u8>> {

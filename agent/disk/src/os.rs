@@ -35,6 +35,16 @@ impl DiskFile for OsFile {
     fn sync(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+
+    fn forget_cached(&self) -> io::Result<()> {
+        nix::fcntl::posix_fadvise(
+            &self.0,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .map_err(io::Error::from)
+    }
 }
 
 impl Disk for OsDisk {

@@ -330,13 +330,32 @@ impl DiskFile for SimFile {
 
     fn sync(&self) -> io::Result<()> {
         let mut s = self.lock()?;
-        if s.fault == Some(SimFault::Eio) {
+        let failed = s.fault == Some(SimFault::Eio);
+        if !failed {
+            s.syncs += 1;
+        }
+        let f = s.files.get_mut(&self.id).ok_or_else(stale)?;
+        // As Linux: after a failed sync the changes it could not write are dropped (their
+        // pages marked clean) while reads still see them, until the cache is dropped; a
+        // later sync does not write them either.
+        let pending = std::mem::take(&mut f.pending);
+        if failed {
             return Err(io::Error::other("simulated EIO"));
         }
-        s.syncs += 1;
+        for change in &pending {
+            apply(&mut f.durable, change);
+        }
+        Ok(())
+    }
+
+    fn forget_cached(&self) -> io::Result<()> {
+        let mut s = self.lock()?;
         let f = s.files.get_mut(&self.id).ok_or_else(stale)?;
-        f.pending.clear();
-        f.durable = f.current.clone();
+        let mut current = f.durable.clone();
+        for change in &f.pending {
+            apply(&mut current, change);
+        }
+        f.current = current;
         Ok(())
     }
 }

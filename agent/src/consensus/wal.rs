@@ -9,7 +9,8 @@
 //! in memory maps each log index to where its entry lies.
 //!
 //! A segment starts with [`MAGIC`], then records: `u32 LE body length | u32 LE crc32c of
-//! the rest | kind | u64 LE synced-to | body`. Kinds: an entry (`u64 LE index | entry
+//! kind, synced-to and body | kind | u64 LE synced-to | u32 LE crc32c of the header before
+//! it | body`. Kinds: an entry (`u64 LE index | entry
 //! bytes`), a truncation (`u64 LE index`: entries from it on are gone), a purge (`u64 LE
 //! index | value`: entries up to it are gone, the value is the purge point as the caller
 //! encodes it) and a state value (`key | value`: the vote, the commit index). Synced-to is
@@ -19,13 +20,15 @@
 //! A record that does not parse at the end of the last segment was either cut by a crash
 //! (an append is durable only once synced, and a sync covers every write before it) or
 //! damaged after it was synced. It is taken for a crash's, and the file is cut there, when
-//! no record after it says it was synced, and it has the shape an interrupted append
-//! leaves: it runs past the end of the file, its header is zeros, or a 512-byte sector
-//! under it is all zeros (never written: the file's new region reads as zeros). Anything
+//! no whole record anywhere after it says it was synced, and it has the shape an
+//! interrupted append leaves: its header is not whole (or zeros), it runs past the end of
+//! the file, or a 512-byte sector under it is all zeros (never written: the file's new
+//! region reads as zeros). Anything
 //! else (a later record's synced-to past it, or a written record failing its checksum)
 //! refuses the start, and so does any damage before the last segment: cutting there could
 //! drop records that were synced, a vote among them. Damage to the very last record after
-//! its sync, in a sector that was zeros, cannot be told from a crash and is cut.
+//! its sync, in its header or in a sector that was zeros, cannot be told from a crash and
+//! is cut.
 //!
 //! Segments of the previous format (`shoalwl1`: no synced-to) are still read; a log whose
 //! newest segment is one starts a new segment at open.
@@ -53,8 +56,10 @@ pub const MAGIC: &[u8; 8] = b"shoalwl2";
 const MAGIC_V1: &[u8; 8] = b"shoalwl1";
 /// A segment is closed once it holds this much.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
-/// Record header: body length, checksum, kind, synced-to.
-const HEADER: usize = 17;
+/// Record header: body length, checksum, kind, synced-to, and a checksum of those.
+const HEADER: usize = 21;
+/// The part of a header its own checksum covers.
+const HEADER_COVERED: usize = 17;
 /// The previous format's header: body length, checksum, kind.
 const HEADER_V1: usize = 9;
 /// The unit a torn write leaves unwritten (zeros) at worst.
@@ -142,10 +147,13 @@ fn record(out: &mut Vec<u8>, kind: u8, synced_to: u64, parts: &[&[u8]]) {
     for p in parts {
         crc = crc32c::crc32c_append(crc, p);
     }
+    let head_at = out.len();
     out.extend_from_slice(&(len as u32).to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
     out.push(kind);
     out.extend_from_slice(&synced_to.to_le_bytes());
+    let head_crc = crc32c::crc32c(&out[head_at..]);
+    out.extend_from_slice(&head_crc.to_le_bytes());
     for p in parts {
         out.extend_from_slice(p);
     }
@@ -186,9 +194,24 @@ struct Parsed<'a> {
     synced_to: u64,
 }
 
+/// Whether the header at `at` is whole: its own checksum matches (the previous format has
+/// none: any header is taken as whole).
+fn header_ok(bytes: &[u8], at: usize, format: Format) -> bool {
+    match format {
+        Format::V1 => bytes.get(at..at.saturating_add(HEADER_V1)).is_some(),
+        Format::V2 => bytes.get(at..at.saturating_add(HEADER)).is_some_and(|h| {
+            let want = u32::from_le_bytes([h[17], h[18], h[19], h[20]]);
+            crc32c::crc32c(&h[..HEADER_COVERED]) == want
+        }),
+    }
+}
+
 /// The record at `at` in `bytes`, or `None` where the records end (cut short, or a
 /// checksum that does not match).
 fn parse(bytes: &[u8], at: usize, format: Format) -> Option<(Parsed<'_>, usize)> {
+    if !header_ok(bytes, at, format) {
+        return None;
+    }
     let header = format.header();
     let head = bytes.get(at..at.checked_add(header)?)?;
     let len = u32::from_le_bytes(head[0..4].try_into().ok()?);
@@ -221,13 +244,14 @@ fn parse(bytes: &[u8], at: usize, format: Format) -> Option<(Parsed<'_>, usize)>
 }
 
 /// Whether the record at `at`, which did not parse, has the shape an append interrupted by
-/// a crash leaves: cut short by the end of the file, or lying over a sector never written
-/// (the file's new region reads as zeros until it is written).
+/// a crash leaves: its header not whole (or zeros), or cut short by the end of the file, or
+/// lying over a sector never written (the file's new region reads as zeros until it is
+/// written). A whole header over a whole body that fails its checksum is damage.
 fn torn(bytes: &[u8], at: usize, format: Format) -> bool {
     let Some(head) = bytes.get(at..at + format.header()) else {
         return true;
     };
-    if head.iter().all(|&b| b == 0) {
+    if head.iter().all(|&b| b == 0) || !header_ok(bytes, at, format) {
         return true;
     }
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
@@ -246,22 +270,18 @@ fn torn(bytes: &[u8], at: usize, format: Format) -> bool {
     false
 }
 
-/// Whether a record after the damaged one at `at` says the segment was synced past `at`
-/// (so the damaged record was durable: damage, not a crash). Follows the records from
-/// where the damaged one's length says it ends.
+/// Whether any whole record after the damaged one at `at` says the segment was synced past
+/// `at` (so the damaged record was durable: damage, not a crash). Every later offset is
+/// tried (the damaged record's own length may be what is damaged); a header's own checksum
+/// makes each try cheap. The previous format, without synced-to, never says so.
 fn synced_past(bytes: &[u8], at: usize, format: Format) -> bool {
-    let Some(head) = bytes.get(at..at + format.header()) else {
+    if format == Format::V1 {
         return false;
-    };
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    let mut next = at.saturating_add(format.header()).saturating_add(len);
-    while let Some((r, after)) = parse(bytes, next, format) {
-        if r.synced_to > at as u64 {
-            return true;
-        }
-        next = after;
     }
-    false
+    (at + 1..bytes.len().saturating_sub(HEADER - 1)).any(|next| {
+        header_ok(bytes, next, format)
+            && parse(bytes, next, format).is_some_and(|(r, _)| r.synced_to > at as u64)
+    })
 }
 
 fn split_index(body: &[u8]) -> Option<(u64, &[u8])> {
@@ -437,6 +457,10 @@ impl Wal {
         for n in numbers {
             let path = dir.join(segment_name(n));
             let file = disk.open(&path, false)?;
+            // What the disk holds, not what the page cache kept of writes a failed sync
+            // dropped (a restart after EIO): sync what is dirty, then drop the cache.
+            file.sync()?;
+            file.forget_cached()?;
             let bytes = file.read_all()?;
             let format =
                 Format::of(&bytes).ok_or_else(|| corrupt(&path, 0, "not a shoal log segment"))?;

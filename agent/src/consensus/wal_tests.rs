@@ -588,3 +588,51 @@ fn the_log_says_which_write_starts_a_new_segment() {
     assert_eq!(segments(dir.path()).len(), before + 1);
     assert!(!wal.rolls_next());
 }
+
+/// A flipped bit in a synced record's length (which its own header checksum covers) is
+/// damage, found by a later record that vouches for it from anywhere after it.
+#[test]
+fn a_flipped_bit_in_a_synced_records_length_refuses_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = Wal::open(os(), dir.path()).expect("open");
+        wal.append(&entries(1..2), true).expect("append");
+        wal.append(&entries(2..3), true).expect("append");
+        wal.set(Key::Vote, b"vote 9", true).expect("vote");
+    }
+    let seg = segments(dir.path()).pop().expect("a segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    // The first record's length: its end now lies past the end of the file.
+    bytes[MAGIC.len() + 3] ^= 0x40;
+    std::fs::write(&seg, &bytes).expect("write");
+    let err = Wal::open(os(), dir.path()).err().expect("refused, not cut");
+    assert!(err.to_string().contains("says it was synced"), "{err}");
+}
+
+/// After a sync failed (EIO), the records it could not write are gone from the disk but
+/// still in the page cache; the agent restarts. The log is read from the disk, so a later
+/// synced record never vouches for bytes the disk does not have, and a power cut after
+/// that leaves a log that opens.
+#[test]
+fn a_log_reopened_after_a_failed_sync_reads_what_the_disk_has() {
+    use shoal_disk::{SimDisk, SimFault};
+    let disk = SimDisk::new(3);
+    let dir = std::path::Path::new("/log");
+    let open = || Wal::open(Arc::new(disk.clone()), dir).expect("open");
+    {
+        let wal = open();
+        wal.append(&entries(1..3), true).expect("append");
+        disk.set_fault(Some(SimFault::Eio));
+        assert!(wal.append(&entries(3..4), true).is_err(), "EIO");
+        disk.set_fault(None);
+    }
+    disk.crash();
+    {
+        let wal = open();
+        assert_eq!(all(&wal), names(1..3), "entry 3 never reached the disk");
+        wal.append(&entries(3..6), true).expect("append");
+    }
+    disk.power_cut();
+    let wal = open();
+    assert_eq!(all(&wal), names(1..6));
+}

@@ -86,6 +86,9 @@ pub enum StripeError {
     Unreadable {
         stripe: StripeId,
         source: ErasureError,
+        /// Some shard could not be read for a reason that may pass (its holder did not
+        /// answer); false when every missing shard is corrupt, missing or not found.
+        transient: bool,
     },
     /// The record cannot be read as it says (from a damaged or hostile source).
     #[error(transparent)]
@@ -131,7 +134,7 @@ impl StripeError {
             StripeError::NotStored(f) | StripeError::NotDeleted { faults: f, .. } => {
                 f.0.iter().all(|s| s.kind == ShardFailure::Other)
             }
-            StripeError::Unreadable { .. } => true,
+            StripeError::Unreadable { transient, .. } => *transient,
             StripeError::Mesh(e) => e.is_retryable(),
             // A panic is not retried; a task cancelled by a stop is.
             StripeError::Task(e) => e.is_cancelled(),
@@ -184,15 +187,23 @@ mod tests {
         assert!(!geometry.is_retryable());
         let few = StripeError::Placement(PlacementError::NotEnoughNodes { need: 6, have: 5 });
         assert!(few.is_retryable());
-        let unreadable = StripeError::Unreadable {
+        let unreadable = |transient| StripeError::Unreadable {
             stripe: StripeId(1),
             source: ErasureError::TooFewShards {
                 present: 1,
                 total: 3,
                 need: 2,
             },
+            transient,
         };
-        assert!(unreadable.is_retryable(), "holders may be back in a moment");
+        assert!(
+            unreadable(true).is_retryable(),
+            "holders may be back in a moment"
+        );
+        assert!(
+            !unreadable(false).is_retryable(),
+            "corrupt shards stay corrupt: not retried for --retry-for"
+        );
         assert_eq!(
             fault(ShardFailure::Full).to_string(),
             "shard 1 on n2 (0000000000000002): node full: x"

@@ -103,22 +103,21 @@ impl Stripes {
             };
             let this = self.clone();
             let (node, slice, crc) = (loc.node, *s, loc.crc32c);
-            let (stripe, whole) = (
-                record.id.0,
-                s.offset_in_shard == 0 && s.len == record.shard_len,
-            );
+            let (stripe, shard_len) = (record.id.0, record.shard_len);
             set.spawn(async move {
                 let got = this
-                    .fetch_checked(node, addr, stripe, slice, crc, whole)
+                    .fetch_checked(node, addr, stripe, slice, (crc, shard_len))
                     .await;
                 (n, got)
             });
         }
         let mut parts: Vec<Option<Bytes>> = vec![None; slices.len()];
+        let mut transient = unreached;
         for (n, resp) in set.join_all().await {
             match resp {
                 ShardResponse::Data(d) if d.len() as u64 == slices[n].len => parts[n] = Some(d),
                 other => {
+                    transient |= may_pass(&other);
                     self.note_bad(record, slices[n].shard_index, &other);
                     bad.push(slices[n].shard_index);
                 }
@@ -132,7 +131,8 @@ impl Stripes {
             });
         }
         self.metrics.degraded_reads.inc();
-        self.degraded(record, &peers, bad, offset, len).await
+        self.degraded(record, &peers, (bad, transient), offset, len)
+            .await
     }
 
     /// One shard's part of a read, checked here against the shard's checksum from the
@@ -147,9 +147,9 @@ impl Stripes {
         addr: Addrs,
         stripe: u128,
         s: ShardSlice,
-        crc: u32,
-        whole: bool,
+        (crc, shard_len): (u32, u64),
     ) -> ShardResponse {
+        let whole = s.offset_in_shard == 0 && s.len == shard_len;
         let addr = Some(addr);
         let get = ShardRequest::Get {
             stripe,
@@ -204,7 +204,7 @@ impl Stripes {
                     stripe,
                     index: s.shard_index,
                     offset: 0,
-                    len: None,
+                    len: Some(shard_len),
                 };
                 checked_slice(self.call(node, addr, whole, WHOLE_TIMEOUT).await, crc, s)
             }
@@ -245,11 +245,11 @@ impl Stripes {
         self: &Arc<Self>,
         record: &StripeRecord,
         peers: &Peers,
-        bad: Vec<u8>,
+        bad: (Vec<u8>, bool),
         offset: u64,
         len: u64,
     ) -> Result<StripeParts, StripeError> {
-        let (data_shards, bad) = self.data_shards(record, peers, bad).await?;
+        let (data_shards, bad) = self.data_shards(record, peers, bad.0, bad.1).await?;
         let parts = range_of(data_shards, offset, len).ok_or(StripeError::OutOfRange {
             stripe: record.id,
             offset,
@@ -265,19 +265,22 @@ impl Stripes {
 
     /// The k data shards of a stripe from any k of its shards not in `bad`, fetched whole
     /// and checked against the record's checksums, decoded where needed; with every shard
-    /// found unusable on the way (sorted).
+    /// found unusable on the way (sorted). `transient`: some shard in `bad` is there for a
+    /// reason that may pass (the error then says so).
     pub(super) async fn data_shards(
         self: &Arc<Self>,
         record: &StripeRecord,
         peers: &Peers,
         mut bad: Vec<u8>,
+        mut transient: bool,
     ) -> Result<(Vec<Vec<u8>>, Vec<u8>), StripeError> {
-        let unreadable = |source| StripeError::Unreadable {
+        let unreadable = |source, transient| StripeError::Unreadable {
             stripe: record.id,
             source,
+            transient,
         };
         let mut set = JoinSet::new();
-        let sources = degraded_sources(record, &bad).map_err(unreadable)?;
+        let sources = degraded_sources(record, &bad).map_err(|e| unreadable(e, transient))?;
         // Holders gossip does not count alive are asked too when the others are fewer than
         // k: gossip lags behind a healed partition, and has heard of nobody yet right after
         // this agent started; a read that can succeed must not fail on its word.
@@ -321,6 +324,7 @@ impl Stripes {
                     }
                 }
                 other => {
+                    transient |= may_pass(&other);
                     self.note_bad(record, index, &other);
                     bad.push(index);
                 }
@@ -331,11 +335,24 @@ impl Stripes {
         let data_shards =
             tokio::task::spawn_blocking(move || erasure::decode(ec, shard_len, &have))
                 .await?
-                .map_err(unreadable)?;
+                .map_err(|e| unreadable(e, transient))?;
         bad.sort_unstable();
         bad.dedup();
         Ok((data_shards, bad))
     }
+}
+
+/// Whether a shard answer that could not be used may be different a little later: its
+/// holder did not answer (down, cut off, restarting, slow). Corrupt data, a checksum
+/// mismatch and a shard the holder does not have are not.
+fn may_pass(answer: &ShardResponse) -> bool {
+    matches!(
+        answer,
+        ShardResponse::Failed {
+            kind: ShardFailure::Other,
+            ..
+        }
+    )
 }
 
 /// The part `s` of a whole shard answered by its holder, once the whole matched the

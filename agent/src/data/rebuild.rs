@@ -55,7 +55,8 @@ impl Stripes {
         let peers = self.peers().await?;
         let mut unusable: Vec<u8> = skip.to_vec();
         unusable.extend(rebuilds.iter().map(|r| r.index));
-        let (data_shards, bad) = self.data_shards(record, &peers, unusable).await?;
+        // A rebuild is retried by the repair worker whatever the cause.
+        let (data_shards, bad) = self.data_shards(record, &peers, unusable, true).await?;
         let len = record.len as usize;
         let all = tokio::task::spawn_blocking(move || {
             let mut data = data_shards.concat();

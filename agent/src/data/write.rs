@@ -240,7 +240,8 @@ impl Stripes {
                     Ok(j) => j,
                     Err(_) => {
                         let alive = self.alive_now().await;
-                        if stop_waiting(&pending, |n| alive.contains(&n)) {
+                        let gone = |n| alive.as_ref().is_some_and(|a| !a.contains(&n));
+                        if stop_waiting(&pending, |n| !gone(n)) {
                             break;
                         }
                         continue;
@@ -290,21 +291,20 @@ impl Stripes {
         attempt
     }
 
-    /// The nodes gossip counts alive now (this one always).
-    async fn alive_now(&self) -> std::collections::BTreeSet<NodeId> {
+    /// The nodes gossip counts alive now (this one always); None when gossip cannot say
+    /// (then nobody is taken for gone).
+    async fn alive_now(&self) -> Option<std::collections::BTreeSet<NodeId>> {
         let mut alive: std::collections::BTreeSet<NodeId> = self
             .gossip
             .members()
             .await
-            .map(|m| {
-                m.into_iter()
-                    .filter(|m| m.state == shoal_mesh::MemberState::Alive)
-                    .map(|m| NodeId(m.id.node.0))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .ok()?
+            .into_iter()
+            .filter(|m| m.state == shoal_mesh::MemberState::Alive)
+            .map(|m| NodeId(m.id.node.0))
+            .collect();
         alive.insert(self.me);
-        alive
+        Some(alive)
     }
 
     /// Deletes the shards of an attempt that will not be committed (nothing references

@@ -61,6 +61,13 @@ impl FsService {
         {
             return FsResponse::Error(FsError::NotPermitted);
         }
+        if let Some(why) = self.group.failure() {
+            // The replica is frozen where the metadata member stopped: nothing is answered
+            // from it (the mount waits for the restarted agent).
+            return FsResponse::Error(FsError::Unavailable(format!(
+                "this node's metadata member failed: {why}"
+            )));
+        }
         let answer = if is_change(&req) {
             self.serve_change(req).await
         } else {

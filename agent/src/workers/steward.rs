@@ -35,22 +35,25 @@ struct Member {
     failure_domain: String,
     rpc: String,
     weight: u64,
+    /// Its metadata member failed (see `consensus/core_watch.rs`): not counted on as a
+    /// voter (it would take a quorum's place while acknowledging nothing); its shard store
+    /// is as alive as gossip says.
+    meta_failed: bool,
 }
 
-/// The members gossip counts alive, less those whose metadata member failed (counted on
-/// as a voter, one would take a quorum's place while acknowledging nothing).
 fn alive_members(views: &[MemberView]) -> Vec<Member> {
     views
         .iter()
         .filter(|m| m.state == MemberState::Alive)
         .filter_map(|m| {
-            let f = m.facts.as_ref().filter(|f| !f.meta_failed)?;
+            let f = m.facts.as_ref()?;
             Some(Member {
                 id: m.id.node.0,
                 name: f.name.clone(),
                 failure_domain: f.failure_domain.clone(),
                 rpc: f.rpc_addr.to_string(),
                 weight: f.capacity_bytes.max(1),
+                meta_failed: f.meta_failed,
             })
         })
         .collect()
@@ -163,7 +166,9 @@ impl Worker for Steward {
         }
         let now = Instant::now();
         let alive_ids: BTreeSet<u64> = alive.iter().map(|m| m.id).collect();
-        self.down_since.retain(|id, _| !alive_ids.contains(id));
+        // A member whose metadata member failed stays down as a voter until replaced.
+        self.down_since
+            .retain(|id, _| !alive.iter().any(|m| m.id == *id && !m.meta_failed));
         let windows_over = end_maintenance(&self.meta, &alive_ids).await?;
         let long_down = self.long_down(&views, &alive_ids, &windows_over, now);
         let meta = &self.meta;
@@ -338,12 +343,13 @@ async fn reconcile_members(
             .await
             .map_err(|e| ConsensusError::membership("add learner", e))?;
     }
+    let voting: Vec<&Member> = alive.iter().filter(|m| !m.meta_failed).collect();
     for v in &voters {
-        if !alive.iter().any(|m| m.id == *v) {
+        if !voting.iter().any(|m| m.id == *v) {
             down_since.entry(*v).or_insert(now);
         }
     }
-    let candidates: Vec<Candidate> = alive
+    let candidates: Vec<Candidate> = voting
         .iter()
         .map(|m| Candidate {
             id: m.id,
@@ -484,6 +490,7 @@ mod tests {
             failure_domain: domain.into(),
             rpc: format!("127.0.0.{id}:7947"),
             weight,
+            meta_failed: false,
         }
     }
 

@@ -39,9 +39,6 @@ struct Record {
     name: String,
     /// The name changed on another node after it was handed to the kernel.
     stale: bool,
-    /// Where in the agent's feed the answer that handed it out was read (None: an agent
-    /// of protocol 8, or an answer that carries none).
-    stamp: Option<Stamp>,
 }
 
 /// A position in one of the agent's change feeds: an answer stamped with it reflects
@@ -66,7 +63,8 @@ impl Stamp {
 #[derive(Default)]
 pub struct Names {
     by_child: HashMap<Ino, Record>,
-    by_name: HashMap<(Ino, String), Ino>,
+    /// Each name handed out: its inode, and the stamp of the answer that handed it out.
+    by_name: HashMap<(Ino, String), (Ino, Option<Stamp>)>,
     /// Every inode handed to the kernel and not forgotten since (it may cache their
     /// attributes), besides the root, which it always holds.
     held: HashSet<Ino>,
@@ -105,7 +103,7 @@ impl Names {
                 .any(|(_, p, n, end)| {
                     *p == parent && n == name && !stamp.is_some_and(|s| s.covers(*end))
                 });
-        self.by_name.insert((parent, name.to_owned()), ino);
+        self.by_name.insert((parent, name.to_owned()), (ino, stamp));
         self.held.insert(ino);
         self.by_child.insert(
             ino,
@@ -113,7 +111,6 @@ impl Names {
                 parent,
                 name: name.to_owned(),
                 stale: raced,
-                stamp,
             },
         );
         !raced
@@ -121,9 +118,12 @@ impl Names {
 
     /// This mount renamed `from` to `to` (the kernel moved its entry itself).
     pub fn renamed(&mut self, from: (Ino, &str), to: (Ino, &str)) {
-        let replaced = self.by_name.remove(&(to.0, to.1.to_owned()));
-        if let Some(ino) = self.by_name.remove(&(from.0, from.1.to_owned())) {
-            self.by_name.insert((to.0, to.1.to_owned()), ino);
+        let replaced = self
+            .by_name
+            .remove(&(to.0, to.1.to_owned()))
+            .map(|(i, _)| i);
+        if let Some((ino, stamp)) = self.by_name.remove(&(from.0, from.1.to_owned())) {
+            self.by_name.insert((to.0, to.1.to_owned()), (ino, stamp));
             if let Some(r) = self.by_child.get_mut(&ino) {
                 (r.parent, r.name) = (to.0, to.1.to_owned());
             }
@@ -143,7 +143,7 @@ impl Names {
         self.held.remove(&ino);
         if let Some(r) = self.by_child.remove(&ino) {
             let key = (r.parent, r.name);
-            if self.by_name.get(&key) == Some(&ino) {
+            if self.by_name.get(&key).map(|(i, _)| *i) == Some(ino) {
                 self.by_name.remove(&key);
             }
         }
@@ -157,9 +157,9 @@ impl Names {
     /// Another node changed `parent/name` (in a feed batch that ended at `end`); the inode
     /// it named here, if any, for the kernel to drop (when none, the kernel has no entry for
     /// the name: this mount answers a missing name with an error, which the kernel does not
-    /// cache). The inode's name is marked stale only while it is still that name, handed
-    /// out by an answer older than the change: a lookup that found the inode under another
-    /// name since, or found this name after the change, stays good.
+    /// cache). The inode is marked stale, whatever name its record holds now (the kernel
+    /// may still walk the old name to it). A name handed out by an answer that already
+    /// reflects the change (its stamp is past the batch) is left as it is: nothing to drop.
     pub fn changed(&mut self, parent: Ino, name: &str, end: Option<Stamp>) -> Option<Ino> {
         self.position += 1;
         if self.recent.len() == RECENT
@@ -169,12 +169,13 @@ impl Names {
         }
         self.recent
             .push_back((self.position, parent, name.to_owned(), end));
-        let ino = self.by_name.remove(&(parent, name.to_owned()))?;
-        if let Some(r) = self.by_child.get_mut(&ino)
-            && r.parent == parent
-            && r.name == name
-            && !r.stamp.is_some_and(|s| s.covers(end))
-        {
+        let key = (parent, name.to_owned());
+        let (ino, stamp) = *self.by_name.get(&key)?;
+        if stamp.is_some_and(|s| s.covers(end)) {
+            return None;
+        }
+        self.by_name.remove(&key);
+        if let Some(r) = self.by_child.get_mut(&ino) {
             r.stale = true;
         }
         Some(ino)
@@ -240,6 +241,8 @@ pub struct Coherence {
     failed: AtomicU64,
     /// The kernel, once the watcher runs (for what the mount drops outside the feed).
     kernel: std::sync::OnceLock<Notifier>,
+    /// Resets made by [`Self::reconnected`] so far.
+    resets: AtomicU64,
 }
 
 impl Default for Coherence {
@@ -250,6 +253,7 @@ impl Default for Coherence {
             live: AtomicBool::new(false),
             failed: AtomicU64::new(0),
             kernel: std::sync::OnceLock::new(),
+            resets: AtomicU64::new(0),
         }
     }
 }
@@ -295,6 +299,7 @@ impl Coherence {
     /// are not cached, and the kernel drops what it cached. Called before the new
     /// connection serves anything.
     pub fn reconnected(&self) {
+        self.resets.fetch_add(1, Ordering::AcqRel);
         let (names, inodes) = self.names().reset();
         let drops = Drops { names, inodes };
         if let Some(kernel) = self.kernel.get()
@@ -407,6 +412,8 @@ impl Coherence {
         // The feed was lost (no answer for `--retry-for`, or an agent without one): what
         // changed meanwhile is unknown.
         let mut lost = false;
+        // Resets made by reconnections as of the last batch of the feed followed.
+        let mut resets = self.resets.load(Ordering::Acquire);
         loop {
             let request = FsRequest::Watch {
                 epoch,
@@ -418,11 +425,17 @@ impl Coherence {
                 Ok(FsResponse::Changes(batch)) => {
                     if epoch != 0 && batch.epoch != epoch && batch.reset {
                         // A new feed: the agent restarted. The mount marked every name
-                        // stale when it reconnected; what the new agent changed since it
+                        // stale when it reconnected (here, if no reconnection did since
+                        // the old feed's last batch); what the new agent changed since it
                         // started is in its feed from the start.
+                        if self.resets.load(Ordering::Acquire) == resets {
+                            self.reconnected();
+                        }
+                        resets = self.resets.load(Ordering::Acquire);
                         (epoch, after) = (batch.epoch, FEED_START);
                         continue;
                     }
+                    resets = self.resets.load(Ordering::Acquire);
                     let renewed = std::mem::take(&mut lost);
                     (epoch, after) = (batch.epoch, batch.next);
                     let drops = self.mark(&batch, renewed);
@@ -578,23 +591,32 @@ mod tests {
     }
 
     #[test]
-    fn a_change_delivered_after_a_lookup_that_already_saw_it_leaves_the_name_good() {
+    fn a_change_delivered_after_a_lookup_that_already_saw_it_leaves_that_name_good() {
         let mut n = Names::default();
-        // d18/m53 was looked up long ago; another node renames it to /m140.
-        n.entered(18, "m53", 53, 0, at(7, 4));
-        // This mount looks /m140 up before its watcher delivers the rename (the agent had
-        // applied it: the answer is stamped after it).
+        // This mount looks /m140 up before its watcher delivers the rename that made it
+        // (the agent had applied it: the answer is stamped after it).
         let since = n.position();
         assert!(n.entered(ROOT_INO, "m140", 53, since, at(7, 12)));
         n.entered(53, "f", 60, since, at(7, 12));
-        // The rename arrives in a batch ending at 11: both names of it.
-        assert_eq!(n.changed(18, "m53", at(7, 11)), Some(53));
-        assert_eq!(n.changed(ROOT_INO, "m140", at(7, 11)), Some(53));
+        // The rename arrives in a batch ending at 11: nothing to drop for this name.
+        assert_eq!(n.changed(ROOT_INO, "m140", at(7, 11)), None);
         assert!(!n.stale_path(60), "the path was found after the rename");
-        // A later change of the new name (a batch past the stamp) does make it stale.
-        n.entered(ROOT_INO, "m140", 53, n.position(), at(7, 12));
-        n.changed(ROOT_INO, "m140", at(7, 20));
+        // The name stays known: a later change of it (a batch past the stamp) is dropped
+        // from the kernel and makes it stale.
+        assert_eq!(n.changed(ROOT_INO, "m140", at(7, 20)), Some(53));
         assert!(n.stale_path(60));
+    }
+
+    #[test]
+    fn a_change_of_an_older_name_marks_the_inode_whatever_name_it_has_now() {
+        let mut n = Names::default();
+        // The kernel was given /a -> 5 long ago.
+        n.entered(ROOT_INO, "a", 5, 0, at(7, 2));
+        // Another node renames /a to /b and makes a new /a; this mount looks /b up first.
+        n.entered(ROOT_INO, "b", 5, n.position(), at(7, 12));
+        // The change of /a arrives: the kernel may still walk /a to 5.
+        assert_eq!(n.changed(ROOT_INO, "a", at(7, 11)), Some(5));
+        assert!(n.stale_path(5), "an open through the old /a answers ESTALE");
     }
 
     #[test]

@@ -119,7 +119,13 @@ impl Group {
             source,
         })?;
         let changes = Arc::new(super::ChangeFeed::new());
-        let sm = StateMachine::new(store.clone(), dir, changes.clone(), log.append_sync());
+        let sm = StateMachine::new(
+            store.clone(),
+            Arc::new(shoal_disk::OsDisk),
+            dir,
+            changes.clone(),
+            log.append_sync(),
+        );
         let raft_config = Config {
             cluster_name: "shoal-meta".into(),
             heartbeat_interval: config.heartbeat_ms,

@@ -16,6 +16,8 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use shoal_namespace::{Batch, NamespaceStore, Outcome, Touched, snapshot_marker};
 
+use shoal_disk::Disk;
+
 use super::append_sync::AppendSync;
 use super::changes::ChangeFeed;
 use super::types::{AppliedMarker, Entry, Membership, MetaRaft, StorageError, storage_error};
@@ -36,6 +38,8 @@ const INLINE_PROPOSALS: usize = 16;
 #[derive(Clone)]
 pub struct StateMachine {
     store: Arc<NamespaceStore>,
+    /// Where `snapshot.bin` is kept (the disk seam: the simulator's disk in tests).
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     /// Applies since the last durable commit.
     unflushed: Arc<std::sync::atomic::AtomicU32>,
@@ -73,12 +77,14 @@ impl StateMachine {
     /// The state machine over `store`; tells `append_sync` the membership it holds.
     pub fn new(
         store: Arc<NamespaceStore>,
+        disk: Arc<dyn Disk>,
         dir: &Path,
         changes: Arc<ChangeFeed>,
         append_sync: Arc<AppendSync>,
     ) -> StateMachine {
         let sm = StateMachine {
             store,
+            disk,
             dir: dir.to_owned(),
             unflushed: Arc::default(),
             changes,
@@ -127,7 +133,7 @@ impl StateMachine {
 
     fn save_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
         let bytes = postcard::to_allocvec(file).map_err(|e| snap_err(ErrorVerb::Write, e))?;
-        crate::durable::replace_file(&self.dir.join(SNAPSHOT_FILE), &bytes)
+        shoal_disk::replace_file(&*self.disk, &self.dir.join(SNAPSHOT_FILE), &bytes)
             .map_err(|e| snap_err(ErrorVerb::Write, e))
     }
 
@@ -320,7 +326,7 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<MetaRaft>>, StorageError> {
         let path = self.dir.join(SNAPSHOT_FILE);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match self.disk.open(&path, false).and_then(|f| f.read_all()) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(snap_err(ErrorVerb::Read, e)),
@@ -379,6 +385,7 @@ mod tests {
         let store = Arc::new(NamespaceStore::open(&dir.join("state.redb")).expect("open"));
         let sm = StateMachine::new(
             store.clone(),
+            Arc::new(shoal_disk::OsDisk),
             dir,
             Arc::default(),
             Arc::new(super::super::append_sync::AppendSync::new(1)),

@@ -235,7 +235,26 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("no leader within 10 s");
+        let states: Vec<String> = self
+            .members
+            .iter()
+            .map(|(id, m)| match &m.up {
+                Some((raft, _)) => {
+                    let x = raft.metrics().borrow().clone();
+                    format!(
+                        "{id}: {:?} term {} vote {:?} last log {:?} applied {:?} {:?}",
+                        x.state,
+                        x.current_term,
+                        x.vote,
+                        x.last_log_index,
+                        x.last_applied,
+                        x.running_state
+                    )
+                }
+                None => format!("{id}: down"),
+            })
+            .collect();
+        panic!("no leader within 10 s:\n{}", states.join("\n"));
     }
 
     /// Proposes a create of `name`; true once the group acknowledged it.
@@ -324,6 +343,145 @@ async fn acknowledged_creates_survive_a_rolling_restart_then_a_power_cut_of_ever
             "seed {seed}: {} of {} acknowledged creates lost to the power cut: {lost:?}",
             lost.len(),
             acked.len()
+        );
+        for id in ids {
+            c.kill(id, false).await;
+        }
+    }
+}
+
+/// SplitMix64, for the schedule of faults.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
+
+impl Cluster {
+    fn up_ids(&self) -> Vec<u64> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.up.is_some())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Waits until every member applied the same index, and returns each one's digest.
+    async fn digests_when_caught_up(&self) -> Vec<(u64, Option<Vec<u8>>, u64)> {
+        for _ in 0..200 {
+            let applied: BTreeSet<Option<u64>> = self
+                .members
+                .values()
+                .filter_map(|m| m.up.as_ref())
+                .map(|(raft, _)| raft.metrics().borrow().last_applied.map(|l| l.index))
+                .collect();
+            if applied.len() == 1 {
+                return self
+                    .members
+                    .iter()
+                    .filter_map(|(id, m)| m.up.as_ref().map(|(_, s)| (*id, s)))
+                    .map(|(id, s)| {
+                        let (marker, digest) = s.digest().expect("digest");
+                        (id, marker, digest)
+                    })
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the members never applied the same index");
+    }
+}
+
+/// Creates while a seeded schedule kills (kill -9) and power-cuts single members, and now
+/// and then every member at once; then everyone comes back. Every acknowledged create is
+/// there, and the replicas that applied the same index hold the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_creates_survive_seeded_crashes_and_power_cuts() {
+    let seeds: u64 = std::env::var("SHOAL_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    for seed in 0..seeds {
+        eprintln!("seed {seed}");
+        let mut rng = Rng(seed);
+        let ids = [1u64, 2, 3];
+        let mut c = Cluster::new(&ids, seed);
+        for id in ids {
+            c.start(id).await;
+        }
+        let members: BTreeMap<u64, BasicNode> =
+            ids.iter().map(|&i| (i, BasicNode::default())).collect();
+        c.members[&1]
+            .up
+            .as_ref()
+            .expect("up")
+            .0
+            .initialize(members)
+            .await
+            .expect("initialize");
+        let mut acked = Vec::new();
+        // Faults begin once every member holds the group's membership (before, a member
+        // that never heard of the group cannot elect anyone).
+        assert!(c.create("formed").await, "seed {seed}: a first create");
+        c.digests_when_caught_up().await;
+        for step in 0..40u64 {
+            let up = c.up_ids();
+            match rng.below(10) {
+                // A member down: kill -9 or a power cut, never more than one at a time.
+                0 | 1 if up.len() == ids.len() => {
+                    let id = up[rng.below(up.len() as u64) as usize];
+                    c.kill(id, rng.below(2) == 0).await;
+                }
+                // Every member's power at once.
+                2 if up.len() == ids.len() && rng.below(3) == 0 => {
+                    for id in ids {
+                        c.kill(id, true).await;
+                    }
+                    for id in ids {
+                        c.start(id).await;
+                    }
+                }
+                3 | 4 if up.len() < ids.len() => {
+                    for id in ids.iter().filter(|i| !up.contains(i)) {
+                        c.start(*id).await;
+                    }
+                }
+                _ => {
+                    let name = format!("s{seed}-{step}");
+                    if c.create(&name).await {
+                        acked.push(name);
+                    }
+                }
+            }
+        }
+        for id in ids
+            .iter()
+            .filter(|i| !c.up_ids().contains(i))
+            .copied()
+            .collect::<Vec<_>>()
+        {
+            c.start(id).await;
+        }
+        let names = c.names_on_leader().await;
+        let lost: Vec<&String> = acked.iter().filter(|a| !names.contains(*a)).collect();
+        assert!(
+            lost.is_empty(),
+            "seed {seed}: {} of {} acknowledged creates lost: {lost:?}",
+            lost.len(),
+            acked.len()
+        );
+        let digests = c.digests_when_caught_up().await;
+        let distinct: BTreeSet<u64> = digests.iter().map(|(_, _, d)| *d).collect();
+        assert_eq!(
+            distinct.len(),
+            1,
+            "seed {seed}: replicas at the same index differ: {digests:?}"
         );
         for id in ids {
             c.kill(id, false).await;

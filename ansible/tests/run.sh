@@ -416,7 +416,9 @@ say "a batch is one stop: node1 and node2 in one failure domain (two of three vo
 for i in 1 2; do on "$i" cp -p /etc/shoal/agent.toml /etc/shoal/agent.toml.lab; done
 SNAP_BATCH=$(snapshot)
 GEN_BATCH=$(generations)
+# The release installed by the upgrade above stays (only the configs change).
 if play batch-blocks.log site.yml --limit node1,node2 -e shoal_failure_domain=rack-a \
+    -e "shoal_version=$VERSION+lab" -e "shoal_release_dir=$OUT/releases" \
     -e shoal_log_level=error -e shoal_gate_retries=3; then
   fail "node1 and node2 were restarted together, leaving one of three voters"
 fi

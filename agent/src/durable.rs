@@ -1,30 +1,21 @@
 //! Replacing a small file so that a crash or power loss leaves either the old content or
-//! the new, never neither: write a temporary file, sync it, rename it over the old one,
-//! then sync the directory (the rename itself lives in the directory; without that sync a
-//! power loss can forget it even after the call returned).
+//! the new, never neither, and syncing a directory: `shoal_disk`'s on the machine's
+//! filesystem (the files the agent keeps outside the metadata member: its identity, the
+//! scrub's progress, the log import).
 
-use std::io::Write;
 use std::path::Path;
 
-/// Replaces `path` with `bytes` durably (see the module doc). The temporary file is
-/// `path` with the extension `tmp`.
+use shoal_disk::{Disk, OsDisk};
+
+/// Replaces `path` with `bytes` durably (see [`shoal_disk::replace_file`]). The temporary
+/// file is `path` with the extension `tmp`.
 pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    sync_dir(dir)
+    shoal_disk::replace_file(&OsDisk, path, bytes)
 }
 
 /// Makes the entries of directory `dir` (files created, renamed or deleted in it) durable.
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+    OsDisk.sync_dir(dir)
 }
 
 #[cfg(test)]

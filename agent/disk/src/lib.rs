@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 pub use os::OsDisk;
 pub use redb_file::RedbFile;
-pub use sim::{SimDisk, SimFault};
+pub use sim::{SimDisk, SimFault, SplitMix64};
 
 /// One open file: positioned reads and writes, its length, and a sync.
 pub trait DiskFile: Debug + Send + Sync {

@@ -67,7 +67,7 @@ fn apply(bytes: &mut Vec<u8>, change: &Change) {
 /// (or its durable content), chosen independently per sector. A sector never holds a
 /// later write's bytes without an earlier write's to the same sector, as writeback of
 /// the page cache's pages guarantees.
-fn after_power_cut(durable: &[u8], pending: &[Change], rng: &mut Rng) -> Vec<u8> {
+fn after_power_cut(durable: &[u8], pending: &[Change], rng: &mut SplitMix64) -> Vec<u8> {
     let sector = SECTOR as usize;
     let mut cur = durable.to_vec();
     let mut lens = vec![durable.len()];
@@ -91,11 +91,11 @@ fn after_power_cut(durable: &[u8], pending: &[Change], rng: &mut Rng) -> Vec<u8>
             s += 1;
         }
     }
-    let len = lens[(rng.next() % lens.len() as u64) as usize];
+    let len = lens[rng.below(lens.len() as u64) as usize];
     let mut out = durable.to_vec();
     out.resize(len.max(out.len()), 0);
     for (s, vs) in versions {
-        let pick = (rng.next() % (vs.len() as u64 + 1)) as usize;
+        let pick = rng.below(vs.len() as u64 + 1) as usize;
         let start = s * sector;
         if pick == 0 || start >= out.len() {
             continue;
@@ -107,17 +107,23 @@ fn after_power_cut(durable: &[u8], pending: &[Change], rng: &mut Rng) -> Vec<u8>
     out
 }
 
-/// SplitMix64: the power cut's choices, from the disk's seed.
+/// SplitMix64: a small seeded generator, for the power cut's choices and for the seeded
+/// tests that drive a simulated disk.
 #[derive(Debug)]
-struct Rng(u64);
+pub struct SplitMix64(pub u64);
 
-impl Rng {
-    fn next(&mut self) -> u64 {
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// A number below `n` (0 for `n` 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 }
 
@@ -132,10 +138,8 @@ struct State {
     /// Entries as they are on disk.
     durable_names: BTreeMap<PathBuf, u64>,
     dirs: BTreeSet<PathBuf>,
-    rng: Rng,
+    rng: SplitMix64,
     fault: Option<SimFault>,
-    /// Counts, for tests.
-    syncs: u64,
 }
 
 impl State {
@@ -205,9 +209,8 @@ impl SimDisk {
                 names: BTreeMap::new(),
                 durable_names: BTreeMap::new(),
                 dirs: BTreeSet::new(),
-                rng: Rng(seed),
+                rng: SplitMix64(seed),
                 fault: None,
-                syncs: 0,
             })),
         }
     }
@@ -241,7 +244,7 @@ impl SimDisk {
                 continue;
             }
             let durable = f.durable.clone();
-            let mut rng = Rng(s.rng.next());
+            let mut rng = SplitMix64(s.rng.next_u64());
             let bytes = after_power_cut(&durable, &pending, &mut rng);
             if let Some(f) = s.files.get_mut(&id) {
                 f.durable = bytes.clone();
@@ -253,17 +256,6 @@ impl SimDisk {
     /// Answers with `fault` from now on (`None`: works again).
     pub fn set_fault(&self, fault: Option<SimFault>) {
         self.lock().fault = fault;
-    }
-
-    /// File syncs so far.
-    pub fn syncs(&self) -> u64 {
-        self.lock().syncs
-    }
-
-    /// Whether anything written is not yet durable (unsynced file changes or entries).
-    pub fn has_unsynced(&self) -> bool {
-        let s = self.lock();
-        s.names != s.durable_names || s.files.values().any(|f| !f.pending.is_empty())
     }
 
     fn handle(&self, id: u64, generation: u64) -> Arc<dyn DiskFile> {
@@ -331,9 +323,6 @@ impl DiskFile for SimFile {
     fn sync(&self) -> io::Result<()> {
         let mut s = self.lock()?;
         let failed = s.fault == Some(SimFault::Eio);
-        if !failed {
-            s.syncs += 1;
-        }
         let f = s.files.get_mut(&self.id).ok_or_else(stale)?;
         // As Linux: after a failed sync the changes it could not write are dropped (their
         // pages marked clean) while reads still see them, until the cache is dropped; a

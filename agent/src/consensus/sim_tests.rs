@@ -26,7 +26,7 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, Config};
 use shoal_agent_api::ROOT_INO;
-use shoal_disk::{Disk, SimDisk};
+use shoal_disk::{Disk, SimDisk, SplitMix64};
 use shoal_namespace::format::{FileKind, Owner, Timestamp};
 use shoal_namespace::{Batch, Command, NamespaceStore, Proposal};
 
@@ -160,6 +160,37 @@ impl Cluster {
             router: Arc::default(),
             members,
         }
+    }
+
+    /// Members `ids` started, and the group formed by the first of them.
+    async fn formed(ids: &[u64], seed: u64) -> Cluster {
+        let mut c = Cluster::new(ids, seed);
+        for &id in ids {
+            c.start(id).await;
+        }
+        let members: BTreeMap<u64, BasicNode> =
+            ids.iter().map(|&i| (i, BasicNode::default())).collect();
+        c.members[&ids[0]]
+            .up
+            .as_ref()
+            .expect("up")
+            .0
+            .initialize(members)
+            .await
+            .expect("initialize");
+        c
+    }
+
+    /// Asserts that every create in `acked` is in the leader's replica.
+    async fn assert_none_lost(&self, seed: u64, acked: &[String]) {
+        let names = self.names_on_leader().await;
+        let lost: Vec<&String> = acked.iter().filter(|a| !names.contains(*a)).collect();
+        assert!(
+            lost.is_empty(),
+            "seed {seed}: {} of {} acknowledged creates lost: {lost:?}",
+            lost.len(),
+            acked.len()
+        );
     }
 
     async fn start(&mut self, id: u64) {
@@ -299,20 +330,7 @@ impl Cluster {
 async fn acknowledged_creates_survive_a_rolling_restart_then_a_power_cut_of_every_member() {
     for seed in 0..3u64 {
         let ids = [1u64, 2, 3];
-        let mut c = Cluster::new(&ids, seed);
-        for id in ids {
-            c.start(id).await;
-        }
-        let members: BTreeMap<u64, BasicNode> =
-            ids.iter().map(|&i| (i, BasicNode::default())).collect();
-        c.members[&1]
-            .up
-            .as_ref()
-            .expect("up")
-            .0
-            .initialize(members)
-            .await
-            .expect("initialize");
+        let mut c = Cluster::formed(&ids, seed).await;
         let mut acked = Vec::new();
         let mut n = 0;
         let mut create = async |c: &Cluster, acked: &mut Vec<String>, count: usize| {
@@ -336,30 +354,10 @@ async fn acknowledged_creates_survive_a_rolling_restart_then_a_power_cut_of_ever
         for id in ids {
             c.start(id).await;
         }
-        let names = c.names_on_leader().await;
-        let lost: Vec<&String> = acked.iter().filter(|a| !names.contains(*a)).collect();
-        assert!(
-            lost.is_empty(),
-            "seed {seed}: {} of {} acknowledged creates lost to the power cut: {lost:?}",
-            lost.len(),
-            acked.len()
-        );
+        c.assert_none_lost(seed, &acked).await;
         for id in ids {
             c.kill(id, false).await;
         }
-    }
-}
-
-/// SplitMix64, for the schedule of faults.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n.max(1)
     }
 }
 
@@ -409,22 +407,9 @@ async fn acknowledged_creates_survive_seeded_crashes_and_power_cuts() {
         .unwrap_or(4);
     for seed in 0..seeds {
         eprintln!("seed {seed}");
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let ids = [1u64, 2, 3];
-        let mut c = Cluster::new(&ids, seed);
-        for id in ids {
-            c.start(id).await;
-        }
-        let members: BTreeMap<u64, BasicNode> =
-            ids.iter().map(|&i| (i, BasicNode::default())).collect();
-        c.members[&1]
-            .up
-            .as_ref()
-            .expect("up")
-            .0
-            .initialize(members)
-            .await
-            .expect("initialize");
+        let mut c = Cluster::formed(&ids, seed).await;
         let mut acked = Vec::new();
         // Faults begin once every member holds the group's membership (before, a member
         // that never heard of the group cannot elect anyone).
@@ -468,14 +453,7 @@ async fn acknowledged_creates_survive_seeded_crashes_and_power_cuts() {
         {
             c.start(id).await;
         }
-        let names = c.names_on_leader().await;
-        let lost: Vec<&String> = acked.iter().filter(|a| !names.contains(*a)).collect();
-        assert!(
-            lost.is_empty(),
-            "seed {seed}: {} of {} acknowledged creates lost: {lost:?}",
-            lost.len(),
-            acked.len()
-        );
+        c.assert_none_lost(seed, &acked).await;
         let digests = c.digests_when_caught_up().await;
         let distinct: BTreeSet<u64> = digests.iter().map(|(_, _, d)| *d).collect();
         assert_eq!(

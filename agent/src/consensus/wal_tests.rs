@@ -464,14 +464,8 @@ fn power_cuts_lose_only_what_was_not_synced() {
         purged: Option<Vec<u8>>,
         vote: Option<Vec<u8>>,
     }
-    let mut rng = 0x5eed_u64;
-    let mut next = move || {
-        rng = rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = shoal_disk::SplitMix64(0x5eed);
+    let mut next = move || rng.next_u64();
     let dir = std::path::Path::new("/log");
     let mut cuts = 0;
     for seed in 0..60u64 {

@@ -1,0 +1,5 @@
+//! `shoal-sim`: runs seeds of the simulator (see the library's docs).
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

@@ -22,6 +22,7 @@ mod ok_to_stop;
 mod resources;
 mod revoke;
 pub mod runtime_threads;
+pub mod sim_thread;
 mod status;
 mod system_rpc;
 pub mod tier;

@@ -6,7 +6,8 @@
 //! - [`GossipDriver`] is the one tokio task that owns the gossip UDP socket and the timer
 //!   heap; every packet is wrapped in an authenticated, versioned [`envelope`].
 //! - [`Transport`] is the QUIC endpoint (mutual TLS against the cluster CA) that carries
-//!   typed request/response [`Rpc`] messages.
+//!   typed request/response [`Rpc`] messages; in the simulator it rides a [`SimNet`]
+//!   instead (the same framing and handlers, a seeded network in memory).
 //!
 //! The mesh knows nothing about files, stripes or placement; it must never depend on the
 //! agent's storage or metadata crates.
@@ -24,6 +25,7 @@ mod membership;
 mod metrics;
 mod node_cert;
 mod rpc;
+pub mod sim_net;
 mod tls;
 
 pub use bulk::{BulkLimits, BulkMode};
@@ -36,4 +38,5 @@ pub use membership::{Effect, MemberEvent, MemberState, MemberView, Membership, M
 pub use metrics::{MeshMetrics, ReasonLabel};
 pub use node_cert::{NodeCert, Revocation, Revocations, node_uri};
 pub use rpc::{BulkFilter, FailureClass, MAX_MESSAGE as MAX_RPC_MESSAGE, Refusal, Rpc, Transport};
+pub use sim_net::SimNet;
 pub use tls::{ClusterKey, TlsFiles};

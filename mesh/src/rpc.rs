@@ -31,6 +31,7 @@ use crate::bulk::{self, Bulk, BulkFailure, BulkLimits, BulkMode, Rejection};
 use crate::identity::NodeId;
 use crate::metrics::{EndpointLabel, MeshMetrics, ReasonLabel, RpcLabel};
 use crate::node_cert::{NodeCert, Revocations};
+use crate::sim_net::SimNet;
 use crate::tls::TlsFiles;
 
 /// Wire version of the RPC framing.
@@ -192,7 +193,7 @@ pub type BulkFilter = fn(&[u8]) -> bool;
 
 /// This node's QUIC endpoint: serves registered handlers and calls peers.
 pub struct Transport {
-    endpoint: quinn::Endpoint,
+    wire: Wire,
     server_name: String,
     me: NodeId,
     handlers: RwLock<HashMap<&'static str, (&'static str, Handler)>>,
@@ -263,14 +264,24 @@ fn quic_peer(conn: &quinn::Connection, revocations: &Revocations) -> Result<Node
     peer_node(chain.map(Vec::as_slice), revocations)
 }
 
-enum QuicFailure {
+/// What carries this endpoint's calls: QUIC, or the simulator's network.
+enum Wire {
+    Quic(quinn::Endpoint),
+    Sim {
+        net: Arc<SimNet>,
+        addr: SocketAddr,
+        closed: std::sync::atomic::AtomicBool,
+    },
+}
+
+pub(crate) enum QuicFailure {
     Connect(MeshError),
     Stream(String),
 }
 
 /// Which lane a request arrived on.
 #[derive(Clone, Copy)]
-enum Lane {
+pub(crate) enum Lane {
     Quic,
     Bulk,
 }
@@ -308,8 +319,37 @@ impl Transport {
         let mut endpoint = quinn::Endpoint::server(material.server_config()?, addr)
             .map_err(|source| MeshError::Bind { addr, source })?;
         endpoint.set_default_client_config(material.client_config()?);
-        Ok(Arc::new(Transport {
-            endpoint,
+        Ok(Arc::new(Transport::new(
+            Wire::Quic(endpoint),
+            server_name,
+            me,
+            metrics,
+            tls.clone(),
+        )))
+    }
+
+    /// An endpoint on the simulator's network at `addr` (see [`SimNet`]): the same
+    /// handlers, framing and checks, without QUIC, TLS or a bulk lane.
+    pub fn sim(net: &Arc<SimNet>, addr: SocketAddr, me: NodeId) -> Arc<Self> {
+        let wire = Wire::Sim {
+            net: net.clone(),
+            addr,
+            closed: std::sync::atomic::AtomicBool::new(false),
+        };
+        let none = TlsFiles {
+            ca_cert: Default::default(),
+            node_cert: Default::default(),
+            node_key: Default::default(),
+        };
+        let metrics = MeshMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let t = Arc::new(Transport::new(wire, "sim", me, metrics, none));
+        net.attach(addr, &t);
+        t
+    }
+
+    fn new(wire: Wire, server_name: &str, me: NodeId, metrics: MeshMetrics, tls: TlsFiles) -> Self {
+        Transport {
+            wire,
             server_name: server_name.to_owned(),
             me,
             handlers: RwLock::new(HashMap::new()),
@@ -318,11 +358,16 @@ impl Transport {
             metrics,
             logged_sources: Mutex::new(HashSet::new()),
             bulk_logged_sources: Mutex::new(HashSet::new()),
-            tls: tls.clone(),
+            tls,
             bulk: std::sync::OnceLock::new(),
             revocations: Arc::new(Revocations::default()),
             revoked_logged: Mutex::new(None),
-        }))
+        }
+    }
+
+    /// The node this endpoint speaks for.
+    pub fn node(&self) -> NodeId {
+        self.me
     }
 
     /// Starts the TCP bulk lane at `addr` in `mode` (nothing for [`BulkMode::Off`]), with
@@ -345,6 +390,12 @@ impl Transport {
     ) -> Result<Option<tokio::task::JoinHandle<()>>, MeshError> {
         if mode == BulkMode::Off {
             return Ok(None);
+        }
+        if let Wire::Sim { .. } = self.wire {
+            return Err(MeshError::RpcConnect {
+                peer: addr,
+                reason: "the simulated network has no bulk lane".into(),
+            });
         }
         // Dials leave from the QUIC endpoint's address: the node's own.
         let source = self.local_addr().map(|a| a.ip());
@@ -390,7 +441,10 @@ impl Transport {
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.endpoint.local_addr().ok()
+        match &self.wire {
+            Wire::Quic(endpoint) => endpoint.local_addr().ok(),
+            Wire::Sim { addr, .. } => Some(*addr),
+        }
     }
 
     /// Serves requests of type `M` with `handler` (the caller's node id and the message in,
@@ -431,10 +485,15 @@ impl Transport {
     }
 
     /// Accepts connections until the endpoint is closed.
+    /// (On the simulated network, the network calls the handlers: nothing to accept.)
     pub fn serve(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
+        let Wire::Quic(endpoint) = &self.wire else {
+            return tokio::spawn(async {});
+        };
+        let endpoint = endpoint.clone();
         tokio::spawn(async move {
-            while let Some(incoming) = this.endpoint.accept().await {
+            while let Some(incoming) = endpoint.accept().await {
                 let this = this.clone();
                 tokio::spawn(async move {
                     let remote = incoming.remote_address();
@@ -537,7 +596,7 @@ impl Transport {
 
     /// Serves one framed request from `peer` on `lane`: dispatch, count, and frame the
     /// response.
-    async fn answer(&self, request: Bytes, peer: &NodeCert, lane: Lane) -> Vec<u8> {
+    pub(crate) async fn answer(&self, request: Bytes, peer: &NodeCert, lane: Lane) -> Vec<u8> {
         let (status, body, endpoint) = self.dispatch(request, peer, lane).await;
         if let Some(endpoint) = endpoint {
             let outcome = if status == STATUS_OK { "ok" } else { "error" };
@@ -772,7 +831,7 @@ impl Transport {
         }
         let request = &request[..];
         let quic = |peer: SocketAddr| async move {
-            let answer = self.exchange_quic(peer, node, request).await;
+            let answer = self.exchange(peer, node, request).await;
             let answer = answer.map_err(|e| match e {
                 QuicFailure::Connect(e) => e,
                 QuicFailure::Stream(reason) => stream_err(peer, reason),
@@ -809,14 +868,39 @@ impl Transport {
         }
     }
 
-    /// One request on a fresh bidirectional stream of the pooled connection to `peer`.
-    async fn exchange_quic(
+    /// One request to `peer` and its answer, on the wire this endpoint has.
+    async fn exchange(
         &self,
         peer: SocketAddr,
         node: Option<NodeId>,
         request: &[u8],
     ) -> Result<Vec<u8>, QuicFailure> {
-        let (conn, cert) = self.connection(peer).await.map_err(QuicFailure::Connect)?;
+        match &self.wire {
+            Wire::Quic(endpoint) => self.exchange_quic(endpoint, peer, node, request).await,
+            Wire::Sim { net, addr, closed } => {
+                if closed.load(std::sync::atomic::Ordering::Acquire) {
+                    return Err(QuicFailure::Connect(MeshError::RpcConnect {
+                        peer,
+                        reason: "this endpoint is closed".into(),
+                    }));
+                }
+                net.exchange(self.me, *addr, peer, node, request).await
+            }
+        }
+    }
+
+    /// One request on a fresh bidirectional stream of the pooled connection to `peer`.
+    async fn exchange_quic(
+        &self,
+        endpoint: &quinn::Endpoint,
+        peer: SocketAddr,
+        node: Option<NodeId>,
+        request: &[u8],
+    ) -> Result<Vec<u8>, QuicFailure> {
+        let (conn, cert) = self
+            .connection(endpoint, peer)
+            .await
+            .map_err(QuicFailure::Connect)?;
         if let Some(node) = node.filter(|n| *n != cert.node) {
             return Err(QuicFailure::Connect(MeshError::RpcConnect {
                 peer,
@@ -884,6 +968,7 @@ impl Transport {
 
     async fn connection(
         &self,
+        endpoint: &quinn::Endpoint,
         peer: SocketAddr,
     ) -> Result<(quinn::Connection, Arc<NodeCert>), MeshError> {
         if let Some(c) = self
@@ -898,8 +983,7 @@ impl Transport {
         // Dial without holding the table: a dead peer's handshake must not stall calls to
         // every other peer.
         let connect_err = |reason: String| MeshError::RpcConnect { peer, reason };
-        let connecting = self
-            .endpoint
+        let connecting = endpoint
             .connect(peer, &self.server_name)
             .map_err(|e| connect_err(e.to_string()))?;
         let conn = match connecting.await {
@@ -948,8 +1032,16 @@ impl Transport {
 
     /// Closes every connection and stops accepting new ones.
     pub async fn close(&self) {
-        self.endpoint.close(0u32.into(), b"shutdown");
-        self.endpoint.wait_idle().await;
+        match &self.wire {
+            Wire::Quic(endpoint) => {
+                endpoint.close(0u32.into(), b"shutdown");
+                endpoint.wait_idle().await;
+            }
+            Wire::Sim { net, addr, closed } => {
+                closed.store(true, std::sync::atomic::Ordering::Release);
+                net.detach(*addr, self);
+            }
+        }
     }
 }
 

@@ -41,6 +41,15 @@ impl Ballast {
         b
     }
 
+    /// No ballast, and none made: the simulator's members, whose disk is not a
+    /// filesystem anyone else fills.
+    pub fn absent() -> Ballast {
+        Ballast {
+            path: PathBuf::new(),
+            held: AtomicBool::new(false),
+        }
+    }
+
     /// Whether the ballast is set aside now.
     pub fn held(&self) -> bool {
         self.held.load(Ordering::Relaxed)

@@ -4,7 +4,7 @@
 //! process's [`LeaderStamp`], which drives the cluster clock.
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use openraft::error::ClientWriteError;
 use shoal_namespace::{Batch, LeaderStamp, Proposal};
@@ -62,7 +62,7 @@ impl Batcher {
             queue,
             metrics,
             slots: Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES)),
-            run: rand::random(),
+            run: crate::sim_thread::random_u64(),
             origin: Instant::now(),
             carried: None,
             answering: JoinSet::new(),

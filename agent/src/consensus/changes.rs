@@ -101,7 +101,7 @@ impl Default for ChangeFeed {
 impl ChangeFeed {
     pub fn new() -> Self {
         ChangeFeed {
-            epoch: rand::random::<u64>() | 1,
+            epoch: crate::sim_thread::random_u64() | 1,
             ring: Mutex::new(Ring {
                 first: FEED_START,
                 changes: VecDeque::new(),

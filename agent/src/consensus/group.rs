@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::{BasicNode, ChangeMembers, Config, SnapshotPolicy};
@@ -80,6 +82,15 @@ pub struct GroupWorkers {
     pub rejoiner: Option<Rejoiner>,
 }
 
+/// A member's log and replica, opened, and where they live.
+struct Opened<'a> {
+    log: LogStore,
+    store: Arc<NamespaceStore>,
+    disk: Arc<dyn shoal_disk::Disk>,
+    dir: &'a Path,
+    ballast: Arc<Ballast>,
+}
+
 fn setup(e: impl std::error::Error + Send + Sync + 'static) -> ConsensusError {
     ConsensusError::Setup(Box::new(e))
 }
@@ -118,14 +129,68 @@ impl Group {
             path: dir.to_owned(),
             source,
         })?;
-        let changes = Arc::new(super::ChangeFeed::new());
-        let sm = StateMachine::new(
-            store.clone(),
-            Arc::new(shoal_disk::OsDisk),
+        let opened = Opened {
+            log,
+            store,
+            disk: Arc::new(shoal_disk::OsDisk),
             dir,
-            changes.clone(),
-            log.append_sync(),
-        );
+            ballast,
+        };
+        Self::assemble(opened, me, config, transport, metrics, rejoin).await
+    }
+
+    /// Like [`Group::start`], with the member's state under `dir` on `disk` (the
+    /// simulator's, which loses what was not synced at a power cut).
+    pub async fn start_on(
+        disk: Arc<dyn shoal_disk::Disk>,
+        dir: &Path,
+        ballast: Arc<Ballast>,
+        me: u64,
+        config: MetaConfig,
+        transport: Arc<Transport>,
+        metrics: MetaMetrics,
+    ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
+        let io = |source| crate::AgentError::DataDir {
+            path: dir.to_owned(),
+            source,
+        };
+        disk.create_dir_all(dir).map_err(io)?;
+        let log = LogStore::open_on(disk.clone(), dir, me, ballast.clone(), metrics.log.clone())
+            .map_err(|source| ConsensusError::Log {
+                path: dir.join("log"),
+                source,
+            })?;
+        let file = disk.open(&dir.join("state.redb"), true).map_err(io)?;
+        let store = Arc::new(NamespaceStore::open_on(file).map_err(ConsensusError::from)?);
+        disk.sync_dir(dir).map_err(io)?;
+        let opened = Opened {
+            log,
+            store,
+            disk,
+            dir,
+            ballast,
+        };
+        Self::assemble(opened, me, config, transport, metrics, None).await
+    }
+
+    /// Starts Raft on an opened log and replica.
+    async fn assemble(
+        opened: Opened<'_>,
+        me: u64,
+        config: MetaConfig,
+        transport: Arc<Transport>,
+        metrics: MetaMetrics,
+        rejoin: Option<(String, Vec<SocketAddr>)>,
+    ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
+        let Opened {
+            log,
+            store,
+            disk,
+            dir,
+            ballast,
+        } = opened;
+        let changes = Arc::new(super::ChangeFeed::new());
+        let sm = StateMachine::new(store.clone(), disk, dir, changes.clone(), log.append_sync());
         let raft_config = Config {
             cluster_name: "shoal-meta".into(),
             heartbeat_interval: config.heartbeat_ms,
@@ -434,7 +499,7 @@ impl Group {
     /// The local replica's applied index and state digest, read in one transaction.
     pub async fn digest(&self) -> Result<(Option<u64>, u64), ConsensusError> {
         let store = self.store.clone();
-        let (marker, digest) = tokio::task::spawn_blocking(move || store.digest()).await??;
+        let (marker, digest) = crate::sim_thread::blocking(move || store.digest()).await??;
         let applied = match marker {
             Some(bytes) => postcard::from_bytes::<super::types::AppliedMarker>(&bytes)?
                 .last_applied

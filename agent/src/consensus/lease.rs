@@ -5,7 +5,9 @@
 //! So for a part of that time no other leader can exist, and everything committed is in
 //! this leader's log: its last log index is a valid read index.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The leader trusts a round for this fraction of `election_timeout_min` (which is below
 /// the followers' lease of `election_timeout_max`): room for clocks that run at

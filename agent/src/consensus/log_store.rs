@@ -197,7 +197,7 @@ impl LogStore {
         let work = move || f(&wal);
         match place {
             Where::Here => work(),
-            Where::Blocking => tokio::task::spawn_blocking(work)
+            Where::Blocking => crate::sim_thread::blocking(work)
                 .await
                 .map_err(|e| e.to_string())?,
         }

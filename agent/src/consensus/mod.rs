@@ -25,8 +25,6 @@ pub mod net;
 mod read_rounds;
 pub mod rejoin;
 mod send_gate;
-#[cfg(test)]
-mod sim_tests;
 mod state_machine;
 mod types;
 pub mod voters;

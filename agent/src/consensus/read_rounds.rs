@@ -1,7 +1,10 @@
 //! [`ReadRounds`]: how concurrent read barriers share read-index rounds.
 //!
 //! A round that started after a caller arrived covers that caller: its read index is at
-//! least the leader's commit index at the caller's arrival. So a caller joins a round in
+//! least the leader's commit index at the caller's arrival. "After" is an order of events
+//! (one counter draws both arrivals and starts), not of clock readings: two readings can
+//! be equal, and a round that began at the same instant, before the caller, covers
+//! nothing. So a caller joins a round in
 //! flight that started after it arrived; otherwise it starts one at once, while fewer than
 //! [`MAX_IN_FLIGHT`] are in flight, or waits for the oldest to end and looks again.
 //!
@@ -13,7 +16,7 @@
 
 use std::future::Future;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
 
@@ -24,13 +27,14 @@ pub const MAX_IN_FLIGHT: usize = 2;
 #[derive(Debug, Default)]
 pub struct ReadRounds {
     in_flight: Mutex<Vec<Round>>,
-    next_id: std::sync::atomic::AtomicU64,
+    /// Draws arrivals and round starts, in the order they happen.
+    events: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Round {
+    /// Drawn when it started: greater than every arrival before it.
     id: u64,
-    started: Instant,
     /// `Some(succeeded)` once it ended; closed without a value if its caller gave up.
     ended: watch::Receiver<Option<bool>>,
 }
@@ -66,7 +70,7 @@ impl ReadRounds {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        let arrived = Instant::now();
+        let arrived = self.event();
         let (id, ended) = loop {
             match self.next(arrived) {
                 Next::Start(id, ended) => break (id, ended),
@@ -87,25 +91,23 @@ impl ReadRounds {
         result
     }
 
-    fn next(&self, arrived: Instant) -> Next {
+    fn event(&self) -> u64 {
+        self.events.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn next(&self, arrived: u64) -> Next {
         let mut rounds = self.lock();
-        if let Some(r) = rounds.iter().find(|r| r.started >= arrived) {
+        if let Some(r) = rounds.iter().find(|r| r.id > arrived) {
             return Next::Join(r.ended.clone());
         }
         if rounds.len() >= MAX_IN_FLIGHT
-            && let Some(oldest) = rounds.iter().min_by_key(|r| r.started)
+            && let Some(oldest) = rounds.iter().min_by_key(|r| r.id)
         {
             return Next::AfterEnd(oldest.ended.clone());
         }
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.event();
         let (tx, rx) = watch::channel(None);
-        rounds.push(Round {
-            id,
-            started: Instant::now(),
-            ended: rx,
-        });
+        rounds.push(Round { id, ended: rx });
         Next::Start(id, tx)
     }
 }

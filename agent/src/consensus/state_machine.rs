@@ -167,7 +167,7 @@ impl StateMachine {
             snapshot_id: format!(
                 "{}-{}",
                 marker.last_applied.map_or(0, |l| l.index),
-                rand::random::<u32>()
+                crate::sim_thread::random_u64() as u32
             ),
         };
         let file = SnapshotFile {
@@ -186,7 +186,7 @@ impl StateMachine {
 impl RaftSnapshotBuilder<MetaRaft> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<MetaRaft>, StorageError> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.build())
+        crate::sim_thread::blocking(move || this.build())
             .await
             .map_err(|e| snap_err(ErrorVerb::Write, e))?
     }
@@ -260,7 +260,7 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
         let done = if !flush && proposals <= INLINE_PROPOSALS {
             work()
         } else {
-            tokio::task::spawn_blocking(work)
+            crate::sim_thread::blocking(work)
                 .await
                 .map_err(|e| sm_err(ErrorVerb::Write, e))?
         };
@@ -300,7 +300,7 @@ impl RaftStateMachine<MetaRaft> for StateMachine {
         *self.cached_marker() = None;
         let this = self.clone();
         let meta = meta.clone();
-        tokio::task::spawn_blocking(move || {
+        crate::sim_thread::blocking(move || {
             this.store
                 .install(&data)
                 .map_err(|e| snap_err(ErrorVerb::Write, e))?;

@@ -1,0 +1,228 @@
+//! [`MetaCluster`]: the metadata group of a simulated cluster. Each node runs the real
+//! [`Group`] (openraft with the log store and the replica, the leader's batcher,
+//! forwarding to the leader, read-index rounds and the read lease) on its own
+//! [`SimDisk`], and talks to the others over one [`SimNet`] with the real RPC framing.
+//! A node is killed without warning: its disk is fenced first (a crash keeps what the
+//! page cache held, a power cut only what was synced), then it leaves the network.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use openraft::BasicNode;
+use shoal_agent::consensus::ballast::Ballast;
+use shoal_agent::consensus::metrics::MetaMetrics;
+use shoal_agent::consensus::{Group, MetaConfig};
+use shoal_agent::workers::Workers;
+use shoal_disk::{Disk, SimDisk, SplitMix64};
+use shoal_mesh::{NodeId, SimNet, Transport};
+
+use crate::trace::Trace;
+
+const META: &str = "/meta";
+
+/// The groups of the nodes that run now, shared with the workload's clients.
+#[derive(Clone, Default)]
+pub struct Live(Arc<Mutex<BTreeMap<u64, Arc<Group>>>>);
+
+impl Live {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Group>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<Group>> {
+        self.map().get(&id).cloned()
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.map().keys().copied().collect()
+    }
+}
+
+/// How a node stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// kill -9: the page cache survives.
+    Crash,
+    /// The power: only what was synced survives (torn at a sector, at random).
+    PowerCut,
+}
+
+struct Node {
+    addr: SocketAddr,
+    disk: SimDisk,
+    config: MetaConfig,
+    up: Option<Up>,
+}
+
+struct Up {
+    group: Arc<Group>,
+    workers: Workers,
+    transport: Arc<Transport>,
+}
+
+pub struct MetaCluster {
+    pub net: Arc<SimNet>,
+    nodes: BTreeMap<u64, Node>,
+    pub live: Live,
+    trace: Trace,
+}
+
+/// The address of node `id` on the simulated network.
+pub fn addr(id: u64) -> SocketAddr {
+    let last = u8::try_from(id).unwrap_or(u8::MAX);
+    SocketAddr::from((Ipv4Addr::new(10, 0, 0, last), 7000))
+}
+
+impl MetaCluster {
+    /// Nodes `ids`, none started. Each node's disk and election timeout come from `rng`.
+    pub fn new(ids: &[u64], rng: &mut SplitMix64, net: Arc<SimNet>, trace: Trace) -> Self {
+        let nodes = ids
+            .iter()
+            .map(|&id| {
+                // One timeout per node, not a range: openraft draws within a range from
+                // the OS's randomness. Every node's is below twice every other's, which the
+                // read lease needs (see `lease.rs`).
+                let election = 1000 + rng.below(900);
+                let config = MetaConfig {
+                    election_ms: [election, election + 1],
+                    snapshot_every: 64,
+                    ..MetaConfig::default()
+                };
+                let node = Node {
+                    addr: addr(id),
+                    disk: SimDisk::new(rng.next_u64()),
+                    config,
+                    up: None,
+                };
+                (id, node)
+            })
+            .collect();
+        MetaCluster {
+            net,
+            nodes,
+            live: Live::default(),
+            trace,
+        }
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    /// The leader as the lowest running node sees it.
+    pub fn leader(&self) -> Option<u64> {
+        let id = self.live.ids().first().copied()?;
+        self.live.get(id)?.leader()
+    }
+
+    pub fn is_up(&self, id: u64) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.up.is_some())
+    }
+
+    /// Starts node `id` on what its disk holds. An error is a violation: a member must
+    /// open after any crash or power cut.
+    pub async fn start(&mut self, id: u64) -> Result<(), String> {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return Err(format!("no node {id}"));
+        };
+        if node.up.is_some() {
+            return Ok(());
+        }
+        let disk: Arc<dyn Disk> = Arc::new(node.disk.clone());
+        disk.create_dir_all(Path::new(META))
+            .map_err(|e| format!("node {id}: {e}"))?;
+        let transport = Transport::sim(&self.net, node.addr, NodeId(id));
+        let started = Group::start_on(
+            disk,
+            Path::new(META),
+            Arc::new(Ballast::absent()),
+            id,
+            node.config.clone(),
+            transport.clone(),
+            MetaMetrics::default(),
+        )
+        .await;
+        let (group, workers_of_group) = match started {
+            Ok(g) => g,
+            Err(e) => {
+                transport.close().await;
+                return Err(format!("node {id} does not start after a crash: {e}"));
+            }
+        };
+        let workers = Workers::default();
+        workers.spawn(workers_of_group.batcher);
+        tokio::spawn(note_leaders(id, group.clone(), self.trace.clone()));
+        self.live.map().insert(id, group.clone());
+        node.up = Some(Up {
+            group,
+            workers,
+            transport,
+        });
+        self.trace.note(format_args!("node {id} started"));
+        Ok(())
+    }
+
+    /// Stops node `id` without warning.
+    pub async fn stop(&mut self, id: u64, how: Stop) {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        match how {
+            Stop::Crash => node.disk.crash(),
+            Stop::PowerCut => node.disk.power_cut(),
+        }
+        self.live.map().remove(&id);
+        if let Some(up) = node.up.take() {
+            up.transport.close().await;
+            let _ = up.group.raft.shutdown().await;
+            up.workers.stop().await;
+        }
+        self.trace.note(format_args!("node {id} stopped: {how:?}"));
+    }
+
+    /// Every node started, and the group formed with all of them as voters.
+    pub async fn form(&mut self) -> Result<(), String> {
+        for id in self.ids() {
+            self.start(id).await?;
+        }
+        let members: BTreeMap<u64, BasicNode> = self
+            .nodes
+            .iter()
+            .map(|(id, n)| (*id, BasicNode::new(n.addr.to_string())))
+            .collect();
+        let first = self.ids().first().copied().unwrap_or_default();
+        let group = self.live.get(first).ok_or("the first node is not up")?;
+        group
+            .raft
+            .initialize(members)
+            .await
+            .map_err(|e| format!("initialize: {e}"))?;
+        self.trace.note("group formed");
+        Ok(())
+    }
+}
+
+/// Notes in the trace each change of the leader as node `id` sees it, while it runs.
+async fn note_leaders(id: u64, group: Arc<Group>, trace: Trace) {
+    let mut metrics = group.raft.metrics();
+    let mut last = None;
+    loop {
+        let now = {
+            let m = metrics.borrow_and_update();
+            (m.current_term, m.current_leader)
+        };
+        if last != Some(now) {
+            let (term, leader) = now;
+            match leader {
+                Some(l) => trace.note(format_args!("node {id}: term {term}, leader node {l}")),
+                None => trace.note(format_args!("node {id}: term {term}, no leader")),
+            }
+            last = Some(now);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}

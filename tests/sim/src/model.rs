@@ -1,0 +1,120 @@
+//! [`Model`]: what the cluster acknowledged, in the order the clients saw it, and the
+//! violations found against it. Events are numbered as they happen (one thread): an
+//! acknowledgement numbered before a read began must be visible to that read.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+struct State {
+    events: u64,
+    proposed: BTreeSet<String>,
+    /// The same names, in the order they were proposed.
+    order: Vec<String>,
+    /// Each acknowledged create, with the event of its acknowledgement.
+    acked: BTreeMap<String, u64>,
+    violations: Vec<String>,
+}
+
+#[derive(Clone, Default)]
+pub struct Model(Arc<Mutex<State>>);
+
+impl Model {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Numbers an event (e.g. a read beginning).
+    pub fn event(&self) -> u64 {
+        let mut s = self.state();
+        s.events += 1;
+        s.events
+    }
+
+    pub fn proposed(&self, name: &str) {
+        let mut s = self.state();
+        if s.proposed.insert(name.to_owned()) {
+            s.order.push(name.to_owned());
+        }
+    }
+
+    pub fn acked(&self, name: &str) {
+        let mut s = self.state();
+        s.events += 1;
+        let at = s.events;
+        s.acked.insert(name.to_owned(), at);
+    }
+
+    /// One of the `last` names proposed most recently (all of them for `None`), picked by
+    /// `pick` (an index below the count).
+    pub fn some_proposed(
+        &self,
+        last: Option<usize>,
+        pick: impl FnOnce(u64) -> u64,
+    ) -> Option<String> {
+        let s = self.state();
+        let from = last.map_or(0, |l| s.order.len().saturating_sub(l));
+        let names = s.order.get(from..)?;
+        let i = usize::try_from(pick(names.len() as u64)).ok()?;
+        names.get(i).cloned()
+    }
+
+    /// Checks a read of `name` that began at event `began` and found it (`found`).
+    /// Returns the violation it is, if any.
+    pub fn check_read(&self, name: &str, began: u64, found: bool, node: u64) -> Option<String> {
+        let mut s = self.state();
+        let violation = match (found, s.acked.get(name)) {
+            (true, _) if !s.proposed.contains(name) => {
+                Some(format!("node {node} shows {name}, which nobody created"))
+            }
+            (false, Some(&at)) if at < began => Some(format!(
+                "stale read on node {node}: {name} was acknowledged (event {at}) before the read began (event {began}), and the read does not see it"
+            )),
+            _ => None,
+        };
+        if let Some(v) = &violation {
+            s.violations.push(v.clone());
+        }
+        violation
+    }
+
+    pub fn violation(&self, what: String) {
+        self.state().violations.push(what);
+    }
+
+    pub fn acked_names(&self) -> Vec<String> {
+        self.state().acked.keys().cloned().collect()
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.state().violations.clone()
+    }
+
+    pub fn counts(&self) -> (usize, usize) {
+        let s = self.state();
+        (s.proposed.len(), s.acked.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_must_see_what_was_acknowledged_before_it_began() {
+        let m = Model::default();
+        m.proposed("a");
+        let early = m.event();
+        m.acked("a");
+        let late = m.event();
+        assert_eq!(
+            m.check_read("a", early, false, 1),
+            None,
+            "concurrent: either"
+        );
+        assert!(m.check_read("a", late, false, 1).is_some(), "stale");
+        assert_eq!(m.check_read("a", late, true, 1), None);
+        assert!(m.check_read("b", late, true, 1).is_some(), "never created");
+        assert_eq!(m.violations().len(), 2);
+    }
+}

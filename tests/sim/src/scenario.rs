@@ -1,0 +1,483 @@
+//! One run of a scenario: three nodes form the metadata group; clients create names and
+//! read them back through every node while the family's fault schedule kills, power-cuts,
+//! restarts and partitions; then every fault heals and the invariants are checked:
+//!
+//! - every acknowledged create is there on every node, after any crash of any set of
+//!   nodes, power cuts of all of them included;
+//! - a read sees every create acknowledged before it began, and nothing never created;
+//! - replicas that applied the same index hold the same state (digest);
+//! - with the faults healed and every node up, a create through each node completes
+//!   within [`LIVENESS`] of simulated time.
+//!
+//! Everything is drawn from the seed: the schedule, the clients' choices, each node's
+//! election timeout and disk, every message's delay and loss.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use shoal_agent_api::ROOT_INO;
+use shoal_disk::SplitMix64;
+use shoal_mesh::SimNet;
+use shoal_mesh::sim_net::Faults;
+use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
+use shoal_namespace::{Command, Proposal};
+
+use crate::meta::{Live, MetaCluster, Stop, addr};
+use crate::model::Model;
+use crate::trace::{Trace, digest};
+
+/// How long a healed cluster may take to complete a create.
+pub const LIVENESS: Duration = Duration::from_secs(60);
+/// How long a client waits for a create before its outcome counts as unknown.
+const OP_WAIT: Duration = Duration::from_secs(10);
+/// How long a client waits for a read before it gives up and reads again (so a reader
+/// stays busy through a partition).
+const READ_WAIT: Duration = Duration::from_millis(1500);
+const NODES: [u64; 3] = [1, 2, 3];
+/// Clients on each node (as mounts are: a client works through its own node only): one
+/// that mostly creates, one that only reads (it goes on while creates wait for a quorum),
+/// one that does both.
+const CLIENTS_PER_NODE: u64 = 3;
+
+/// A family of fault schedules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    PowerLoss,
+    Partition,
+    Mixed,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::PowerLoss, Family::Partition, Family::Mixed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::PowerLoss => "power-loss",
+            Family::Partition => "partition",
+            Family::Mixed => "mixed",
+        }
+    }
+
+    pub fn about(self) -> &'static str {
+        match self {
+            Family::PowerLoss => {
+                "kill -9 and power cuts of one node, a minority and every node at once, under creates and reads"
+            }
+            Family::Partition => {
+                "one-way and two-way partitions, a node isolated, lost, duplicated and slow messages, under creates and reads"
+            }
+            Family::Mixed => "all of the above in one schedule",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The family a seed runs when none is asked for.
+    pub fn of_seed(seed: u64) -> Family {
+        Family::ALL[(seed % Family::ALL.len() as u64) as usize]
+    }
+}
+
+/// What one run found.
+pub struct Outcome {
+    pub trace: Vec<String>,
+    pub violations: Vec<String>,
+}
+
+impl Outcome {
+    pub fn digest(&self) -> String {
+        digest(&self.trace)
+    }
+}
+
+/// Runs `family` on `seed` for `steps` steps of its fault schedule.
+pub fn run(seed: u64, family: Family, steps: usize) -> Outcome {
+    crate::runtime::block_on(seed, run_here(seed, family, steps))
+}
+
+async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
+    let mut rng = SplitMix64(seed);
+    let trace = Trace::begin();
+    trace.note(format_args!("seed {seed}: {}", family.name()));
+    let mut net_rng = SplitMix64(rng.next_u64());
+    let net = SimNet::new(Box::new(move || net_rng.next_u64()));
+    let mut cluster = MetaCluster::new(&NODES, &mut rng, net.clone(), trace.clone());
+    let model = Model::default();
+    if let Err(e) = cluster.form().await {
+        model.violation(e);
+        return finish(&cluster, &trace, &model).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS_PER_NODE * NODES.len() as u64)
+        .map(|c| {
+            let client = Client {
+                id: c,
+                home: NODES[(c % NODES.len() as u64) as usize],
+                creates_in_10: [8, 0, 5][(c / NODES.len() as u64) as usize % 3],
+                rng: SplitMix64(rng.next_u64()),
+                live: cluster.live.clone(),
+                model: model.clone(),
+                trace: trace.clone(),
+                seq: 0,
+            };
+            tokio::spawn(client.run(stop.clone()))
+        })
+        .collect();
+    let mut faults = Schedule {
+        family,
+        rng: SplitMix64(rng.next_u64()),
+        net: net.clone(),
+        trace: trace.clone(),
+    };
+    for _ in 0..steps {
+        // Most faults follow each other closely; some last long enough for an election
+        // and the work after it.
+        let pause = if faults.rng.below(10) < 7 {
+            200 + faults.rng.below(1800)
+        } else {
+            2000 + faults.rng.below(6000)
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        if let Err(e) = faults.step(&mut cluster).await {
+            model.violation(e);
+            break;
+        }
+    }
+    stop.store(true, Ordering::Release);
+    for c in clients {
+        let _ = c.await;
+    }
+    heal(&mut cluster, &net, &trace, &model).await;
+    finish(&cluster, &trace, &model).await
+}
+
+/// Every fault ends: the network heals and every node starts.
+async fn heal(cluster: &mut MetaCluster, net: &SimNet, trace: &Trace, model: &Model) {
+    net.heal();
+    net.set_faults(Faults::default());
+    trace.note("healed");
+    for id in cluster.ids() {
+        if let Err(e) = cluster.start(id).await {
+            model.violation(e);
+        }
+    }
+}
+
+/// The checks at the end, then every node stops.
+async fn finish(cluster: &MetaCluster, trace: &Trace, model: &Model) -> Outcome {
+    let live = cluster.live.clone();
+    for id in live.ids() {
+        let Some(group) = live.get(id) else { continue };
+        let mut client = Client {
+            id: 100 + id,
+            home: id,
+            creates_in_10: 10,
+            rng: SplitMix64(id),
+            live: live.clone(),
+            model: model.clone(),
+            trace: trace.clone(),
+            seq: 0,
+        };
+        let name = format!("after-{id}");
+        let done = tokio::time::timeout(LIVENESS, async {
+            loop {
+                if client.create_on(id, &group, &name).await {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        if done.is_err() {
+            model.violation(format!(
+                "no create completed through node {id} within {LIVENESS:?} of the cluster healing"
+            ));
+            continue;
+        }
+        check_all_acked(id, &group, model).await;
+    }
+    check_digests(&live, trace, model).await;
+    let (proposed, acked) = model.counts();
+    trace.note(format_args!(
+        "end: {proposed} creates proposed, {acked} acknowledged"
+    ));
+    Outcome {
+        trace: trace.take(),
+        violations: model.violations(),
+    }
+}
+
+/// After a read barrier on node `id`, every acknowledged create is in its replica.
+async fn check_all_acked(id: u64, group: &shoal_agent::consensus::Group, model: &Model) {
+    if let Err(e) = group.barrier().await {
+        model.violation(format!("node {id}: no read barrier after healing: {e}"));
+        return;
+    }
+    let lost: Vec<String> = model
+        .acked_names()
+        .into_iter()
+        .filter(|n| group.store().lookup(ROOT_INO, n).is_err())
+        .collect();
+    if !lost.is_empty() {
+        let shown: Vec<&str> = lost.iter().take(8).map(String::as_str).collect();
+        model.violation(format!(
+            "node {id}: {} acknowledged creates lost: {}{}",
+            lost.len(),
+            shown.join(" "),
+            if lost.len() > shown.len() { " …" } else { "" }
+        ));
+    }
+}
+
+/// Once every node applied the same index, their replicas' digests are equal.
+async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
+    for _ in 0..100 {
+        let mut seen = Vec::new();
+        for id in live.ids() {
+            if let Some(g) = live.get(id)
+                && let Ok(d) = g.digest().await
+            {
+                seen.push((id, d));
+            }
+        }
+        let indexes: std::collections::BTreeSet<_> = seen.iter().map(|(_, (i, _))| *i).collect();
+        if indexes.len() == 1 {
+            let digests: std::collections::BTreeSet<_> =
+                seen.iter().map(|(_, (_, d))| *d).collect();
+            if digests.len() != 1 {
+                model.violation(format!(
+                    "replicas at the same applied index differ: {seen:?}"
+                ));
+            }
+            trace.note(format_args!("replicas agree at index {indexes:?}"));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    model.violation("the replicas never applied the same index".into());
+}
+
+/// A client: creates names and reads names back through its node, while it runs.
+struct Client {
+    id: u64,
+    home: u64,
+    /// Of ten operations, how many are creates (the rest are reads).
+    creates_in_10: u64,
+    rng: SplitMix64,
+    live: Live,
+    model: Model,
+    trace: Trace,
+    seq: u64,
+}
+
+impl Client {
+    async fn run(mut self, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Acquire) {
+            // Now and then a client rests a while: a node whose clients rest has nothing
+            // waiting in its log, and reads are all it serves.
+            let pause = if self.rng.below(15) == 0 {
+                2000 + self.rng.below(6000)
+            } else {
+                10 + self.rng.below(300)
+            };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let id = self.home;
+            let Some(group) = self.live.get(id) else {
+                continue;
+            };
+            if self.rng.below(10) < self.creates_in_10 {
+                let name = format!("c{}-{}", self.id, self.seq + 1);
+                self.create_on(id, &group, &name).await;
+            } else {
+                self.read_on(id, &group).await;
+            }
+        }
+    }
+
+    /// Creates `name` through node `id`; true once acknowledged.
+    async fn create_on(
+        &mut self,
+        id: u64,
+        group: &shoal_agent::consensus::Group,
+        name: &str,
+    ) -> bool {
+        self.seq += 1;
+        self.model.proposed(name);
+        let proposal = Proposal {
+            id: Some(RequestId {
+                client: self.id + 1,
+                seq: self.seq,
+            }),
+            now: Timestamp { secs: 1, nanos: 0 },
+            command: Command::MkNode {
+                parent: ROOT_INO,
+                name: name.to_owned(),
+                kind: FileKind::File,
+                perm: 0o644,
+                owner: Owner { uid: 0, gid: 0 },
+                rdev: 0,
+                target: None,
+            },
+        };
+        let answer =
+            tokio::time::timeout(OP_WAIT, group.propose_within(vec![proposal], OP_WAIT)).await;
+        match answer {
+            Ok(Ok(outcomes))
+                if matches!(outcomes.first(), Some(shoal_namespace::Outcome::Attr(_))) =>
+            {
+                self.model.acked(name);
+                self.trace.note(format_args!(
+                    "client {} created {name} through node {id}",
+                    self.id
+                ));
+                true
+            }
+            Ok(Ok(outcomes)) => {
+                self.model.violation(format!(
+                    "create of a new name {name} through node {id} answered {outcomes:?}"
+                ));
+                false
+            }
+            Ok(Err(e)) => {
+                self.trace.note(format_args!(
+                    "client {} create {name} through node {id}: unknown ({e})",
+                    self.id
+                ));
+                false
+            }
+            Err(_) => {
+                self.trace.note(format_args!(
+                    "client {} create {name} through node {id}: unknown (timed out)",
+                    self.id
+                ));
+                false
+            }
+        }
+    }
+
+    /// Reads a name some client proposed through node `id`, after a read barrier.
+    async fn read_on(&mut self, id: u64, group: &shoal_agent::consensus::Group) {
+        // Half the reads ask for one of the newest names: what a deposed leader or a
+        // lagging replica would miss.
+        let last = (self.rng.below(2) == 0).then_some(8);
+        let rng = &mut self.rng;
+        let Some(name) = self.model.some_proposed(last, |n| rng.below(n.max(1))) else {
+            return;
+        };
+        let began = self.model.event();
+        match tokio::time::timeout(READ_WAIT, group.barrier()).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        let found = group.store().lookup(ROOT_INO, &name).is_ok();
+        self.trace.note(format_args!(
+            "client {} read {name} through node {id}: {}",
+            self.id,
+            if found { "found" } else { "absent" }
+        ));
+        if let Some(v) = self.model.check_read(&name, began, found, id) {
+            self.trace.note(format_args!("VIOLATION {v}"));
+        }
+    }
+}
+
+/// The fault schedule of a family.
+struct Schedule {
+    family: Family,
+    rng: SplitMix64,
+    net: Arc<SimNet>,
+    trace: Trace,
+}
+
+impl Schedule {
+    /// One fault (or its end), drawn from the family's choices.
+    async fn step(&mut self, cluster: &mut MetaCluster) -> Result<(), String> {
+        let choices: &[u64] = match self.family {
+            Family::PowerLoss => &[0, 1, 2, 3],
+            Family::Partition => &[4, 5, 6, 7, 8, 3],
+            Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+        };
+        let choice = choices[self.rng.below(choices.len() as u64) as usize];
+        let ids = cluster.ids();
+        let down: Vec<u64> = ids.iter().copied().filter(|i| !cluster.is_up(*i)).collect();
+        let mut any = ids[self.rng.below(ids.len() as u64) as usize];
+        // Half the partitions take the leader (as some node sees it) away.
+        if choice >= 4 && self.rng.below(2) == 0 {
+            any = cluster.leader().unwrap_or(any);
+        }
+        match choice {
+            // One node down (never more than a minority at a time).
+            0 | 1 if down.is_empty() => {
+                let how = if choice == 0 {
+                    Stop::Crash
+                } else {
+                    Stop::PowerCut
+                };
+                cluster.stop(any, how).await;
+            }
+            // Every node's power at once, then all start again.
+            2 if down.is_empty() => {
+                for id in &ids {
+                    cluster.stop(*id, Stop::PowerCut).await;
+                }
+                for id in &ids {
+                    cluster.start(*id).await?;
+                }
+            }
+            // The nodes that are down start again.
+            0..=3 => {
+                for id in down {
+                    cluster.start(id).await?;
+                }
+            }
+            // A node cut off both ways (the partition before it ends).
+            4 => {
+                self.net.heal();
+                for other in ids.iter().filter(|o| **o != any) {
+                    self.net.cut(addr(any), addr(*other));
+                    self.net.cut(addr(*other), addr(any));
+                }
+                self.trace.note(format_args!("node {any} isolated"));
+            }
+            // One way only: a node hears the others, they do not hear it (or the reverse).
+            5 => {
+                self.net.heal();
+                let outgoing = self.rng.below(2) == 0;
+                for other in ids.iter().filter(|o| **o != any) {
+                    if outgoing {
+                        self.net.cut(addr(any), addr(*other));
+                    } else {
+                        self.net.cut(addr(*other), addr(any));
+                    }
+                }
+                let way = if outgoing {
+                    "sends nothing"
+                } else {
+                    "hears nothing"
+                };
+                self.trace.note(format_args!("node {any} {way}"));
+            }
+            // A bad network: messages lost, duplicated, slow.
+            6 => {
+                let faults = Faults {
+                    delay_us: (100, 1000 + self.rng.below(50_000)),
+                    lost_ppm: self.rng.below(100_000) as u32,
+                    duplicated_ppm: self.rng.below(50_000) as u32,
+                };
+                self.net.set_faults(faults);
+                self.trace.note(format_args!("network: {faults:?}"));
+            }
+            // The partitions and the bad network end.
+            7 | 8 => {
+                self.net.heal();
+                self.net.set_faults(Faults::default());
+                self.trace.note("network healed");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

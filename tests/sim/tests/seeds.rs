@@ -1,0 +1,57 @@
+//! The seeds `cargo test` runs (CI keeps them under a few minutes; `SHOAL_SIM_SEEDS=N`
+//! runs more), and the replay promise: one seed, one trace.
+
+use shoal_sim::scenario::{self, Family};
+use shoal_sim::seeds;
+
+fn seed_count() -> u64 {
+    std::env::var("SHOAL_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12)
+}
+
+/// Seeds that found planted bugs when they were planted (see ARCHITECTURE.md, "The
+/// simulator"). A code change reshapes every seed's run, so they are kept as cheap extra
+/// seeds, not as proofs.
+const FOUND_BUGS: [u64; 2] = [0, 46];
+
+#[test]
+fn every_family_keeps_what_it_acknowledged_over_the_fixed_seeds() {
+    let mut failures = Vec::new();
+    let seeds: std::collections::BTreeSet<u64> = (0..seed_count()).chain(FOUND_BUGS).collect();
+    for seed in seeds {
+        let report = seeds::check(seed, None, seeds::STEPS);
+        if !report.violations.is_empty() {
+            let shortest = report
+                .shortest
+                .map(|(steps, trace)| format!("shortest: {steps} steps\n{}", trace.join("\n")));
+            failures.push(format!(
+                "seed {seed} ({}): {}\n{}",
+                report.family.name(),
+                report.violations.join("\n"),
+                shortest.unwrap_or_default()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_seed_replays_to_the_same_trace() {
+    for family in Family::ALL {
+        let a = scenario::run(5, family, 8);
+        let b = scenario::run(5, family, 8);
+        assert!(
+            a.trace.len() > 10,
+            "{}: the run did something",
+            family.name()
+        );
+        assert_eq!(
+            a.trace,
+            b.trace,
+            "{}: the same seed ran differently",
+            family.name()
+        );
+    }
+}

@@ -18,6 +18,7 @@ use crate::identity::{MemberId, NodeId};
 use crate::membership::{Effect, MemberEvent, MemberState, MemberView, Membership};
 use crate::metrics::{MeshMetrics, ReasonLabel, StateLabel};
 use crate::node_cert::Revocations;
+use crate::sim_net::{SimNet, SimSocket};
 use crate::tls::ClusterKey;
 use crate::{LegacyGossip, MeshError};
 
@@ -77,8 +78,39 @@ const MAX_LOGGED_SOURCES: usize = 1024;
 /// How often a node with no peers re-announces itself to the seeds.
 const REANNOUNCE_EVERY: Duration = Duration::from_secs(1);
 
+/// Where gossip's datagrams go: a UDP socket, or the simulator's network.
+enum Socket {
+    Udp(UdpSocket),
+    Sim(SimSocket),
+}
+
+impl Socket {
+    async fn recv_from(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        match self {
+            Socket::Udp(s) => s.recv_from(buf).await,
+            Socket::Sim(s) => s.recv_from(buf).await,
+        }
+    }
+
+    fn try_send_to(&self, packet: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+        match self {
+            Socket::Udp(s) => s.try_send_to(packet, to),
+            Socket::Sim(s) => s.try_send_to(packet, to),
+        }
+    }
+}
+
+/// What a driver needs besides its socket and membership.
+struct Parts {
+    key: ClusterKey,
+    seeds: Vec<SocketAddr>,
+    metrics: MeshMetrics,
+    legacy: LegacyGossip,
+    revocations: Arc<Revocations>,
+}
+
 pub struct GossipDriver {
-    socket: UdpSocket,
+    socket: Socket,
     key: ClusterKey,
     membership: Membership,
     seeds: Vec<SocketAddr>,
@@ -107,6 +139,51 @@ impl GossipDriver {
         legacy: LegacyGossip,
         revocations: Arc<Revocations>,
     ) -> Result<(GossipHandle, tokio::task::JoinHandle<()>), MeshError> {
+        let addr = membership.me().addr;
+        let socket = UdpSocket::bind(addr)
+            .await
+            .map_err(|source| MeshError::Bind { addr, source })?;
+        let parts = Parts {
+            key,
+            seeds,
+            metrics,
+            legacy,
+            revocations,
+        };
+        Ok(GossipDriver::launch(Socket::Udp(socket), membership, parts))
+    }
+
+    /// Like [`GossipDriver::start`], on the simulator's network.
+    pub fn start_sim(
+        net: &Arc<SimNet>,
+        membership: Membership,
+        key: ClusterKey,
+        seeds: Vec<SocketAddr>,
+    ) -> (GossipHandle, tokio::task::JoinHandle<()>) {
+        let socket = Socket::Sim(net.bind_datagrams(membership.me().addr));
+        let parts = Parts {
+            key,
+            seeds,
+            metrics: MeshMetrics::register(&mut prometheus_client::registry::Registry::default()),
+            legacy: LegacyGossip::default(),
+            revocations: Arc::new(Revocations::default()),
+        };
+        GossipDriver::launch(socket, membership, parts)
+    }
+
+    /// Starts the driver's task on `socket`.
+    fn launch(
+        socket: Socket,
+        membership: Membership,
+        parts: Parts,
+    ) -> (GossipHandle, tokio::task::JoinHandle<()>) {
+        let Parts {
+            key,
+            seeds,
+            metrics,
+            legacy,
+            revocations,
+        } = parts;
         let me = membership.me();
         let addr = me.addr;
         // The epoch is the generation this process started with: it grows with every
@@ -116,9 +193,6 @@ impl GossipDriver {
             epoch: me.generation,
             counter: 0,
         };
-        let socket = UdpSocket::bind(addr)
-            .await
-            .map_err(|source| MeshError::Bind { addr, source })?;
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (events, _) = broadcast::channel(256);
         let driver = GossipDriver {
@@ -138,13 +212,11 @@ impl GossipDriver {
             revocations,
         };
         let task = tokio::spawn(driver.run(cmd_rx));
-        Ok((
-            GossipHandle {
-                commands: cmd_tx,
-                events,
-            },
-            task,
-        ))
+        let handle = GossipHandle {
+            commands: cmd_tx,
+            events,
+        };
+        (handle, task)
     }
 
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
@@ -197,7 +269,7 @@ impl GossipDriver {
                 self.metrics.gossip_packets_received.inc();
                 let res = self
                     .membership
-                    .handle_data(from, payload, std::time::Instant::now());
+                    .handle_data(from, payload, Instant::now().into_std());
                 self.apply(res);
             }
             Err(rejection) => {

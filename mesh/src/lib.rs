@@ -38,5 +38,5 @@ pub use membership::{Effect, MemberEvent, MemberState, MemberView, Membership, M
 pub use metrics::{MeshMetrics, ReasonLabel};
 pub use node_cert::{NodeCert, Revocation, Revocations, node_uri};
 pub use rpc::{BulkFilter, FailureClass, MAX_MESSAGE as MAX_RPC_MESSAGE, Refusal, Rpc, Transport};
-pub use sim_net::SimNet;
+pub use sim_net::{SimNet, SimSocket};
 pub use tls::{ClusterKey, TlsFiles};

@@ -5,6 +5,9 @@
 //! a delay, a loss, a duplicate, or a partition (one-way or both ways) that loses every
 //! message between two nodes while it lasts.
 //!
+//! Gossip's datagrams ride the same network ([`SimSocket`]): lost, delayed and cut off the
+//! same way, never duplicated.
+//!
 //! A lost message is never answered: the caller's own timeout ends the call, as on a real
 //! network. A node that is not attached (killed, not yet started) refuses the connection.
 //! The peer's handler runs on a task of its own, so a caller that gives up does not stop
@@ -14,7 +17,7 @@
 //! schedule replays exactly.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -44,13 +47,17 @@ impl Default for Faults {
     }
 }
 
+type Inbox = tokio::sync::mpsc::UnboundedSender<(SocketAddr, Vec<u8>)>;
+
 /// The simulator's source of random numbers.
 pub type Random = Box<dyn FnMut() -> u64 + Send>;
 
 struct Net {
     nodes: BTreeMap<SocketAddr, Weak<Transport>>,
-    /// (from, to): every message from `from` to `to` is lost.
-    cut: BTreeSet<(SocketAddr, SocketAddr)>,
+    /// Gossip sockets: where their datagrams go.
+    sockets: BTreeMap<SocketAddr, Inbox>,
+    /// (from, to) hosts: every message from `from` to `to` is lost.
+    cut: BTreeSet<(IpAddr, IpAddr)>,
     faults: Faults,
     random: Random,
     delivered: u64,
@@ -71,6 +78,7 @@ impl SimNet {
     pub fn new(random: Random) -> Arc<SimNet> {
         Arc::new(SimNet(Mutex::new(Net {
             nodes: BTreeMap::new(),
+            sockets: BTreeMap::new(),
             cut: BTreeSet::new(),
             faults: Faults::default(),
             random,
@@ -87,8 +95,8 @@ impl SimNet {
         self.net().faults = faults;
     }
 
-    /// Loses every message from `from` to `to` until [`SimNet::heal`].
-    pub fn cut(&self, from: SocketAddr, to: SocketAddr) {
+    /// Loses every message from host `from` to host `to` until [`SimNet::heal`].
+    pub fn cut(&self, from: IpAddr, to: IpAddr) {
         self.net().cut.insert((from, to));
     }
 
@@ -123,7 +131,7 @@ impl SimNet {
         let f = n.faults;
         let span = f.delay_us.1.saturating_sub(f.delay_us.0) + 1;
         let delay = Duration::from_micros(f.delay_us.0 + (n.random)() % span);
-        let lost = n.cut.contains(&(from, to)) || chance(&mut n.random, f.lost_ppm);
+        let lost = n.cut.contains(&(from.ip(), to.ip())) || chance(&mut n.random, f.lost_ppm);
         let duplicated = request && chance(&mut n.random, f.duplicated_ppm);
         if lost {
             n.lost += 1;
@@ -191,6 +199,69 @@ impl SimNet {
         }
         tokio::time::sleep(back.delay).await;
         Ok(answer)
+    }
+}
+
+/// A datagram socket on the simulated network: gossip's, in place of its UDP socket.
+pub struct SimSocket {
+    net: Arc<SimNet>,
+    addr: SocketAddr,
+    inbox: tokio::sync::mpsc::UnboundedReceiver<(SocketAddr, Vec<u8>)>,
+    /// The sender this socket registered (a newer socket at its address replaces it).
+    registered: Inbox,
+}
+
+impl SimNet {
+    /// Binds a datagram socket at `addr` (replacing one a killed node left there).
+    pub fn bind_datagrams(self: &Arc<Self>, addr: SocketAddr) -> SimSocket {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.net().sockets.insert(addr, tx.clone());
+        SimSocket {
+            net: self.clone(),
+            addr,
+            inbox: rx,
+            registered: tx,
+        }
+    }
+}
+
+impl SimSocket {
+    /// The next datagram: its length (cut to `buf`) and sender.
+    pub async fn recv_from(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        match self.inbox.recv().await {
+            Some((from, bytes)) => {
+                let len = bytes.len().min(buf.len());
+                buf[..len].copy_from_slice(&bytes[..len]);
+                Ok((len, from))
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Sends `packet` to `to`: it arrives after the drawn delay, or never.
+    pub fn try_send_to(&self, packet: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+        let draw = self.net.draw(self.addr, to, false);
+        let target = self.net.net().sockets.get(&to).cloned();
+        if let (false, Some(target)) = (draw.lost, target) {
+            let (from, bytes) = (self.addr, packet.to_vec());
+            tokio::spawn(async move {
+                tokio::time::sleep(draw.delay).await;
+                let _ = target.send((from, bytes));
+            });
+        }
+        Ok(packet.len())
+    }
+}
+
+impl Drop for SimSocket {
+    fn drop(&mut self) {
+        let mut n = self.net.net();
+        if n.sockets
+            .get(&self.addr)
+            .is_some_and(|s| s.same_channel(&self.registered))
+        {
+            n.sockets.remove(&self.addr);
+        }
     }
 }
 

@@ -52,6 +52,13 @@ pub struct Group {
     read_rounds: ReadRounds,
     /// While held, the leader answers read index without a round (see `lease.rs`).
     lease: std::sync::Mutex<ReadLease>,
+    /// The term of this member's vote and its log's last index when it started. openraft
+    /// resumes a leader whose vote survived a restart, in the same term, knowing only the
+    /// committed index it wrote last, without a sync: after a power cut that can be
+    /// short of what was committed and acknowledged. Every committed entry is in a
+    /// leader's log, so while this member leads in that term, its read index is at least
+    /// that last index (see [`Group::leader_read_index`]).
+    resumed: (u64, u64),
     /// Space the metadata log can always write.
     pub ballast: Arc<Ballast>,
     /// Set while this node's Raft state was reset (a stale data dir) and the leader has
@@ -89,6 +96,19 @@ struct Opened<'a> {
     disk: Arc<dyn shoal_disk::Disk>,
     dir: &'a Path,
     ballast: Arc<Ballast>,
+}
+
+/// The term of the log's vote and its last index, before Raft starts on it (see
+/// `Group::resumed`).
+async fn resumed_at(log: &mut LogStore) -> Result<(u64, u64), openraft::StorageError<u64>> {
+    use openraft::storage::RaftLogStorage;
+    let term = log.read_vote().await?.map_or(0, |v| v.leader_id().term);
+    let end = log
+        .get_log_state()
+        .await?
+        .last_log_id
+        .map_or(0, |l| l.index);
+    Ok((term, end))
 }
 
 fn setup(e: impl std::error::Error + Send + Sync + 'static) -> ConsensusError {
@@ -183,7 +203,7 @@ impl Group {
         rejoin: Option<(String, Vec<SocketAddr>)>,
     ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
         let Opened {
-            log,
+            mut log,
             store,
             disk,
             dir,
@@ -209,11 +229,13 @@ impl Group {
             append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
             gate: sends.clone(),
         };
+        let resumed = resumed_at(&mut log).await.map_err(setup)?;
         let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
             .await
             .map_err(setup)?;
         let (tx, rx) = mpsc::channel(4096);
         let lease = std::sync::Mutex::new(ReadLease::new(config.election_ms[0]));
+
         let group = Arc::new(Group {
             raft: raft.clone(),
             store,
@@ -223,6 +245,7 @@ impl Group {
             batcher: tx,
             changes,
             lease,
+            resumed,
             metrics: metrics.clone(),
             read_rounds: ReadRounds::default(),
             ballast,
@@ -728,7 +751,9 @@ impl Group {
 
     /// The read index this node serves as the leader: its last log index while it holds
     /// the read lease (everything committed is in its log), otherwise the outcome of a
-    /// heartbeat round to a quorum, which renews the lease.
+    /// heartbeat round to a quorum, which renews the lease. A leader resumed at start
+    /// (in the term it started in) serves no read index below its log's end at start:
+    /// openraft's is the committed index it knows, which a power cut may have set back.
     async fn leader_read_index(&self) -> Result<u64, ForwardRefused> {
         let (term, leader, last) = {
             let m = self.raft.metrics();
@@ -747,7 +772,13 @@ impl Group {
                 if self.raft.metrics().borrow().current_term == term {
                     lease().renew(term, started);
                 }
-                Ok(read.map_or(0, |l| l.index))
+                let read = read.map_or(0, |l| l.index);
+                let (resumed_term, resumed_end) = self.resumed;
+                Ok(if term == resumed_term {
+                    read.max(resumed_end)
+                } else {
+                    read
+                })
             }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
                 Err(ForwardRefused::NotLeader(f.leader_id))

@@ -1,7 +1,9 @@
 //! Which members vote in the metadata group (pure).
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// How many voters a group of `alive` members should have: 5 from 7 members up, 3 from 3
 /// up, otherwise 1 (two voters would only add a second node that must be up).

@@ -7,7 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use openraft::{BasicNode, ChangeMembers};
 use shoal_mesh::{GossipHandle, MemberState, MemberView};
@@ -120,7 +122,7 @@ impl Steward {
                 .and_then(|m| m.last_heard);
             let since = self.layout_down_since.entry(id).or_insert(now);
             if let Some(h) = heard {
-                *since = (*since).min(h);
+                *since = (*since).min(Instant::from_std(h));
             }
             if now.saturating_duration_since(*since) >= self.down_out_after {
                 out.push(id);

@@ -88,10 +88,14 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Long runs say how far they got this often (on stderr).
+const PROGRESS_EVERY: u64 = 500;
+
 /// Runs seeds `first..first + n` on `jobs` threads; returns how many found violations.
 fn run_many(first: u64, n: u64, family: Option<Family>, steps: usize, jobs: usize) -> u64 {
     let next = AtomicU64::new(first);
     let failed = AtomicU64::new(0);
+    let ran = AtomicU64::new(0);
     let out = Mutex::new(());
     std::thread::scope(|s| {
         for _ in 0..jobs {
@@ -102,6 +106,11 @@ fn run_many(first: u64, n: u64, family: Option<Family>, steps: usize, jobs: usiz
                         return;
                     }
                     let report = seeds::check(seed, family, steps);
+                    let done = ran.fetch_add(1, Ordering::Relaxed) + 1;
+                    if done.is_multiple_of(PROGRESS_EVERY) {
+                        let v = failed.load(Ordering::Relaxed);
+                        eprintln!("{done} of {n} seeds run, {v} with violations so far");
+                    }
                     if !report.violations.is_empty() {
                         failed.fetch_add(1, Ordering::Relaxed);
                         let _held = out.lock().unwrap_or_else(|p| p.into_inner());

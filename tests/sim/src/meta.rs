@@ -1,7 +1,9 @@
 //! [`MetaCluster`]: the metadata group of a simulated cluster. Each node runs the real
 //! [`Group`] (openraft with the log store and the replica, the leader's batcher,
 //! forwarding to the leader, read-index rounds and the read lease) on its own
-//! [`SimDisk`], and talks to the others over one [`SimNet`] with the real RPC framing.
+//! [`SimDisk`], the real membership (SWIM over gossip datagrams) and the real steward,
+//! which forms the group, adds learners and changes voters as nodes come and go; the
+//! nodes talk over one [`SimNet`] with the real RPC framing.
 //! A node is killed without warning: its disk is fenced first (a crash keeps what the
 //! page cache held, a power cut only what was synced), then it leaves the network.
 
@@ -10,17 +12,22 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use openraft::BasicNode;
 use shoal_agent::consensus::ballast::Ballast;
 use shoal_agent::consensus::metrics::MetaMetrics;
 use shoal_agent::consensus::{Group, MetaConfig};
 use shoal_agent::workers::Workers;
+use shoal_agent::workers::steward::Steward;
 use shoal_disk::{Disk, SimDisk, SplitMix64};
-use shoal_mesh::{NodeId, SimNet, Transport};
+use shoal_mesh::{
+    ClusterKey, GossipDriver, MemberId, Membership, MembershipConfig, NodeFacts, NodeId, NodeRole,
+    SimNet, Transport,
+};
 
 use crate::trace::Trace;
 
 const META: &str = "/meta";
+/// A node down this long leaves the layout (`[cluster] down_out_after`).
+const DOWN_OUT_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The groups of the nodes that run now, shared with the workload's clients.
 #[derive(Clone, Default)]
@@ -53,6 +60,10 @@ struct Node {
     addr: SocketAddr,
     disk: SimDisk,
     config: MetaConfig,
+    /// Grows with every start (gossip refuses packets of a node's earlier lives).
+    generation: u64,
+    /// Feeds foca's randomness at each start.
+    gossip_seed: u64,
     up: Option<Up>,
 }
 
@@ -60,6 +71,7 @@ struct Up {
     group: Arc<Group>,
     workers: Workers,
     transport: Arc<Transport>,
+    gossip: tokio::task::JoinHandle<()>,
 }
 
 pub struct MetaCluster {
@@ -75,6 +87,11 @@ pub fn addr(id: u64) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::new(10, 0, 0, last), 7000))
 }
 
+/// Where node `id` gossips.
+fn gossip_addr(id: u64) -> SocketAddr {
+    SocketAddr::new(addr(id).ip(), 7001)
+}
+
 impl MetaCluster {
     /// Nodes `ids`, none started. Each node's disk and election timeout come from `rng`.
     pub fn new(ids: &[u64], rng: &mut SplitMix64, net: Arc<SimNet>, trace: Trace) -> Self {
@@ -86,6 +103,7 @@ impl MetaCluster {
                 // read lease needs (see `lease.rs`).
                 let election = 1000 + rng.below(900);
                 let config = MetaConfig {
+                    bootstrap_expect: ids.len(),
                     election_ms: [election, election + 1],
                     snapshot_every: 64,
                     ..MetaConfig::default()
@@ -94,6 +112,8 @@ impl MetaCluster {
                     addr: addr(id),
                     disk: SimDisk::new(rng.next_u64()),
                     config,
+                    generation: 0,
+                    gossip_seed: rng.next_u64(),
                     up: None,
                 };
                 (id, node)
@@ -124,6 +144,7 @@ impl MetaCluster {
     /// Starts node `id` on what its disk holds. An error is a violation: a member must
     /// open after any crash or power cut.
     pub async fn start(&mut self, id: u64) -> Result<(), String> {
+        let seeds = self.nodes_addrs(gossip_addr);
         let Some(node) = self.nodes.get_mut(&id) else {
             return Err(format!("no node {id}"));
         };
@@ -151,14 +172,35 @@ impl MetaCluster {
                 return Err(format!("node {id} does not start after a crash: {e}"));
             }
         };
+        node.generation += 1;
+        node.gossip_seed = node.gossip_seed.wrapping_add(1);
+        let (gossip, gossip_task) = {
+            let me = MemberId {
+                node: NodeId(id),
+                addr: gossip_addr(id),
+                generation: node.generation,
+            };
+            let membership = Membership::new(
+                me,
+                facts(id, node.addr, node.generation),
+                &MembershipConfig::default(),
+                node.gossip_seed,
+            )
+            .map_err(|e| format!("node {id}: membership: {e}"))?
+            .0;
+            let key = ClusterKey::derive(&[7; 32], b"sim");
+            GossipDriver::start_sim(&self.net, membership, key, seeds)
+        };
         let workers = Workers::default();
         workers.spawn(workers_of_group.batcher);
+        workers.spawn(Steward::new(group.clone(), gossip, DOWN_OUT_AFTER));
         tokio::spawn(note_leaders(id, group.clone(), self.trace.clone()));
         self.live.map().insert(id, group.clone());
         node.up = Some(Up {
             group,
             workers,
             transport,
+            gossip: gossip_task,
         });
         self.trace.note(format_args!("node {id} started"));
         Ok(())
@@ -175,6 +217,7 @@ impl MetaCluster {
         }
         self.live.map().remove(&id);
         if let Some(up) = node.up.take() {
+            up.gossip.abort();
             up.transport.close().await;
             let _ = up.group.raft.shutdown().await;
             up.workers.stop().await;
@@ -182,23 +225,24 @@ impl MetaCluster {
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
     }
 
-    /// Every node started, and the group formed with all of them as voters.
-    pub async fn form(&mut self) -> Result<(), String> {
+    fn nodes_addrs(&self, f: fn(u64) -> SocketAddr) -> Vec<SocketAddr> {
+        self.nodes.keys().map(|id| f(*id)).collect()
+    }
+
+    /// Every node started; the steward forms the group once gossip has seen them all.
+    pub async fn form(&mut self, within: std::time::Duration) -> Result<(), String> {
         for id in self.ids() {
             self.start(id).await?;
         }
-        let members: BTreeMap<u64, BasicNode> = self
-            .nodes
-            .iter()
-            .map(|(id, n)| (*id, BasicNode::new(n.addr.to_string())))
-            .collect();
-        let first = self.ids().first().copied().unwrap_or_default();
-        let group = self.live.get(first).ok_or("the first node is not up")?;
-        group
-            .raft
-            .initialize(members)
-            .await
-            .map_err(|e| format!("initialize: {e}"))?;
+        let waited = tokio::time::timeout(within, async {
+            while self.leader().is_none() {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            return Err(format!("no group formed within {within:?}"));
+        }
         self.trace.note("group formed");
         Ok(())
     }
@@ -224,5 +268,27 @@ async fn note_leaders(id: u64, group: Arc<Group>, trace: Trace) {
         if metrics.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// What node `id` tells the others about itself when it starts.
+fn facts(id: u64, rpc_addr: SocketAddr, generation: u64) -> NodeFacts {
+    NodeFacts {
+        node: NodeId(id),
+        generation,
+        seq: 0,
+        name: format!("node{id}"),
+        failure_domain: format!("rack{id}"),
+        rpc_addr,
+        bulk_addr: None,
+        capacity_bytes: 1 << 40,
+        used_bytes: 0,
+        role: NodeRole::Active,
+        agent_version: "sim".into(),
+        store_accepting: true,
+        store_room_bytes: 1 << 40,
+        repair_bytes_per_sec: 0,
+        store_opening: false,
+        meta_failed: false,
     }
 }

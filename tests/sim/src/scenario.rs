@@ -34,7 +34,8 @@ const OP_WAIT: Duration = Duration::from_secs(10);
 /// How long a client waits for a read before it gives up and reads again (so a reader
 /// stays busy through a partition).
 const READ_WAIT: Duration = Duration::from_millis(1500);
-const NODES: [u64; 3] = [1, 2, 3];
+/// Five nodes: the steward makes three of them voters, two learners.
+const NODES: [u64; 5] = [1, 2, 3, 4, 5];
 /// Clients on each node (as mounts are: a client works through its own node only): one
 /// that mostly creates, one that only reads (it goes on while creates wait for a quorum),
 /// one that does both.
@@ -106,7 +107,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
     let net = SimNet::new(Box::new(move || net_rng.next_u64()));
     let mut cluster = MetaCluster::new(&NODES, &mut rng, net.clone(), trace.clone());
     let model = Model::default();
-    if let Err(e) = cluster.form().await {
+    if let Err(e) = cluster.form(LIVENESS).await {
         model.violation(e);
         return finish(&cluster, &trace, &model).await;
     }
@@ -410,7 +411,9 @@ impl Schedule {
         }
         match choice {
             // One node down (never more than a minority at a time).
-            0 | 1 if down.is_empty() => {
+            0 | 1 if down.len() < (ids.len() - 1) / 2 => {
+                let up: Vec<u64> = ids.iter().copied().filter(|i| !down.contains(i)).collect();
+                let any = up[self.rng.below(up.len() as u64) as usize];
                 let how = if choice == 0 {
                     Stop::Crash
                 } else {
@@ -437,8 +440,8 @@ impl Schedule {
             4 => {
                 self.net.heal();
                 for other in ids.iter().filter(|o| **o != any) {
-                    self.net.cut(addr(any), addr(*other));
-                    self.net.cut(addr(*other), addr(any));
+                    self.net.cut(addr(any).ip(), addr(*other).ip());
+                    self.net.cut(addr(*other).ip(), addr(any).ip());
                 }
                 self.trace.note(format_args!("node {any} isolated"));
             }
@@ -448,9 +451,9 @@ impl Schedule {
                 let outgoing = self.rng.below(2) == 0;
                 for other in ids.iter().filter(|o| **o != any) {
                     if outgoing {
-                        self.net.cut(addr(any), addr(*other));
+                        self.net.cut(addr(any).ip(), addr(*other).ip());
                     } else {
-                        self.net.cut(addr(*other), addr(any));
+                        self.net.cut(addr(*other).ip(), addr(any).ip());
                     }
                 }
                 let way = if outgoing {

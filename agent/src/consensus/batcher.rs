@@ -123,9 +123,19 @@ impl Worker for Batcher {
             stamp: Some(stamp),
         };
         let proposed = Instant::now();
+        let term = self.raft.metrics().borrow().current_term;
         let receiver = self.raft.client_write_ff(batch).await;
-        self.answering
-            .spawn(answer(receiver, waiters, permit, proposed, count));
+        let deposed = deposed(self.raft.clone(), term);
+        self.answering.spawn(answer(
+            receiver,
+            waiters,
+            Slot {
+                permit,
+                proposed,
+                count,
+            },
+            deposed,
+        ));
         Ok(if self.carried.is_some() {
             Step::Busy
         } else {
@@ -154,23 +164,59 @@ type Receiver = Result<
     openraft::error::Fatal<u64>,
 >;
 
-/// Waits for an entry's commit and hands each proposer its outcomes.
-async fn answer(
-    receiver: Receiver,
-    waiters: Vec<(usize, oneshot::Sender<Result<Committed, ForwardRefused>>)>,
+/// An entry in flight: its slot, when it was proposed, and how many proposals it carries.
+struct Slot {
     permit: OwnedSemaphorePermit,
     proposed: Instant,
     count: usize,
+}
+
+/// Resolves once this member no longer leads in `term`.
+async fn deposed(raft: Raft, term: u64) {
+    let mut metrics = raft.metrics();
+    let moved_on = metrics
+        .wait_for(|m| m.current_term != term || m.current_leader != Some(m.id))
+        .await
+        .is_ok();
+    if !moved_on {
+        // Raft stopped: its responders are dropped, which answers the entry.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Waits for an entry's commit and hands each proposer its outcomes; frees its slot.
+///
+/// openraft answers an entry when it is applied, or when a new leader's log cuts it
+/// off; but an entry a snapshot replaced (a deposed leader that fell behind) is never
+/// answered. Its slot would be held for good, and with every slot held this member
+/// proposes nothing when it leads again. So once this member no longer leads in the
+/// entry's term, its proposers hear "not leader" (they send again through the leader;
+/// proposals with a request id are applied once), and the slot is free.
+async fn answer(
+    receiver: Receiver,
+    waiters: Vec<(usize, oneshot::Sender<Result<Committed, ForwardRefused>>)>,
+    slot: Slot,
+    deposed: impl Future<Output = ()>,
 ) {
+    let Slot {
+        permit,
+        proposed,
+        count,
+    } = slot;
     let result: Result<Committed, ForwardRefused> = match receiver {
         Err(fatal) => Err(ForwardRefused::Unavailable(fatal.to_string())),
-        Ok(rx) => match rx.await {
-            Err(_) => Err(ForwardRefused::Unavailable("proposal dropped".into())),
-            Ok(Ok(resp)) => Ok((resp.data, resp.log_id.index)),
-            Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+        Ok(rx) => match tokio::select! {
+            biased;
+            answered = rx => Some(answered),
+            () = deposed => None,
+        } {
+            None => Err(ForwardRefused::NotLeader(None)),
+            Some(Err(_)) => Err(ForwardRefused::Unavailable("proposal dropped".into())),
+            Some(Ok(Ok(resp))) => Ok((resp.data, resp.log_id.index)),
+            Some(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(ForwardRefused::NotLeader(f.leader_id))
             }
-            Ok(Err(e)) => Err(ForwardRefused::Unavailable(e.to_string())),
+            Some(Ok(Err(e))) => Err(ForwardRefused::Unavailable(e.to_string())),
         },
     };
     drop(permit);

@@ -196,6 +196,7 @@ async fn finish(cluster: &MetaCluster, trace: &Trace, model: &Model) -> Outcome 
             model.violation(format!(
                 "no create completed through node {id} within {LIVENESS:?} of the cluster healing"
             ));
+            note_raft_state(&live, trace);
             continue;
         }
         check_all_acked(id, &group, model).await;
@@ -208,6 +209,25 @@ async fn finish(cluster: &MetaCluster, trace: &Trace, model: &Model) -> Outcome 
     Outcome {
         trace: trace.take(),
         violations: model.violations(),
+    }
+}
+
+/// Each running node's Raft state, into the trace (what a liveness failure shows).
+fn note_raft_state(live: &Live, trace: &Trace) {
+    for id in live.ids() {
+        if let Some(g) = live.get(id) {
+            let m = g.raft.metrics().borrow().clone();
+            trace.note(format_args!(
+                "node {id}: {:?} term {} leader {:?} last log {:?} applied {:?} membership {:?} replication {:?}",
+                m.state,
+                m.current_term,
+                m.current_leader,
+                m.last_log_index,
+                m.last_applied.map(|l| l.index),
+                m.membership_config.membership(),
+                m.replication
+            ));
+        }
     }
 }
 

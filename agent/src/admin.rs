@@ -4,7 +4,9 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 
 use shoal_agent_api::frame::{read_any_frame, write_data_frame_as, write_frame, write_frame_as};
-use shoal_agent_api::{API_VERSION, FsRequest, FsResponse, Request, Response};
+use shoal_agent_api::{
+    API_VERSION, Failure, FailureKind, FsRequest, FsResponse, Request, Response,
+};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
@@ -91,13 +93,17 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
             Ok(None) => return,
             Err(e) => {
                 debug!(error = %e, "admin client sent a bad frame");
-                let _ = write_frame(&mut stream, &Response::Error(e.to_string())).await;
+                let refused = Failure::new(FailureKind::Invalid, e.to_string());
+                let _ = write_frame(&mut stream, &Response::Failed(refused)).await;
                 return;
             }
         };
-        let response = if version < oldest_version_for(&request) {
-            Response::Error(format!(
-                "this agent speaks protocol {API_VERSION}; the client speaks {version}: use the shoal binary of the agent's release"
+        let response = if version < request.oldest_version() {
+            Response::Failed(Failure::new(
+                FailureKind::Invalid,
+                format!(
+                    "this agent speaks protocol {API_VERSION}; the client speaks {version}: use the shoal binary of the agent's release"
+                ),
             ))
         } else if let Request::Fs(FsRequest::Read { ino, offset, len }) = request {
             // File data goes out in the parts it was read in, not joined first.
@@ -115,7 +121,7 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
         } else {
             handle(&node, request, pid, version).await
         };
-        if write_frame_as(&mut stream, version, &response)
+        if write_frame_as(&mut stream, version, &response.in_version(version))
             .await
             .is_err()
         {
@@ -124,39 +130,15 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
     }
 }
 
-/// The oldest protocol version that encodes `request` and its answer as this agent does:
-/// the status report's fields grew in versions 4 and 5, `MetaDigest` came with version 4,
-/// `OkToStop` with 5 and `OkToStopNodes` with 9, everything else is as version 3 had it.
-fn oldest_version_for(request: &Request) -> u8 {
-    match request {
-        Request::Status => API_VERSION,
-        Request::MetaDigest => 4,
-        Request::OkToStop { .. } => 5,
-        Request::Drain { .. }
-        | Request::Undrain { .. }
-        | Request::RemoveNode { .. }
-        | Request::Maintenance { .. }
-        | Request::DrainStatus { .. } => 6,
-        Request::TierStatus
-        | Request::TierRelease { .. }
-        | Request::TierPrefetch { .. }
-        | Request::TierPin { .. }
-        | Request::ColdExtents { .. } => 7,
-        Request::RevokeCertificate { .. } => 8,
-        Request::OkToStopNodes { .. } => 9,
-        _ => 3,
-    }
-}
-
 async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) -> Response {
     match request {
         Request::Status => match status::report(node).await {
             Ok(r) => Response::Status(Box::new(r)),
-            Err(e) => Response::Error(e.to_string()),
+            Err(e) => failed(e),
         },
         Request::WriteStripe { data, ec } => match node.stripes.write(data.into(), ec).await {
             Ok(r) => Response::StripeWritten(r),
-            Err(e) => Response::Error(e.to_string()),
+            Err(e) => failed(e),
         },
         Request::ReadStripe {
             record,
@@ -164,7 +146,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
             len,
         } => match node.stripes.read(&record, offset, len).await {
             Ok(r) => Response::StripeRead(r),
-            Err(e) => Response::Error(e.to_string()),
+            Err(e) => failed(e),
         },
         Request::Fs(r) => Response::Fs(node.fs.handle(r, pid, version).await),
         // Only a process's own pid: moving another process into the storage cgroup would
@@ -172,17 +154,22 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
         Request::JoinReservation { pid: asked }
             if Some(asked) != pid.and_then(|p| u32::try_from(p).ok()) =>
         {
-            Response::Error(format!(
-                "refused: a process may only move itself into the reservation (asked for pid {asked}, the caller is {})",
-                pid.map_or("unknown".to_owned(), |p| format!("pid {p}"))
+            Response::Failed(Failure::new(
+                FailureKind::Refused,
+                format!(
+                    "refused: a process may only move itself into the reservation (asked for pid {asked}, the caller is {})",
+                    pid.map_or("unknown".to_owned(), |p| format!("pid {p}"))
+                ),
             ))
         }
         Request::JoinReservation { pid } => match &node.resources.guard {
             None => Response::Joined(None),
             Some(g) => match g.attach(pid) {
                 Ok(()) => Response::Joined(Some(g.reservation().cgroup.clone())),
-                Err(e) => Response::Error(format!(
-                    "cannot move process {pid} into the reservation: {e}"
+                // The cgroup could not be written: the reservation's fault, not the caller's.
+                Err(e) => Response::Failed(Failure::new(
+                    FailureKind::Internal,
+                    format!("cannot move process {pid} into the reservation: {e}"),
                 )),
             },
         },
@@ -190,19 +177,19 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
         Request::OkToStop { node: which } => {
             match crate::ok_to_stop::assess(node, std::slice::from_ref(&which)).await {
                 Ok(r) => Response::OkToStop(Box::new(r.into_one())),
-                Err(e) => Response::Error(e.to_string()),
+                Err(e) => failed(e),
             }
         }
         Request::OkToStopNodes { nodes } => match crate::ok_to_stop::assess(node, &nodes).await {
             Ok(r) => Response::OkToStopNodes(Box::new(r)),
-            Err(e) => Response::Error(e.to_string()),
+            Err(e) => failed(e),
         },
         Request::Drain {
             node: which,
             dry_run,
         } => match crate::drain::drain(node, &which, dry_run).await {
             Ok(p) => Response::Drain(Box::new(p)),
-            Err(e) => Response::Error(e.to_string()),
+            Err(e) => failed(e),
         },
         Request::Undrain { node: which } => {
             done(crate::drain::change(node, &which, NodeChange::Undrain).await)
@@ -223,12 +210,12 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
         Request::DrainStatus { node: which } => {
             match crate::drain::status(node, which.as_deref()).await {
                 Ok(d) => Response::Drains(d),
-                Err(e) => Response::Error(e.to_string()),
+                Err(e) => failed(e),
             }
         }
         Request::MetaDigest => match node.group.digest().await {
             Ok((applied, digest)) => Response::MetaDigest { applied, digest },
-            Err(e) => Response::Error(e.to_string()),
+            Err(e) => failed(e),
         },
         Request::TierStatus
         | Request::TierRelease { .. }
@@ -242,9 +229,9 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
 /// The cold-tier requests; refused where this agent has no `[tiering]`.
 async fn tier_request(node: &Node, request: Request) -> Response {
     let Some(tier) = &node.tier else {
-        return Response::Error(
+        return failed(AgentError::Invalid(
             "this agent has no cold tier: add a [tiering] section to its config".into(),
-        );
+        ));
     };
     let answer = match request {
         Request::TierStatus => tier.report().await.map(|r| Response::Tier(Box::new(r))),
@@ -265,14 +252,22 @@ async fn tier_request(node: &Node, request: Request) -> Response {
         }
         Request::TierPin { ino, pinned } => tier.pin(ino, pinned).await.map(Response::Done),
         Request::ColdExtents { ino } => tier.cold_extents(ino).map(Response::ColdExtents),
-        _ => return Response::Error("not a cold-tier request".into()),
+        _ => {
+            return Response::Failed(Failure::new(
+                FailureKind::Internal,
+                "not a cold-tier request",
+            ));
+        }
     };
-    answer.unwrap_or_else(|e| Response::Error(e.to_string()))
+    answer.unwrap_or_else(failed)
 }
 
-fn done(r: Result<String, crate::AgentError>) -> Response {
-    match r {
-        Ok(text) => Response::Done(text),
-        Err(e) => Response::Error(e.to_string()),
-    }
+fn done(r: Result<String, AgentError>) -> Response {
+    r.map_or_else(failed, Response::Done)
+}
+
+/// A failed request's answer: its kind from the error's cause, and the error's text.
+fn failed(e: impl Into<AgentError>) -> Response {
+    let e = e.into();
+    Response::Failed(Failure::new(e.kind(), e.to_string()))
 }

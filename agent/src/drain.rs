@@ -91,7 +91,7 @@ pub fn committed_layout(node: &Node) -> Result<Layout, AgentError> {
     node.group
         .store()
         .cluster_layout()?
-        .ok_or_else(|| AgentError::NoSuch("the cluster has no layout yet".into()))
+        .ok_or_else(|| AgentError::NotYet("the cluster has no layout yet".into()))
 }
 
 /// The names gossip knows, by node.
@@ -138,7 +138,7 @@ async fn ask(node: &Node, which: &str, change: NodeChange) -> Result<Asked, Agen
         .as_ref()
         .and_then(|l| l.node(target.id))
         .map(|n| n.state)
-        .ok_or_else(|| AgentError::NoSuch(format!("{who} is not in the layout yet")))?;
+        .ok_or_else(|| AgentError::NotYet(format!("{who} is not in the layout yet")))?;
     transition(state, change).map_err(AgentError::Refused)?;
     Ok(Asked {
         members,

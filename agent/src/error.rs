@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use shoal_agent_api::FailureKind;
+
 /// Why the agent could not start or keep running.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -80,6 +82,21 @@ pub enum AgentError {
     /// the text says why, with the numbers.
     #[error("refused: {0}")]
     Refused(String),
+    /// An operator's request that is wrong as asked (an argument missing, a feature this
+    /// agent is not configured for).
+    #[error("{0}")]
+    Invalid(String),
+    /// The metadata declined an operator's command about `what` (an inode that is not
+    /// there, say); `error` is its answer.
+    #[error("{what}: {error}")]
+    Declined {
+        what: String,
+        error: shoal_agent_api::FsError,
+    },
+    /// The cluster cannot serve an operator's request yet (it has no layout, the node
+    /// named is not in it yet); it may a little later.
+    #[error("{0}")]
+    NotYet(String),
 }
 
 impl AgentError {
@@ -90,7 +107,37 @@ impl AgentError {
             AgentError::Consensus(e) => e.is_retryable(),
             AgentError::Mesh(e) => e.is_retryable(),
             AgentError::Tier(e) => e.is_retryable(),
+            AgentError::NotYet(_) => true,
             _ => false,
+        }
+    }
+
+    /// The kind of failure an operator's request gets for this error, from its cause (a
+    /// wrapped error by its own class): what the admin socket answers with.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            AgentError::NoSuch(_) => FailureKind::NotFound,
+            AgentError::Refused(_) => FailureKind::Refused,
+            AgentError::Invalid(_) => FailureKind::Invalid,
+            AgentError::NotYet(_) => FailureKind::Unavailable,
+            AgentError::Declined { error, .. } => error.kind(),
+            AgentError::Stripe(e) => e.kind(),
+            AgentError::Consensus(e) => e.kind(),
+            AgentError::Namespace(e) => namespace_kind(e),
+            AgentError::Store(e) => store_kind(e),
+            AgentError::Mesh(e) => mesh_kind(e),
+            AgentError::Tier(e) => tier_kind(e),
+            AgentError::ConfigRead { .. }
+            | AgentError::ConfigParse { .. }
+            | AgentError::ConfigValue { .. }
+            | AgentError::DataDir { .. }
+            | AgentError::CertificateOfAnotherNode { .. }
+            | AgentError::Corrupt { .. }
+            | AgentError::AdminSocket { .. }
+            | AgentError::AdminSocketInUse { .. }
+            | AgentError::Listen { .. }
+            | AgentError::Guard(_)
+            | AgentError::Setup { .. } => FailureKind::Internal,
         }
     }
 
@@ -128,6 +175,49 @@ impl AgentError {
     }
 }
 
+/// The local replica's failures: its own answers (no such inode) keep their class; a
+/// failure of its storage is internal.
+pub(crate) fn namespace_kind(e: &shoal_namespace::NamespaceError) -> FailureKind {
+    match e {
+        shoal_namespace::NamespaceError::Fs(e) => e.kind(),
+        _ => FailureKind::Internal,
+    }
+}
+
+/// Membership and transport: what may pass (a peer unreachable or busy) is unavailable, a
+/// peer without room no space, anything else internal.
+pub(crate) fn mesh_kind(e: &shoal_mesh::MeshError) -> FailureKind {
+    use shoal_mesh::{FailureClass, MeshError};
+    match e {
+        e if e.is_retryable() => FailureKind::Unavailable,
+        MeshError::RpcRemote {
+            class: FailureClass::NoSpace,
+            ..
+        } => FailureKind::NoSpace,
+        _ => FailureKind::Internal,
+    }
+}
+
+/// This node's shard store: full is no space, anything else internal.
+pub(crate) fn store_kind(e: &shoal_store::StoreError) -> FailureKind {
+    match e {
+        shoal_store::StoreError::Full { .. } | shoal_store::StoreError::NoRoom { .. } => {
+            FailureKind::NoSpace
+        }
+        _ => FailureKind::Internal,
+    }
+}
+
+/// The cold tier's store: an outage may pass, a missing object is not found, a refusal
+/// (credentials, bucket) or a bad configuration needs a person.
+fn tier_kind(e: &shoal_tiering::TierError) -> FailureKind {
+    match e {
+        e if e.is_retryable() => FailureKind::Unavailable,
+        shoal_tiering::TierError::NotFound(_) => FailureKind::NotFound,
+        _ => FailureKind::Internal,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +238,80 @@ mod tests {
         assert!(quic.is_addr_in_use());
         assert!(AgentError::AdminSocketInUse { path: "/s".into() }.is_addr_in_use());
         assert!(!AgentError::NoSuch("x".into()).is_addr_in_use());
+    }
+
+    #[test]
+    fn an_operators_error_has_the_kind_of_its_cause() {
+        use shoal_agent_api::FsError;
+        let kinds = [
+            (
+                AgentError::NoSuch("no node \"x\"".into()),
+                FailureKind::NotFound,
+            ),
+            (
+                AgentError::Refused("still running".into()),
+                FailureKind::Refused,
+            ),
+            (
+                AgentError::Invalid("a node name is needed".into()),
+                FailureKind::Invalid,
+            ),
+            (
+                AgentError::NotYet("no layout yet".into()),
+                FailureKind::Unavailable,
+            ),
+            (
+                AgentError::Declined {
+                    what: "inode 9".into(),
+                    error: FsError::NotFound,
+                },
+                FailureKind::NotFound,
+            ),
+            (
+                AgentError::Namespace(shoal_namespace::NamespaceError::Corrupt("x".into())),
+                FailureKind::Internal,
+            ),
+            (
+                AgentError::Tier(shoal_tiering::TierError::TimedOut(
+                    std::time::Duration::from_secs(1),
+                )),
+                FailureKind::Unavailable,
+            ),
+            (
+                AgentError::Tier(shoal_tiering::TierError::Refused("403".into())),
+                FailureKind::Internal,
+            ),
+            (
+                AgentError::Mesh(shoal_mesh::MeshError::GossipStopped),
+                FailureKind::Internal,
+            ),
+            (
+                AgentError::Consensus(crate::consensus::ConsensusError::NoLeader {
+                    waited_s: 5,
+                    last: None,
+                }),
+                FailureKind::Unavailable,
+            ),
+            (
+                AgentError::Stripe(crate::data::StripeError::TooFewNodes {
+                    ec: "4+2".parse().expect("ec"),
+                    need: 5,
+                    alive: 3,
+                }),
+                FailureKind::Unavailable,
+            ),
+        ];
+        for (e, kind) in kinds {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+        // Retried exactly where the kind says the cluster may answer later, and the
+        // nested error's class is kept.
+        assert!(AgentError::NotYet("no layout yet".into()).is_retryable());
+        assert!(!AgentError::Refused("still running".into()).is_retryable());
+        let mesh_lasting = AgentError::Stripe(crate::data::StripeError::Mesh(
+            shoal_mesh::MeshError::RpcDecode("x".into()),
+        ));
+        assert!(!mesh_lasting.is_retryable());
+        assert_eq!(mesh_lasting.kind(), FailureKind::Internal);
     }
 }

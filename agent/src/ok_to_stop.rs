@@ -195,7 +195,7 @@ fn stripes_reason(risk: &StripeRisk, stopping: usize) -> String {
 /// node's replica, caught up with the cluster first, and gossip view.
 pub async fn assess(node: &Node, which: &[String]) -> Result<OkToStopNodes, AgentError> {
     if which.is_empty() {
-        return Err(AgentError::Refused(
+        return Err(AgentError::Invalid(
             "ok-to-stop needs at least one node".into(),
         ));
     }

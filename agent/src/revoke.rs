@@ -27,7 +27,7 @@ fn unix_ms() -> u64 {
 /// Revokes every certificate of node `name` issued before now.
 pub(crate) async fn revoke(node: &Node, name: &str) -> Result<String, AgentError> {
     if name.is_empty() {
-        return Err(AgentError::Refused("a node name is needed".into()));
+        return Err(AgentError::Invalid("a node name is needed".into()));
     }
     let members = node.gossip.members().await?;
     let others = crate::drain::alive_on_other_releases(&members);
@@ -56,8 +56,19 @@ pub(crate) async fn revoke(node: &Node, name: &str) -> Result<String, AgentError
             },
         })
         .await?;
-    if outcome != Outcome::Done {
-        return Err(AgentError::Refused(format!("not revoked: {outcome:?}")));
+    match outcome {
+        Outcome::Done => {}
+        Outcome::Failed(error) => {
+            return Err(AgentError::Declined {
+                what: format!("not revoked ({name})"),
+                error: error.into(),
+            });
+        }
+        other => {
+            return Err(
+                crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into(),
+            );
+        }
     }
     let within = REFRESH.as_secs() + 1;
     Ok(if id == NodeId::NONE {

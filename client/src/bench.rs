@@ -199,18 +199,18 @@ async fn write_phase(
     let mut errors = 0;
     for res in tasks.join_all().await {
         for (i, took, resp) in res? {
-            match resp {
-                Response::StripeWritten(r) => {
+            match resp.into_result() {
+                Ok(Response::StripeWritten(r)) => {
                     lat.push(took);
                     records[i] = Some(r);
                 }
-                Response::Error(e) => {
+                Err(e) => {
                     if errors == 0 {
                         eprintln!("write error: {e}");
                     }
                     errors += 1;
                 }
-                other => bail!("unexpected answer {other:?}"),
+                Ok(other) => bail!("unexpected answer {other:?}"),
             }
         }
     }
@@ -241,10 +241,10 @@ async fn read_phase(o: &BenchOptions, file: &RecordFile) -> anyhow::Result<(Phas
                     })
                     .await?;
                 let took = t.elapsed();
-                let outcome = match resp {
-                    Response::StripeRead(r) => Ok((r.decoded, r.data == content(seed, i, len))),
-                    Response::Error(e) => Err(e),
-                    other => Err(format!("unexpected answer {other:?}")),
+                let outcome = match resp.into_result() {
+                    Ok(Response::StripeRead(r)) => Ok((r.decoded, r.data == content(seed, i, len))),
+                    Err(e) => Err(e.message),
+                    Ok(other) => Err(format!("unexpected answer {other:?}")),
                 };
                 out.push((took, outcome));
             }

@@ -246,13 +246,13 @@ pub fn revoke(socket: &Path, name: String, force: bool) -> anyhow::Result<()> {
         if !members.iter().any(|m| m.name == name) {
             let mut names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
             names.sort_unstable();
-            anyhow::bail!(
+            return Err(crate::failure::not_found(format!(
                 "no member is named {name:?} (members: {}); to revoke the certificates of a node that left the cluster, add --force",
                 names.join(", ")
-            );
+            )));
         }
     }
-    crate::maintenance::change(socket, Request::RevokeCertificate { name })
+    crate::maintenance::change(socket, Request::RevokeCertificate { name }, false)
 }
 
 /// A unix time in milliseconds as a UTC date, e.g. "2026-12-02 06:10:48.001 UTC".

@@ -129,12 +129,12 @@ fn storage_load(
                     while !stop.load(Ordering::Relaxed) {
                         let data = crate::bench::content(7, i, stripe);
                         let request = Request::WriteStripe { data, ec: Some(ec) };
-                        match client.call(&request).await? {
-                            Response::StripeWritten(_) => {
+                        match client.call(&request).await?.into_result() {
+                            Ok(Response::StripeWritten(_)) => {
                                 written.fetch_add(stripe, Ordering::Relaxed);
                             }
-                            Response::Error(e) => bail!("storage load failed: {e}"),
-                            other => bail!("unexpected answer {other:?}"),
+                            Err(e) => bail!("storage load failed: {e}"),
+                            Ok(other) => bail!("unexpected answer {other:?}"),
                         }
                         i += 4;
                     }

@@ -51,17 +51,18 @@ fn measure(o: &RepairBenchOptions, c: &Cluster, governor: String) -> anyhow::Res
     let fg = Foreground::start(&c.mnt(1).join("during"), o.writers, o.file_size)?;
     eprintln!("[{governor}] draining node{victim}");
     let started = Instant::now();
-    let plan = match c.call(
+    let answer = c.call(
         1,
         &Request::Drain {
             node: victim_id.clone(),
             dry_run: false,
         },
-    )? {
-        Response::Drain(p) if p.started => p,
-        Response::Drain(p) => bail!("the drain did not start: {:?}", p.reasons),
-        Response::Error(e) => bail!("drain: {e}"),
-        other => bail!("unexpected answer {other:?}"),
+    )?;
+    let plan = match answer.into_result() {
+        Ok(Response::Drain(p)) if p.started => p,
+        Ok(Response::Drain(p)) => bail!("the drain did not start: {:?}", p.reasons),
+        Err(e) => bail!("drain: {e}"),
+        Ok(other) => bail!("unexpected answer {other:?}"),
     };
     let mut budget = 0;
     let drained_at = c.wait(Duration::from_secs(900), "the node drained", || {

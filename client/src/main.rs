@@ -6,6 +6,7 @@ mod coexist;
 mod dev_cluster;
 mod dev_mount;
 mod drain_bench;
+mod failure;
 mod maintenance;
 mod mount;
 mod mountinfo;
@@ -50,15 +51,40 @@ impl Cli {
     fn command(self) -> anyhow::Result<Cmd> {
         let (top_socket, top_json) = (self.socket, self.json);
         let mut cmd = self.command;
-        let (socket, json) = match &mut cmd {
+        let (socket, json) = cmd.socket_and_json();
+        match (top_socket, socket) {
+            (Some(top), Some(socket)) => *socket = top,
+            (Some(_), None) => {
+                return Err(failure::invalid("--socket does not apply to this command"));
+            }
+            (None, _) => {}
+        }
+        match json {
+            Some(json) => *json |= top_json,
+            None if top_json => {
+                return Err(failure::invalid("--json does not apply to this command"));
+            }
+            None => {}
+        }
+        Ok(cmd)
+    }
+}
+
+impl Cmd {
+    /// The command's `--socket` and `--json`, where it has them.
+    fn socket_and_json(&mut self) -> (Option<&mut PathBuf>, Option<&mut bool>) {
+        match self {
             Cmd::Status { socket, json } => (Some(socket), Some(json)),
             Cmd::Stat { socket, json, .. } => (Some(socket), Some(json)),
             Cmd::OkToStop { socket, json, .. } => (Some(socket), Some(json)),
             Cmd::Drain(a) => (Some(&mut a.socket), Some(&mut a.json)),
-            Cmd::Undrain { socket, .. } | Cmd::Remove { socket, .. } => (Some(socket), None),
+            Cmd::Undrain { socket, json, .. } | Cmd::Remove { socket, json, .. } => {
+                (Some(socket), Some(json))
+            }
             Cmd::Maintenance(
-                MaintenanceCmd::Enter { socket, .. } | MaintenanceCmd::Exit { socket, .. },
-            ) => (Some(socket), None),
+                MaintenanceCmd::Enter { socket, json, .. }
+                | MaintenanceCmd::Exit { socket, json, .. },
+            ) => (Some(socket), Some(json)),
             Cmd::Mount(args) => (Some(&mut args.socket), None),
             Cmd::Bench(BenchCmd::Stripes(o)) => (Some(&mut o.socket), Some(&mut o.json)),
             Cmd::Bench(BenchCmd::Coexist(o)) => (None, Some(&mut o.json)),
@@ -69,18 +95,12 @@ impl Cli {
             }
             Cmd::Cert(CertCmd::Revoke { socket, .. }) => (Some(socket), None),
             Cmd::Cert(_) | Cmd::DevCluster(_) => (None, None),
-        };
-        match (top_socket, socket) {
-            (Some(top), Some(socket)) => *socket = top,
-            (Some(_), None) => anyhow::bail!("--socket does not apply to this command"),
-            (None, _) => {}
         }
-        match json {
-            Some(json) => *json |= top_json,
-            None if top_json => anyhow::bail!("--json does not apply to this command"),
-            None => {}
-        }
-        Ok(cmd)
+    }
+
+    /// Whether the output is JSON (a failure's too).
+    fn json(&mut self) -> bool {
+        self.socket_and_json().1.is_some_and(|json| *json)
     }
 }
 
@@ -141,6 +161,9 @@ enum Cmd {
         node: String,
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Print `{"message": ...}`, or `{"error": {"kind": ..., "message": ...}}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Forget a drained (or out) NODE whose agent is stopped.
     Remove {
@@ -148,6 +171,9 @@ enum Cmd {
         node: String,
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Print `{"message": ...}`, or `{"error": {"kind": ..., "message": ...}}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Maintenance windows: a node in one that goes down is not rebuilt until it ends.
     #[command(subcommand)]
@@ -171,6 +197,9 @@ enum MaintenanceCmd {
         duration: String,
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Print `{"message": ...}`, or `{"error": {"kind": ..., "message": ...}}`.
+        #[arg(long)]
+        json: bool,
     },
     /// End NODE's maintenance window now.
     Exit {
@@ -178,6 +207,9 @@ enum MaintenanceCmd {
         node: String,
         #[arg(long, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Print `{"message": ...}`, or `{"error": {"kind": ..., "message": ...}}`.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -270,20 +302,22 @@ fn main() -> ExitCode {
     {
         return mount::helper_main();
     }
-    // Exit codes: 0 done (or "ok"), 1 the answer is no (`ok-to-stop`, a drain that cannot
-    // finish: already printed), 2 an error (scripts tell "not now" from "could not ask").
-    match run(Cli::parse()) {
+    // Exit codes (see `failure`): 0 done (or "ok"), 1 the answer is no or not now
+    // (`ok-to-stop`, a drain that cannot finish: already printed; a refusal), 2 an error.
+    let mut cmd = match Cli::parse().command() {
+        Ok(cmd) => cmd,
+        Err(e) => return failure::report(&e, false),
+    };
+    let json = cmd.json();
+    match run(cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<maintenance::NotOk>() => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
+        Err(e) => failure::report(&e, json),
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command()? {
+fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Status { socket, json } => status_cmd(socket, json),
         Cmd::Mount(args) => mount::run(args, None),
         Cmd::OkToStop {
@@ -293,21 +327,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => maintenance::ok_to_stop(&socket, &nodes, json),
         Cmd::Stat { path, socket, json } => stat::run(&path, &socket, json),
         Cmd::Drain(a) => maintenance::drain(&a),
-        Cmd::Undrain { node, socket } => maintenance::change(&socket, Request::Undrain { node }),
-        Cmd::Remove { node, socket } => maintenance::change(&socket, Request::RemoveNode { node }),
+        Cmd::Undrain { node, socket, json } => {
+            maintenance::change(&socket, Request::Undrain { node }, json)
+        }
+        Cmd::Remove { node, socket, json } => {
+            maintenance::change(&socket, Request::RemoveNode { node }, json)
+        }
         Cmd::Maintenance(MaintenanceCmd::Enter {
             node,
             duration,
             socket,
+            json,
         }) => {
             let d = shoal_agent_api::units::parse_duration(&duration)
-                .map_err(|e| anyhow::anyhow!("--for {duration:?}: {e}"))?;
-            anyhow::ensure!(!d.is_zero(), "--for must be longer than zero");
+                .map_err(|e| failure::invalid(format!("--for {duration:?}: {e}")))?;
+            if d.is_zero() {
+                return Err(failure::invalid("--for must be longer than zero"));
+            }
             let for_ms = Some(d.as_millis() as u64);
-            maintenance::change(&socket, Request::Maintenance { node, for_ms })
+            maintenance::change(&socket, Request::Maintenance { node, for_ms }, json)
         }
-        Cmd::Maintenance(MaintenanceCmd::Exit { node, socket }) => {
-            maintenance::change(&socket, Request::Maintenance { node, for_ms: None })
+        Cmd::Maintenance(MaintenanceCmd::Exit { node, socket, json }) => {
+            let exit = Request::Maintenance { node, for_ms: None };
+            maintenance::change(&socket, exit, json)
         }
         Cmd::Bench(BenchCmd::Coexist(o)) => coexist::run(o),
         Cmd::Bench(BenchCmd::Repair(o)) => repair_bench::run(o),
@@ -361,9 +403,8 @@ fn status_cmd(socket: PathBuf, json: bool) -> anyhow::Result<()> {
         let mut client = AgentClient::connect(&socket).await?;
         client.call(&Request::Status).await
     })?;
-    let report = match response {
+    let report = match response.into_result()? {
         Response::Status(r) => r,
-        Response::Error(e) => anyhow::bail!("agent: {e}"),
         other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
     };
     if json {

@@ -6,13 +6,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use shoal_agent_api::{
-    API_VERSION, AgentClient, ApiError, DEFAULT_SOCKET, DrainPlan, DrainProgress, OkToStopNodes,
-    Request, Response, SOCKET_ENV,
+    AgentClient, ApiError, DEFAULT_SOCKET, DrainPlan, DrainProgress, Failure, FailureKind,
+    OkToStopNodes, Request, Response, SOCKET_ENV,
 };
 
+use crate::failure::{invalid, not_found};
 use crate::status::{bytes, span};
 
-/// One request to the local agent, on a runtime of its own.
+/// One request to the local agent, on a runtime of its own; the agent's failure as an
+/// error of its kind.
 pub(crate) fn call(socket: &Path, request: Request) -> anyhow::Result<Response> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -21,10 +23,8 @@ pub(crate) fn call(socket: &Path, request: Request) -> anyhow::Result<Response> 
         let mut client = AgentClient::connect(socket).await?;
         client.call(&request).await
     })?;
-    match response {
-        Response::Error(e) => anyhow::bail!("agent: {e}"),
-        other => Ok(other),
-    }
+    // A failure keeps its kind for the exit code and `--json` (`crate::failure`).
+    Ok(response.into_result()?)
 }
 
 /// `shoal drain` arguments.
@@ -50,10 +50,9 @@ pub struct DrainArgs {
 pub fn drain(a: &DrainArgs) -> anyhow::Result<()> {
     let (first, second) = (a.args[0].as_str(), a.args.get(1).cloned());
     if first == "status" {
-        anyhow::ensure!(
-            !a.dry_run && !a.wait,
-            "drain status takes neither --dry-run nor --wait"
-        );
+        if a.dry_run || a.wait {
+            return Err(invalid("drain status takes neither --dry-run nor --wait"));
+        }
         let drains = drain_status(&a.socket, second)?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&drains)?);
@@ -66,10 +65,9 @@ pub fn drain(a: &DrainArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    anyhow::ensure!(
-        second.is_none(),
-        "drain takes one NODE (or `status [NODE]`)"
-    );
+    if second.is_some() {
+        return Err(invalid("drain takes one NODE (or `status [NODE]`)"));
+    }
     if a.wait && !a.dry_run {
         let now = drain_status(&a.socket, Some(first.to_owned()))?;
         if let Some(d) = now
@@ -119,7 +117,7 @@ fn wait_drained(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
     loop {
         let drains = drain_status(socket, Some(node.to_owned()))?;
         let Some(d) = drains.into_iter().next() else {
-            anyhow::bail!("node {node} is no longer in the layout");
+            return Err(not_found(format!("node {node} is no longer in the layout")));
         };
         match d.state.as_str() {
             "drained" => {
@@ -134,7 +132,14 @@ fn wait_drained(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
                 return Ok(());
             }
             "draining" => {}
-            other => anyhow::bail!("the drain of {node} ended: the node is {other} now"),
+            // Undrained meanwhile: a drain that cannot finish.
+            other => {
+                return Err(Failure::new(
+                    FailureKind::Refused,
+                    format!("the drain of {node} ended: the node is {other} now"),
+                )
+                .into());
+            }
         }
         if tty {
             print!("\r\x1b[2K{}", progress_line(&d));
@@ -214,9 +219,14 @@ fn render_plan(p: &DrainPlan) -> String {
     out
 }
 
-/// `shoal undrain`, `remove`, `maintenance enter/exit`: prints what the agent did.
-pub fn change(socket: &Path, request: Request) -> anyhow::Result<()> {
+/// `shoal undrain`, `remove`, `maintenance enter/exit`: prints what the agent did (with
+/// `json`, as `{"message": ...}`).
+pub fn change(socket: &Path, request: Request, json: bool) -> anyhow::Result<()> {
     match call(socket, request)? {
+        Response::Done(text) if json => {
+            println!("{}", serde_json::json!({ "message": text }));
+            Ok(())
+        }
         Response::Done(text) => {
             println!("{text}");
             Ok(())
@@ -243,10 +253,11 @@ pub fn ok_to_stop(socket: &Path, nodes: &[String], json: bool) -> anyhow::Result
     if r.ok { Ok(()) } else { Err(NotOk.into()) }
 }
 
-/// The agent's assessment. An agent of protocol 5 to 8 (a release before the batch form,
-/// still running while a rolling upgrade installs this CLI beside it) refuses this
-/// client's version: it is asked in its own form when one node is named, and a batch is
-/// an error (it could only judge each node as if it stopped alone).
+/// The agent's assessment. An agent of an older release, still running while a rolling
+/// upgrade installs this CLI beside it, refuses this client's version: one of protocol 9
+/// is asked the same in its version (by [`AgentClient::call`]); one of 5 to 8 is asked
+/// in its own form when one node is named, and a batch is an error (it could only judge
+/// each node as if it stopped alone).
 fn ask_ok_to_stop(socket: &Path, nodes: &[String]) -> anyhow::Result<OkToStopNodes> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -257,28 +268,28 @@ fn ask_ok_to_stop(socket: &Path, nodes: &[String]) -> anyhow::Result<OkToStopNod
     let response = match rt
         .block_on(async { AgentClient::connect(socket).await?.call(&asked).await })
     {
-        Err(ApiError::Version { got, .. }) if (OK_TO_STOP_ONE..API_VERSION).contains(&got) => {
+        Err(ApiError::Version { got, .. }) if (OK_TO_STOP_ONE..OK_TO_STOP_NODES).contains(&got) => {
             let [node] = nodes else {
-                anyhow::bail!(
+                return Err(invalid(format!(
                     "the agent speaks protocol {got}, which judges one node at a time: it cannot say whether {} may stop together (upgrade the agent first, or ask for one node)",
                     nodes.join(", ")
-                );
+                )));
             };
             let one = Request::OkToStop { node: node.clone() };
             rt.block_on(async { AgentClient::connect(socket).await?.call_as(got, &one).await })?
         }
         other => other?,
     };
-    match response {
+    match response.into_result()? {
         Response::OkToStopNodes(r) => Ok(*r),
         Response::OkToStop(r) => Ok((*r).into()),
-        Response::Error(e) => anyhow::bail!("agent: {e}"),
         other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
     }
 }
 
-/// The protocol version that brought the one-node `OkToStop`.
+/// The protocol versions that brought the one-node `OkToStop` and the batch.
 const OK_TO_STOP_ONE: u8 = 5;
+const OK_TO_STOP_NODES: u8 = 9;
 
 fn render(r: &OkToStopNodes) -> String {
     let who = r
@@ -362,17 +373,30 @@ mod tests {
         );
     }
 
-    /// An agent of protocol 8 refuses a frame of this client's version and answers in its
-    /// own; the one-node form asked in version 8 it answers.
-    async fn older_agent(listener: tokio::net::UnixListener) {
+    /// An agent of protocol `old` refuses a frame of this client's version and answers in
+    /// its own; the one-node form asked in version 8 it answers, and from version 9 the
+    /// batch.
+    async fn older_agent(listener: tokio::net::UnixListener, old: u8) {
         use shoal_agent_api::frame::{read_any_frame, write_frame_as};
-        const OLD: u8 = 8;
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
                 return;
             };
             let answer = match read_any_frame::<_, Request>(&mut stream).await {
-                Ok(Some((OLD, Request::OkToStop { node }))) => {
+                Ok(Some((9, Request::OkToStopNodes { nodes }))) if old == 9 => {
+                    let r = OkToStopNodes {
+                        nodes: nodes
+                            .iter()
+                            .map(|n| stop_node("00000000000000a1", n, ""))
+                            .collect(),
+                        ok: false,
+                        voters: 3,
+                        voters_alive_after: 1,
+                        ..OkToStopNodes::default()
+                    };
+                    Response::OkToStopNodes(Box::new(r))
+                }
+                Ok(Some((8, Request::OkToStop { node }))) if old == 8 => {
                     Response::OkToStop(Box::new(OkToStop {
                         node: "00000000000000a1".into(),
                         name: node,
@@ -383,24 +407,47 @@ mod tests {
                     }))
                 }
                 Ok(Some((v, _))) => {
-                    Response::Error(format!("this agent speaks protocol {OLD}, the client {v}"))
+                    Response::Error(format!("this agent speaks protocol {old}, the client {v}"))
                 }
                 _ => continue,
             };
-            let _ = write_frame_as(&mut stream, OLD, &answer).await;
+            let _ = write_frame_as(&mut stream, old, &answer).await;
         }
+    }
+
+    /// The socket of a fake agent of protocol `old`, served on `rt`.
+    fn serve_older_agent(rt: &tokio::runtime::Runtime, old: u8) -> PathBuf {
+        let socket = std::env::temp_dir().join(format!(
+            "shoal-older-agent-{old}-{}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&socket);
+        let listener = rt
+            .block_on(async { tokio::net::UnixListener::bind(&socket) })
+            .expect("bind");
+        rt.spawn(older_agent(listener, old));
+        socket
+    }
+
+    #[test]
+    fn an_agent_of_protocol_9_is_asked_the_batch_in_its_version() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let socket = serve_older_agent(&rt, 9);
+        let r = ask_ok_to_stop(&socket, &["gpu07".into(), "gpu08".into()]).expect("a batch");
+        assert!(!r.ok && r.voters_alive_after == 1, "{r:?}");
+        assert_eq!(r.nodes.len(), 2);
+        // Its failures come without a kind: exit 2, as they always did.
+        let e = call(&socket, Request::Undrain { node: "n".into() }).expect_err("refused");
+        let f = crate::failure::failure_of(&e);
+        assert_eq!(f.kind, FailureKind::Unknown);
+        assert_eq!(crate::failure::exit_code(f.kind), 2);
+        let _ = std::fs::remove_file(&socket);
     }
 
     #[test]
     fn an_older_agent_is_asked_about_one_node_in_its_form_and_refuses_a_batch() {
-        let socket =
-            std::env::temp_dir().join(format!("shoal-older-agent-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&socket);
         let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let listener = rt
-            .block_on(async { tokio::net::UnixListener::bind(&socket) })
-            .expect("bind");
-        rt.spawn(older_agent(listener));
+        let socket = serve_older_agent(&rt, 8);
         let r = ask_ok_to_stop(&socket, &["gpu07".into()]).expect("one node");
         assert!(r.ok && r.voters_alive_after == 2, "{r:?}");
         assert_eq!(r.nodes[0].name, "gpu07");

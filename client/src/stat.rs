@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use shoal_agent_api::{
-    AgentClient, ColdExtent, FileLayout, FsRequest, FsResponse, Request, Response,
+    AgentClient, ColdExtent, Failure, FileLayout, FsRequest, FsResponse, Request, Response,
 };
 
 /// `f_type` of every FUSE filesystem (statfs(2)).
@@ -20,10 +20,19 @@ pub fn on_fuse(path: &Path) -> anyhow::Result<bool> {
 }
 
 pub fn run(path: &Path, socket: &Path, json: bool) -> anyhow::Result<()> {
-    let meta = std::fs::symlink_metadata(path)
-        .with_context(|| format!("cannot stat {}", path.display()))?;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| {
+        let what = format!("cannot stat {}: {e}", path.display());
+        if e.kind() == std::io::ErrorKind::NotFound {
+            crate::failure::not_found(what)
+        } else {
+            anyhow::anyhow!(what)
+        }
+    })?;
     if !on_fuse(path)? {
-        bail!("{} is not on a shoal mount", path.display());
+        return Err(crate::failure::invalid(format!(
+            "{} is not on a shoal mount",
+            path.display()
+        )));
     }
     let ino = meta.ino();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -40,10 +49,11 @@ pub fn run(path: &Path, socket: &Path, json: bool) -> anyhow::Result<()> {
         };
         Ok::<_, shoal_agent_api::ApiError>((layout, cold))
     })?;
-    let layout = match response {
+    let layout = match response.into_result()? {
         Response::Fs(FsResponse::Layout(l)) => l,
-        Response::Fs(FsResponse::Error(e)) => bail!("agent: {e}"),
-        Response::Error(e) => bail!("agent: {e}"),
+        Response::Fs(FsResponse::Error(e)) => {
+            return Err(Failure::new(e.kind(), format!("agent: {e}")).into());
+        }
         _ => bail!("unexpected answer from the agent"),
     };
     if json {

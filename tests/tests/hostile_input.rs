@@ -1,9 +1,11 @@
-//! Malformed input from a local client reaches an agent as an error answer, never as a
-//! panic or an allocation the input chose: a stripe record with an out-of-range shard
-//! index, a read of 4 GiB from a small file, a frame that claims more than the limit.
+//! Malformed input from a local client reaches an agent as an error answer (of kind
+//! `invalid`), never as a panic or an allocation the input chose: a stripe record with an
+//! out-of-range shard index, a read of 4 GiB from a small file, a frame that claims more
+//! than the limit.
 
 use shoal_agent_api::{
-    AgentClient, FileKind, FsError, FsRequest, FsResponse, NodeId, ROOT_INO, Request, Response,
+    API_VERSION, AgentClient, FailureKind, FileKind, FsError, FsRequest, FsResponse, NodeId,
+    ROOT_INO, Request, Response,
 };
 use shoal_tests::DevCluster;
 use shoal_tests::fs_api::{Fs, pattern};
@@ -11,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_refused_and_the_agent_serves_on() {
-    let c = DevCluster::up(3, 46);
+    let c = DevCluster::up(3, 192);
     let mut client = AgentClient::connect(c.socket(1)).await.expect("connect");
     let record = match client
         .call(&Request::WriteStripe {
@@ -38,7 +40,8 @@ async fn malformed_requests_are_refused_and_the_agent_serves_on() {
         .await
         .expect("an answer, not a dropped connection");
     assert!(
-        matches!(&answer, Response::Error(e) if e.contains("shard index 200")),
+        matches!(&answer, Response::Failed(f)
+            if f.kind == FailureKind::Invalid && f.message.contains("shard index 200")),
         "{answer:?}"
     );
     // A 4 GiB read of a 10-byte file is refused, not allocated.
@@ -66,8 +69,12 @@ async fn malformed_requests_are_refused_and_the_agent_serves_on() {
         raw.read_to_end(&mut reply),
     )
     .await;
+    let refusal = reply
+        .get(4..)
+        .and_then(|body| shoal_agent_api::frame::decode_body(body, API_VERSION..=API_VERSION).ok());
     assert!(
-        String::from_utf8_lossy(&reply).contains("exceeds the limit"),
+        matches!(&refusal, Some((_, Response::Failed(f)))
+            if f.kind == FailureKind::Invalid && f.message.contains("exceeds the limit")),
         "{reply:?}"
     );
     // And the agent still serves.

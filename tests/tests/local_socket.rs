@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use shoal_agent_api::{
-    AgentClient, FileKind, FsError, FsRequest, FsResponse, Owner, ROOT_INO, Request, RequestId,
-    Response,
+    AgentClient, FailureKind, FileKind, FsError, FsRequest, FsResponse, Owner, ROOT_INO, Request,
+    RequestId, Response,
 };
 use shoal_tests::{DevCluster, binaries, is_root};
 
@@ -119,7 +119,7 @@ sys.stdout.write(take(n).hex())
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_moves_only_itself_and_acts_only_for_its_own_session() {
-    let c = DevCluster::up(1, 29);
+    let c = DevCluster::up(1, 191);
     let socket = c.socket(1);
     let mut client = AgentClient::connect(&socket).await.expect("connect");
 
@@ -129,7 +129,10 @@ async fn a_client_moves_only_itself_and_acts_only_for_its_own_session() {
         .await
         .expect("call")
     {
-        Response::Error(e) => assert!(e.contains("only move itself"), "{e}"),
+        Response::Failed(f) => {
+            assert_eq!(f.kind, FailureKind::Refused);
+            assert!(f.message.contains("only move itself"), "{f:?}");
+        }
         other => panic!("pid 1 was accepted: {other:?}"),
     }
     match client

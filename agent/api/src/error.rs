@@ -1,3 +1,5 @@
+use crate::FailureKind;
+
 /// Failures talking to the local agent.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -39,8 +41,50 @@ fn connect_hint(reason: &std::io::Error) -> &'static str {
 }
 
 impl ApiError {
-    /// Whether retrying (after reconnecting) may succeed, e.g. across an agent restart.
+    /// Whether retrying (after reconnecting) may succeed, e.g. across an agent restart;
+    /// not for a socket this user may not open.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ApiError::Connect { .. } | ApiError::Io(_))
+        self.kind().is_retryable()
+    }
+
+    /// The kind of failure, as an agent's answer would carry it.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            ApiError::Connect { reason, .. }
+                if reason.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                FailureKind::Invalid
+            }
+            ApiError::Connect { .. } | ApiError::Io(_) => FailureKind::Unavailable,
+            ApiError::TooLarge(_) | ApiError::Version { .. } => FailureKind::Invalid,
+            ApiError::Decode(_) | ApiError::Unexpected(_) => FailureKind::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect(kind: std::io::ErrorKind) -> ApiError {
+        ApiError::Connect {
+            path: "/run/shoal/agent.sock".into(),
+            reason: kind.into(),
+        }
+    }
+
+    #[test]
+    fn an_agent_away_is_retried_and_a_socket_not_ours_is_not() {
+        assert!(connect(std::io::ErrorKind::ConnectionRefused).is_retryable());
+        assert!(connect(std::io::ErrorKind::NotFound).is_retryable());
+        assert!(ApiError::Io(std::io::ErrorKind::UnexpectedEof.into()).is_retryable());
+        let denied = connect(std::io::ErrorKind::PermissionDenied);
+        assert!(
+            !denied.is_retryable(),
+            "running as root is not a matter of time"
+        );
+        assert_eq!(denied.kind(), FailureKind::Invalid);
+        assert!(!ApiError::Version { got: 8, want: 10 }.is_retryable());
+        assert_eq!(ApiError::Decode("x".into()).kind(), FailureKind::Internal);
     }
 }

@@ -6,6 +6,7 @@
 
 mod client;
 mod error;
+mod failure;
 pub mod frame;
 mod fs;
 #[doc(hidden)]
@@ -18,6 +19,7 @@ pub mod units;
 
 pub use client::AgentClient;
 pub use error::ApiError;
+pub use failure::{Failure, FailureKind};
 pub use fs::{
     ChangeBatch, DELIVERY_WAIT_MS, DirEntry, Extent, FEED_START, FileAttr, FileKind, FileLayout,
     FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX,
@@ -43,9 +45,19 @@ use serde::{Deserialize, Serialize};
 /// requests, 7 the cold-tier requests, 8 the mount's change feed (`FsRequest::Watch`, and
 /// `FsResponse::Opened` for an open), 9 `OkToStopNodes` (several nodes stopped together)
 /// and the feed's epoch and position on answers (`FsResponse::OpenedIn` for an open,
-/// `FsResponse::EntryAt` for a lookup). Every other message is as in version 3, so mounts
-/// started with an earlier release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 9;
+/// `FsResponse::EntryAt` for a lookup), 10 the kind of a failure (`Response::Failed`; a
+/// client of 3 to 9 is answered `Response::Error`, the message alone: see
+/// [`Response::in_version`]). Every other message is as in version 3, so mounts started
+/// with an earlier release keep working across an agent upgrade.
+pub const API_VERSION: u8 = 10;
+
+/// The oldest agent protocol a client of this version still speaks when the agent refuses
+/// this one ([`AgentClient::call`]): version 9 asks and answers as 10 does, except that a
+/// failure comes as `Response::Error` without its kind.
+pub const OLDEST_ALIKE_VERSION: u8 = 9;
+
+/// The version that brought [`Response::Failed`].
+const FAILED_SINCE: u8 = 10;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -131,7 +143,8 @@ pub enum Response {
         applied: Option<u64>,
         digest: u64,
     },
-    /// The request was understood but failed; the text is for the operator.
+    /// A failure as protocol 3 to 9 answer it: the text for the operator alone. Sent only
+    /// to clients of those versions (in place of `Failed`).
     Error(String),
     /// OkToStop: the assessment.
     OkToStop(Box<OkToStop>),
@@ -149,6 +162,63 @@ pub enum Response {
     ColdExtents(Vec<ColdExtent>),
     /// OkToStopNodes: the assessment.
     OkToStopNodes(Box<OkToStopNodes>),
+    /// The request was understood but failed: why, as a kind and the text for the
+    /// operator (protocol 10 on).
+    Failed(Failure),
+}
+
+impl Request {
+    /// The oldest protocol version that encodes this request and its answer as this
+    /// version does (answers of a failure aside: [`Response::in_version`]): the status
+    /// report only in this version (its fields grow with the versions); `MetaDigest` came
+    /// with version 4, `OkToStop` with 5, the drain and maintenance requests with 6, the
+    /// cold-tier requests with 7, `RevokeCertificate` with 8 and `OkToStopNodes` with 9;
+    /// everything else is as version 3 had it. The agent refuses the request of an older
+    /// client; a client falls back to an older agent's protocol only where it is alike.
+    pub fn oldest_version(&self) -> u8 {
+        match self {
+            Request::Status => API_VERSION,
+            Request::MetaDigest => 4,
+            Request::OkToStop { .. } => 5,
+            Request::Drain { .. }
+            | Request::Undrain { .. }
+            | Request::RemoveNode { .. }
+            | Request::Maintenance { .. }
+            | Request::DrainStatus { .. } => 6,
+            Request::TierStatus
+            | Request::TierRelease { .. }
+            | Request::TierPrefetch { .. }
+            | Request::TierPin { .. }
+            | Request::ColdExtents { .. } => 7,
+            Request::RevokeCertificate { .. } => 8,
+            Request::OkToStopNodes { .. } => 9,
+            Request::WriteStripe { .. }
+            | Request::ReadStripe { .. }
+            | Request::Fs(_)
+            | Request::JoinReservation { .. } => 3,
+        }
+    }
+}
+
+impl Response {
+    /// This answer as a client of protocol `version` decodes it: a failure goes to a
+    /// client of 3 to 9 as `Error`, its message alone.
+    pub fn in_version(self, version: u8) -> Response {
+        match self {
+            Response::Failed(f) if version < FAILED_SINCE => Response::Error(f.message),
+            other => other,
+        }
+    }
+
+    /// The answer, or the failure it reports (of [`FailureKind::Unknown`] when an agent of
+    /// protocol 9 or older sent it without a kind).
+    pub fn into_result(self) -> Result<Response, Failure> {
+        match self {
+            Response::Failed(f) => Err(f),
+            Response::Error(message) => Err(Failure::new(FailureKind::Unknown, message)),
+            other => Ok(other),
+        }
+    }
 }
 
 impl frame::TrailingBytes for Request {
@@ -215,6 +285,38 @@ mod tests {
         assert_eq!(
             postcard::to_allocvec(&answer).expect("encode"),
             [7, 1, b'a', 1, b'b', 1, 1, 0, 0, 0, 0, 0, 0, 0]
+        );
+    }
+
+    /// Clients of protocol 3 to 9 decode a failure as the text alone, at the place it
+    /// always had; clients of 10 on get its kind too.
+    #[test]
+    fn a_failure_reaches_older_clients_as_its_text() {
+        let failed = Response::Failed(Failure::new(FailureKind::NotFound, "no node \"x\""));
+        assert_eq!(
+            postcard::to_allocvec(&failed).expect("encode")[..2],
+            [15, 0],
+            "Failed, then the kind"
+        );
+        assert_eq!(failed.clone().in_version(API_VERSION), failed);
+        for old in 3..FAILED_SINCE {
+            let answer = failed.clone().in_version(old);
+            assert_eq!(answer, Response::Error("no node \"x\"".into()), "{old}");
+            assert_eq!(postcard::to_allocvec(&answer).expect("encode")[0], 6);
+        }
+        let done = Response::Done("ok".into());
+        assert_eq!(done.clone().in_version(3), done);
+    }
+
+    #[test]
+    fn an_answer_splits_into_success_or_failure() {
+        let done = Response::Done("ok".into());
+        assert_eq!(done.clone().into_result(), Ok(done));
+        let kinded = Failure::new(FailureKind::Refused, "refused: still running");
+        assert_eq!(Response::Failed(kinded.clone()).into_result(), Err(kinded));
+        assert_eq!(
+            Response::Error("old".into()).into_result(),
+            Err(Failure::new(FailureKind::Unknown, "old"))
         );
     }
 }

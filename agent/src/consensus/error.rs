@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use shoal_agent_api::FailureKind;
 use shoal_namespace::{NamespaceError, Outcome};
 
 use super::net::ForwardRefused;
@@ -75,6 +76,16 @@ impl ConsensusError {
             _ => false,
         }
     }
+
+    /// The kind of failure an operator's request gets: the replica's own answers keep
+    /// their class, what may pass is unavailable, anything else internal.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            ConsensusError::Namespace(e) => crate::error::namespace_kind(e),
+            e if e.is_retryable() => FailureKind::Unavailable,
+            _ => FailureKind::Internal,
+        }
+    }
 }
 
 impl ConsensusError {
@@ -101,6 +112,8 @@ impl ConsensusError {
 
 #[cfg(test)]
 mod tests {
+    use shoal_agent_api::{FailureKind, FsError};
+
     use super::ConsensusError;
 
     #[tokio::test]
@@ -108,6 +121,38 @@ mod tests {
         let panicked = tokio::spawn(async { panic!("a bug") })
             .await
             .expect_err("panicked");
-        assert!(!ConsensusError::Task(panicked).is_retryable());
+        let e = ConsensusError::Task(panicked);
+        assert!(!e.is_retryable());
+        assert_eq!(
+            e.kind(),
+            FailureKind::Internal,
+            "a panic is a bug to look at"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_task_cancelled_by_a_stop_is_retried() {
+        let slow = tokio::spawn(std::future::pending::<()>());
+        slow.abort();
+        let cancelled = slow.await.expect_err("cancelled");
+        let e = ConsensusError::Task(cancelled);
+        assert!(e.is_retryable(), "the agent comes back");
+        assert_eq!(e.kind(), FailureKind::Unavailable);
+    }
+
+    #[test]
+    fn no_leader_is_retried_and_the_replicas_answer_keeps_its_class() {
+        let no_leader = ConsensusError::NoLeader {
+            waited_s: 10,
+            last: None,
+        };
+        assert!(no_leader.is_retryable());
+        assert_eq!(no_leader.kind(), FailureKind::Unavailable);
+        let missing = ConsensusError::Namespace(FsError::NotFound.into());
+        assert!(!missing.is_retryable());
+        assert_eq!(missing.kind(), FailureKind::NotFound);
+        let count = ConsensusError::OutcomeCount { sent: 2, got: 1 };
+        assert!(!count.is_retryable());
+        assert_eq!(count.kind(), FailureKind::Internal);
     }
 }

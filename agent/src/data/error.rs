@@ -1,6 +1,6 @@
 //! Why a stripe could not be written, read or deleted, with whether trying again may help.
 
-use shoal_agent_api::RecordError;
+use shoal_agent_api::{FailureKind, RecordError};
 use shoal_placement::{EcProfile, NodeId, PlacementError, StripeId};
 
 use super::erasure::ErasureError;
@@ -155,6 +155,36 @@ impl StripeError {
     pub fn is_no_space(&self) -> bool {
         matches!(self, StripeError::NoSpace { .. })
     }
+
+    /// The kind of failure an operator's request gets (`shoal bench stripes`, say).
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            StripeError::NoSpace { .. } => FailureKind::NoSpace,
+            StripeError::Geometry(_)
+            | StripeError::BadRecord(_)
+            | StripeError::OutOfRange { .. } => FailureKind::Invalid,
+            // Not retried by a mount (nodes must come back first), but a matter of the
+            // cluster's state, not of the request.
+            StripeError::TooFewNodes { .. } => FailureKind::Unavailable,
+            StripeError::Layout(e) => crate::error::namespace_kind(e),
+            StripeError::Store(e) => crate::error::store_kind(e),
+            StripeError::Mesh(e) => crate::error::mesh_kind(e),
+            StripeError::Placement(_)
+            | StripeError::NotStored(_)
+            | StripeError::NotDeleted { .. }
+            | StripeError::Unreadable { .. }
+            | StripeError::Task(_)
+            | StripeError::Erasure(_)
+            | StripeError::RebuildMismatch { .. }
+            | StripeError::Stopped => {
+                if self.is_retryable() {
+                    FailureKind::Unavailable
+                } else {
+                    FailureKind::Internal
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +238,55 @@ mod tests {
             fault(ShardFailure::Full).to_string(),
             "shard 1 on n2 (0000000000000002): node full: x"
         );
+    }
+}
+
+#[cfg(test)]
+mod class_tests {
+    use shoal_agent_api::FailureKind;
+    use shoal_mesh::MeshError;
+
+    use super::StripeError;
+
+    fn peer() -> std::net::SocketAddr {
+        "127.0.0.1:7947".parse().expect("addr")
+    }
+
+    /// Membership or a peer's answer: retried exactly when the mesh says so.
+    #[test]
+    fn a_mesh_failure_is_retried_only_when_the_mesh_says_so() {
+        let timeout = StripeError::Mesh(MeshError::RpcTimeout {
+            endpoint: "shard",
+            peer: peer(),
+        });
+        assert!(timeout.is_retryable());
+        assert_eq!(timeout.kind(), FailureKind::Unavailable);
+        for lasting in [
+            MeshError::RpcDecode("garbage".into()),
+            MeshError::MessageTooLarge {
+                endpoint: "shard",
+                bytes: 20 << 20,
+                max: 16 << 20,
+            },
+            MeshError::RpcRemote {
+                endpoint: "shard",
+                peer: peer(),
+                class: shoal_mesh::FailureClass::Corrupt,
+                message: "bad shard".into(),
+            },
+        ] {
+            assert!(!lasting.is_retryable(), "{lasting}");
+            let e = StripeError::Mesh(lasting);
+            assert!(!e.is_retryable(), "{e}");
+            assert_eq!(e.kind(), FailureKind::Internal, "{e}");
+        }
+        let refused_for_now = StripeError::Mesh(MeshError::RpcRemote {
+            endpoint: "shard",
+            peer: peer(),
+            class: shoal_mesh::FailureClass::Retryable,
+            message: "busy".into(),
+        });
+        assert!(refused_for_now.is_retryable());
     }
 }
 

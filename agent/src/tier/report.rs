@@ -115,9 +115,10 @@ impl Tier {
             } else {
                 format!("inode {ino} unpinned: the policy may send it to the cold tier")
             }),
-            shoal_namespace::Outcome::Failed(e) => {
-                Err(AgentError::NoSuch(format!("inode {ino}: {e:?}")))
-            }
+            shoal_namespace::Outcome::Failed(error) => Err(AgentError::Declined {
+                what: format!("inode {ino}"),
+                error: error.into(),
+            }),
             other => {
                 Err(crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into())
             }

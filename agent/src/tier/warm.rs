@@ -75,7 +75,10 @@ impl Tier {
                 Ok(true)
             }
             Outcome::Conflict | Outcome::StripeAbandoned(_) => Ok(false),
-            Outcome::Failed(e) => Err(AgentError::Refused(format!("warming {stripe}: {e:?}"))),
+            Outcome::Failed(error) => Err(AgentError::Declined {
+                what: format!("warming {stripe}"),
+                error: error.into(),
+            }),
             other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
         }
     }

@@ -161,6 +161,15 @@ impl Agent {
                 tracing::warn!(request = what, "agent refused: {e}");
                 Err(Errno::EIO)
             }
+            Ok(Response::Failed(f)) => {
+                tracing::warn!(
+                    request = what,
+                    kind = f.kind.name(),
+                    "agent refused: {}",
+                    f.message
+                );
+                Err(Errno::EIO)
+            }
             Ok(_) => {
                 tracing::warn!(
                     request = what,

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use shoal_agent_api::{
-    DEFAULT_SOCKET, FsRequest, FsResponse, MAX_DIR_PAGE, Request, Response, SOCKET_ENV,
+    DEFAULT_SOCKET, Failure, FsRequest, FsResponse, MAX_DIR_PAGE, Request, Response, SOCKET_ENV,
 };
 
 use crate::bench::parse_size;
@@ -216,7 +216,7 @@ async fn prepare(agent: &agent::Agent) -> anyhow::Result<u64> {
     match agent.call(&Request::JoinReservation { pid }).await {
         Ok(Response::Joined(Some(cgroup))) => tracing::info!(cgroup, "joined the reservation"),
         Ok(Response::Joined(None)) => {}
-        Ok(Response::Error(e)) => {
+        Ok(Response::Error(e) | Response::Failed(Failure { message: e, .. })) => {
             tracing::warn!("agent did not take the mount into its reservation: {e}")
         }
         Ok(other) => tracing::warn!("unexpected answer to JoinReservation: {other:?}"),
@@ -241,6 +241,7 @@ async fn prepare(agent: &agent::Agent) -> anyhow::Result<u64> {
 fn short(r: &Response) -> String {
     match r {
         Response::Error(e) => format!("error {e:?}"),
+        Response::Failed(f) => format!("error ({}) {:?}", f.kind.name(), f.message),
         Response::Fs(FsResponse::Error(e)) => format!("error {e}"),
         _ => "an unexpected answer".into(),
     }

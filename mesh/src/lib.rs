@@ -2,7 +2,8 @@
 //!
 //! - [`Membership`] is the pure SWIM core (foca driven sans-IO): bytes, timer events and
 //!   `now` in; packets to send, timers to set and [`MemberEvent`]s out. It tests without a
-//!   runtime.
+//!   runtime. [`membership_sim::MembershipSim`] runs many of them on a simulated network
+//!   with a virtual clock (the tests, and the simulator's scale run).
 //! - [`GossipDriver`] is the one tokio task that owns the gossip UDP socket and the timer
 //!   heap; every packet is wrapped in an authenticated, versioned [`envelope`].
 //! - [`Transport`] is the QUIC endpoint (mutual TLS against the cluster CA) that carries
@@ -22,6 +23,7 @@ pub mod fuzz;
 mod gossip;
 mod identity;
 mod membership;
+pub mod membership_sim;
 mod metrics;
 mod node_cert;
 mod rpc;

@@ -24,7 +24,7 @@ use crate::identity::{MemberId, NodeId, UNKNOWN_NODE};
 /// SWIM timing. The defaults follow memberlist's LAN profile with a fixed suspicion
 /// window: a dead node is declared down about `probe_period + probe_rtt +
 /// suspect_to_down` after it stops answering (≈ 5 s with the defaults).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MembershipConfig {
     pub probe_period: Duration,
     pub probe_rtt: Duration,

@@ -11,6 +11,7 @@
 pub mod meta;
 pub mod model;
 pub mod runtime;
+pub mod scale;
 pub mod scenario;
 pub mod seeds;
 pub mod trace;

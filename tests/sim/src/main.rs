@@ -38,6 +38,11 @@ struct Args {
     /// List the scenario families and exit.
     #[arg(long)]
     list_scenarios: bool,
+    /// Scale on paper, made runnable: membership, placement and the repair planner at
+    /// this many simulated nodes, no data path (see `scale.rs`; minutes at 1,000). Uses
+    /// --seed (default 1).
+    #[arg(long)]
+    scale: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +51,10 @@ fn main() -> anyhow::Result<()> {
         for f in Family::ALL {
             println!("{:<12} {}", f.name(), f.about());
         }
+        return Ok(());
+    }
+    if let Some(nodes) = args.scale {
+        println!("{}", shoal_sim::scale::run(nodes, args.seed.unwrap_or(1)));
         return Ok(());
     }
     let family = match &args.scenario {
@@ -83,7 +92,7 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        _ => bail!("give --seeds N, --seed S or --list-scenarios"),
+        _ => bail!("give --seeds N, --seed S, --scale NODES or --list-scenarios"),
     }
     Ok(())
 }

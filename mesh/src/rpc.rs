@@ -1031,7 +1031,13 @@ impl Transport {
     }
 
     /// Closes every connection and stops accepting new ones.
+    /// The handlers are dropped: they hold what registered them (which may hold this
+    /// endpoint), and nothing calls them any more.
     pub async fn close(&self) {
+        self.handlers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         match &self.wire {
             Wire::Quic(endpoint) => {
                 endpoint.close(0u32.into(), b"shutdown");

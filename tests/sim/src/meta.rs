@@ -225,6 +225,20 @@ impl MetaCluster {
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
     }
 
+    /// Stops every running node (kill -9), noting nothing in the trace.
+    pub async fn stop_all(&mut self) {
+        for node in self.nodes.values_mut() {
+            node.disk.crash();
+            if let Some(up) = node.up.take() {
+                up.gossip.abort();
+                up.transport.close().await;
+                let _ = up.group.raft.shutdown().await;
+                up.workers.stop().await;
+            }
+        }
+        self.live.map().clear();
+    }
+
     fn nodes_addrs(&self, f: fn(u64) -> SocketAddr) -> Vec<SocketAddr> {
         self.nodes.keys().map(|id| f(*id)).collect()
     }

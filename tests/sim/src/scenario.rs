@@ -109,7 +109,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
     let model = Model::default();
     if let Err(e) = cluster.form(LIVENESS).await {
         model.violation(e);
-        return finish(&cluster, &trace, &model).await;
+        return finish(&mut cluster, &trace, &model).await;
     }
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..CLIENTS_PER_NODE * NODES.len() as u64)
@@ -152,7 +152,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
         let _ = c.await;
     }
     heal(&mut cluster, &net, &trace, &model).await;
-    finish(&cluster, &trace, &model).await
+    finish(&mut cluster, &trace, &model).await
 }
 
 /// Every fault ends: the network heals and every node starts.
@@ -168,7 +168,7 @@ async fn heal(cluster: &mut MetaCluster, net: &SimNet, trace: &Trace, model: &Mo
 }
 
 /// The checks at the end, then every node stops.
-async fn finish(cluster: &MetaCluster, trace: &Trace, model: &Model) -> Outcome {
+async fn finish(cluster: &mut MetaCluster, trace: &Trace, model: &Model) -> Outcome {
     let live = cluster.live.clone();
     for id in live.ids() {
         let Some(group) = live.get(id) else { continue };
@@ -185,7 +185,9 @@ async fn finish(cluster: &MetaCluster, trace: &Trace, model: &Model) -> Outcome 
         let name = format!("after-{id}");
         let done = tokio::time::timeout(LIVENESS, async {
             loop {
-                if client.create_on(id, &group, &name).await {
+                // Every attempt is the same request: one that timed out may have
+                // committed, and its request id makes the next one answer as it did.
+                if client.create_on(id, &group, &name, 1).await {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,6 +208,9 @@ async fn finish(cluster: &MetaCluster, trace: &Trace, model: &Model) -> Outcome 
     trace.note(format_args!(
         "end: {proposed} creates proposed, {acked} acknowledged"
     ));
+    // Stopped, so nothing of this run outlives it (a running member and its endpoint
+    // hold each other).
+    cluster.stop_all().await;
     Outcome {
         trace: trace.take(),
         violations: model.violations(),
@@ -311,26 +316,28 @@ impl Client {
             };
             if self.rng.below(10) < self.creates_in_10 {
                 let name = format!("c{}-{}", self.id, self.seq + 1);
-                self.create_on(id, &group, &name).await;
+                self.seq += 1;
+                self.create_on(id, &group, &name, self.seq).await;
             } else {
                 self.read_on(id, &group).await;
             }
         }
     }
 
-    /// Creates `name` through node `id`; true once acknowledged.
+    /// Creates `name` through node `id` as this client's request `seq`; true once
+    /// acknowledged.
     async fn create_on(
         &mut self,
         id: u64,
         group: &shoal_agent::consensus::Group,
         name: &str,
+        seq: u64,
     ) -> bool {
-        self.seq += 1;
         self.model.proposed(name);
         let proposal = Proposal {
             id: Some(RequestId {
                 client: self.id + 1,
-                seq: self.seq,
+                seq,
             }),
             now: Timestamp { secs: 1, nanos: 0 },
             command: Command::MkNode {

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use shoal_agent_api::ROOT_INO;
+use shoal_agent_api::{FsError, ROOT_INO};
 use shoal_disk::SplitMix64;
 use shoal_mesh::SimNet;
 use shoal_mesh::sim_net::Faults;
 use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
-use shoal_namespace::{Command, Proposal};
+use shoal_namespace::{Command, NamespaceError, Proposal};
 
 use crate::meta::{Live, MetaCluster, Stop, addr};
 use crate::model::Model;
@@ -400,7 +400,19 @@ impl Client {
             Ok(Ok(())) => {}
             _ => return,
         }
-        let found = group.store().lookup(ROOT_INO, &name).is_ok();
+        // Only "no such name" is an absent name: a replica that cannot be read (its node
+        // was killed meanwhile, its disk fenced) says nothing about it.
+        let found = match group.store().lookup(ROOT_INO, &name) {
+            Ok(_) => true,
+            Err(NamespaceError::Fs(FsError::NotFound)) => false,
+            Err(e) => {
+                self.trace.note(format_args!(
+                    "client {} read {name} through node {id}: failed ({e})",
+                    self.id
+                ));
+                return;
+            }
+        };
         self.trace.note(format_args!(
             "client {} read {name} through node {id}: {}",
             self.id,

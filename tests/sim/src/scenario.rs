@@ -286,6 +286,23 @@ async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
     model.violation("the replicas never applied the same index".into());
 }
 
+/// The proposal that creates the file `name` in the root, as request `id`.
+pub fn create(name: &str, id: RequestId) -> Proposal {
+    Proposal {
+        id: Some(id),
+        now: Timestamp { secs: 1, nanos: 0 },
+        command: Command::MkNode {
+            parent: ROOT_INO,
+            name: name.to_owned(),
+            kind: FileKind::File,
+            perm: 0o644,
+            owner: Owner { uid: 0, gid: 0 },
+            rdev: 0,
+            target: None,
+        },
+    }
+}
+
 /// A client: creates names and reads names back through its node, while it runs.
 struct Client {
     id: u64,
@@ -334,22 +351,13 @@ impl Client {
         seq: u64,
     ) -> bool {
         self.model.proposed(name);
-        let proposal = Proposal {
-            id: Some(RequestId {
+        let proposal = create(
+            name,
+            RequestId {
                 client: self.id + 1,
                 seq,
-            }),
-            now: Timestamp { secs: 1, nanos: 0 },
-            command: Command::MkNode {
-                parent: ROOT_INO,
-                name: name.to_owned(),
-                kind: FileKind::File,
-                perm: 0o644,
-                owner: Owner { uid: 0, gid: 0 },
-                rdev: 0,
-                target: None,
             },
-        };
+        );
         let answer =
             tokio::time::timeout(OP_WAIT, group.propose_within(vec![proposal], OP_WAIT)).await;
         match answer {

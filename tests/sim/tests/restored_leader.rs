@@ -10,26 +10,10 @@ use shoal_agent_api::ROOT_INO;
 use shoal_disk::SplitMix64;
 use shoal_mesh::SimNet;
 use shoal_mesh::sim_net::Faults;
-use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
-use shoal_namespace::{Command, Proposal};
+use shoal_namespace::format::RequestId;
 use shoal_sim::meta::{MetaCluster, Stop};
+use shoal_sim::scenario::create;
 use shoal_sim::trace::Trace;
-
-fn create(name: &str, seq: u64) -> Proposal {
-    Proposal {
-        id: Some(RequestId { client: 1, seq }),
-        now: Timestamp { secs: 1, nanos: 0 },
-        command: Command::MkNode {
-            parent: ROOT_INO,
-            name: name.into(),
-            kind: FileKind::File,
-            perm: 0o644,
-            owner: Owner { uid: 0, gid: 0 },
-            rdev: 0,
-            target: None,
-        },
-    }
-}
 
 #[test]
 fn a_leader_restored_after_a_power_cut_reads_everything_acknowledged_before_it() {
@@ -46,7 +30,11 @@ fn a_leader_restored_after_a_power_cut_reads_everything_acknowledged_before_it()
             let mut acked = Vec::new();
             for i in 0..40u64 {
                 let name = format!("f{i}");
-                if group.propose(vec![create(&name, i + 1)]).await.is_ok() {
+                let request = RequestId {
+                    client: 1,
+                    seq: i + 1,
+                };
+                if group.propose(vec![create(&name, request)]).await.is_ok() {
                     acked.push(name);
                 }
             }

@@ -15,7 +15,7 @@ use shoal_mesh::{MemberState, MemberView};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::nodes::{NodeChange, state_name, transition};
 use shoal_namespace::{Command, Outcome, Proposal};
-use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
+use shoal_placement::{Layout, NodeId, NodeState};
 
 use crate::workers::repair::plan::{self, Health, Room, Weakened};
 use crate::{AgentError, Node};
@@ -104,15 +104,9 @@ fn names(members: &[MemberView]) -> HashMap<NodeId, String> {
 
 /// `layout` with `node` in `state` (same epoch: only for planning).
 fn with_state(layout: &Layout, node: NodeId, state: NodeState) -> Result<Layout, AgentError> {
-    let nodes: Vec<LayoutNode> = layout
-        .nodes()
-        .iter()
-        .map(|n| LayoutNode {
-            state: if n.id == node { state } else { n.state },
-            ..n.clone()
-        })
-        .collect();
-    Layout::new(layout.epoch(), nodes).map_err(|e| crate::data::StripeError::Placement(e).into())
+    layout
+        .with_state(node, state, layout.epoch())
+        .map_err(|e| crate::data::StripeError::Placement(e).into())
 }
 
 /// A node an operator named for `change`: gossip's members as the request saw them, the

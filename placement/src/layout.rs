@@ -137,6 +137,25 @@ impl Layout {
         })
     }
 
+    /// This layout with `node` in `state`, as epoch `epoch` (the same one for a layout
+    /// only planned with, never committed).
+    pub fn with_state(
+        &self,
+        node: NodeId,
+        state: NodeState,
+        epoch: u64,
+    ) -> Result<Layout, PlacementError> {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| LayoutNode {
+                state: if n.id == node { state } else { n.state },
+                ..n.clone()
+            })
+            .collect();
+        Layout::new(epoch, nodes)
+    }
+
     /// The layout's epoch; every placement is made under one epoch.
     pub fn epoch(&self) -> u64 {
         self.epoch

@@ -129,10 +129,11 @@ impl Group {
         metrics: MetaMetrics,
         rejoin: Option<(String, Vec<SocketAddr>)>,
     ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
-        std::fs::create_dir_all(dir).map_err(|source| crate::AgentError::DataDir {
+        let io = |source| crate::AgentError::DataDir {
             path: dir.to_owned(),
             source,
-        })?;
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
         let ballast = Arc::new(Ballast::open(dir));
         let log =
             LogStore::open(dir, me, ballast.clone(), metrics.log.clone()).map_err(|source| {
@@ -145,10 +146,7 @@ impl Group {
             Arc::new(NamespaceStore::open(&dir.join("state.redb")).map_err(ConsensusError::from)?);
         // redb does not sync the directory of a file it creates: without this, a power cut
         // could forget `state.redb` after the log behind its first snapshot was purged.
-        crate::durable::sync_dir(dir).map_err(|source| crate::AgentError::DataDir {
-            path: dir.to_owned(),
-            source,
-        })?;
+        crate::durable::sync_dir(dir).map_err(io)?;
         let opened = Opened {
             log,
             store,

@@ -18,9 +18,10 @@ use shoal_agent::consensus::{Group, MetaConfig};
 use shoal_agent::workers::Workers;
 use shoal_agent::workers::steward::Steward;
 use shoal_disk::{Disk, SimDisk, SplitMix64};
+use shoal_mesh::membership_sim::sim_facts;
 use shoal_mesh::{
-    ClusterKey, GossipDriver, MemberId, Membership, MembershipConfig, NodeFacts, NodeId, NodeRole,
-    SimNet, Transport,
+    ClusterKey, GossipDriver, MemberId, Membership, MembershipConfig, NodeFacts, NodeId, SimNet,
+    Transport,
 };
 
 use crate::trace::Trace;
@@ -79,6 +80,16 @@ pub struct MetaCluster {
     nodes: BTreeMap<u64, Node>,
     pub live: Live,
     trace: Trace,
+}
+
+impl Up {
+    /// Everything the node runs stops at once, as at kill -9 (its disk is fenced first).
+    async fn halt(self) {
+        self.gossip.abort();
+        self.transport.close().await;
+        let _ = self.group.raft.shutdown().await;
+        self.workers.stop().await;
+    }
 }
 
 /// The address of node `id` on the simulated network.
@@ -182,7 +193,7 @@ impl MetaCluster {
             };
             let membership = Membership::new(
                 me,
-                facts(id, node.addr, node.generation),
+                facts(me, node.addr),
                 &MembershipConfig::default(),
                 node.gossip_seed,
             )
@@ -217,10 +228,7 @@ impl MetaCluster {
         }
         self.live.map().remove(&id);
         if let Some(up) = node.up.take() {
-            up.gossip.abort();
-            up.transport.close().await;
-            let _ = up.group.raft.shutdown().await;
-            up.workers.stop().await;
+            up.halt().await;
         }
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
     }
@@ -230,10 +238,7 @@ impl MetaCluster {
         for node in self.nodes.values_mut() {
             node.disk.crash();
             if let Some(up) = node.up.take() {
-                up.gossip.abort();
-                up.transport.close().await;
-                let _ = up.group.raft.shutdown().await;
-                up.workers.stop().await;
+                up.halt().await;
             }
         }
         self.live.map().clear();
@@ -285,24 +290,13 @@ async fn note_leaders(id: u64, group: Arc<Group>, trace: Trace) {
     }
 }
 
-/// What node `id` tells the others about itself when it starts.
-fn facts(id: u64, rpc_addr: SocketAddr, generation: u64) -> NodeFacts {
+/// What node `id` (gossiping as `me`) tells the others about itself when it starts: a
+/// simulated member's facts, in a failure domain of its own, serving RPC at `rpc_addr`.
+fn facts(me: MemberId, rpc_addr: SocketAddr) -> NodeFacts {
     NodeFacts {
-        node: NodeId(id),
-        generation,
-        seq: 0,
-        name: format!("node{id}"),
-        failure_domain: format!("rack{id}"),
+        failure_domain: format!("rack{}", me.node.0),
         rpc_addr,
-        bulk_addr: None,
-        capacity_bytes: 1 << 40,
         used_bytes: 0,
-        role: NodeRole::Active,
-        agent_version: "sim".into(),
-        store_accepting: true,
-        store_room_bytes: 1 << 40,
-        repair_bytes_per_sec: 0,
-        store_opening: false,
-        meta_failed: false,
+        ..sim_facts(me)
     }
 }

@@ -62,16 +62,7 @@ impl Cluster {
 
     /// The layout with `node` in state `state`.
     pub fn with_state(&self, node: NodeId, state: NodeState) -> Result<Layout, PlacementError> {
-        let nodes = self
-            .layout
-            .nodes()
-            .iter()
-            .map(|n| LayoutNode {
-                state: if n.id == node { state } else { n.state },
-                ..n.clone()
-            })
-            .collect();
-        Layout::new(self.layout.epoch() + 1, nodes)
+        self.layout.with_state(node, state, self.layout.epoch() + 1)
     }
 
     /// The layout with one more active node, in rack `rack_index`.

@@ -29,7 +29,8 @@ pub mod tier;
 pub mod workers;
 
 pub use config::{
-    AdminConfig, AgentConfig, LogConfig, LogFormat, MetricsConfig, NodeConfig, StorageConfig,
+    AdminConfig, AgentConfig, BackgroundConfig, LogConfig, LogFormat, MetricsConfig, NodeConfig,
+    StorageConfig,
 };
 pub use error::AgentError;
 pub use identity_store::NodeIdentity;

@@ -14,13 +14,12 @@ use shoal_mesh::{
     ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MeshMetrics, NodeCert, NodeFacts,
     NodeRole, Revocations, Transport,
 };
-use shoal_store::{DiskStore, Recovery, Ring, StoreMetrics};
+use shoal_store::{DiskStore, NodeStore, Recovery, Ring, StoreMetrics};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::consensus::metrics::MetaMetrics;
 use crate::consensus::{Group, GroupWorkers};
-use crate::data::shard_rpc::ShardRequest;
 use crate::data::{ClusterView, StripeSettings, Stripes};
 use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
@@ -47,7 +46,7 @@ pub struct Node {
     /// QUIC endpoint (mutual TLS) for RPC to and from peers.
     pub transport: Arc<Transport>,
     /// This node's shard store (io_uring, checksummed files, redb index).
-    pub store: Arc<DiskStore>,
+    pub store: Arc<NodeStore>,
     /// Stripe write/read coordination (erasure coding across the cluster).
     pub stripes: Arc<Stripes>,
     /// The metadata group member: namespace and cluster layout (Raft over redb).
@@ -178,13 +177,7 @@ impl Node {
             },
             &mut registry,
         ));
-        let handler = stripes.clone();
-        transport.register(move |_from, req: ShardRequest| {
-            let handler = handler.clone();
-            async move { Ok(handler.serve_shard(req).await) }
-        });
-        // The bulk lane carries shard payloads only: puts and gets, never deletes.
-        transport.serve_on_bulk::<ShardRequest>(crate::data::carries_payload);
+        stripes.serve_on(&transport);
         let repair = RepairShared::new(&mut registry);
         let scrub = ScrubShared::new(
             &config.node.data_dir,
@@ -529,7 +522,7 @@ async fn start_membership(
 async fn open_store(
     config: &AgentConfig,
     registry: &mut Registry,
-) -> Result<Arc<DiskStore>, AgentError> {
+) -> Result<Arc<NodeStore>, AgentError> {
     let (capacity_bytes, _) = facts::disk_usage(&config.node.data_dir);
     let limit = config.storage.limit_bytes(capacity_bytes)?;
     let ring = Ring::start(256).map_err(|source| AgentError::Setup {
@@ -548,7 +541,7 @@ async fn open_store(
     }
     store.set_reserve(config.storage.reserve_bytes()?);
     store.attach_metrics(StoreMetrics::register(registry));
-    Ok(Arc::new(store))
+    Ok(Arc::new(NodeStore::Disk(store)))
 }
 
 /// Asks the peers this node's metadata state knew what the cluster recorded for it. A

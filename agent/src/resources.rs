@@ -3,7 +3,7 @@
 //! budgets to status and metrics.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -92,7 +92,7 @@ impl Resources {
                     last_parity_floor_bytes_per_sec: repair_floor,
                     ..GovernorConfig::default()
                 },
-                Instant::now(),
+                tokio::time::Instant::now().into_std(),
             ))),
             gpu: Arc::new(Mutex::new(GpuSample::default())),
             gauges,
@@ -128,7 +128,7 @@ impl Resources {
 
     /// Takes a GPU reading: the governor's budget follows it.
     pub fn observe(&self, sample: GpuSample) {
-        lock(&self.governor).observe(&sample, Instant::now());
+        lock(&self.governor).observe(&sample, tokio::time::Instant::now().into_std());
         *lock(&self.gpu) = sample;
         self.update_gauges();
     }
@@ -192,9 +192,9 @@ impl Resources {
     pub fn take(&self, class: WorkClass, bytes: u64, urgent: bool) -> Result<(), Duration> {
         let mut gov = lock(&self.governor);
         if urgent && class == WorkClass::Repair {
-            gov.take_last_parity_repair(bytes, Instant::now())
+            gov.take_last_parity_repair(bytes, tokio::time::Instant::now().into_std())
         } else {
-            gov.take(class, bytes, Instant::now())
+            gov.take(class, bytes, tokio::time::Instant::now().into_std())
         }
     }
 

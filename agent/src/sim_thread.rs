@@ -39,6 +39,11 @@ pub fn random_u64() -> u64 {
         .unwrap_or_else(rand::random)
 }
 
+/// A random 128-bit number (a new stripe's id): from the seed on the simulator's thread.
+pub fn random_u128() -> u128 {
+    (u128::from(random_u64()) << 64) | u128::from(random_u64())
+}
+
 /// Runs `work`, which blocks, off the async task: on tokio's blocking pool, or inline on
 /// the simulator's thread.
 pub async fn blocking<T, F>(work: F) -> Result<T, tokio::task::JoinError>

@@ -24,7 +24,7 @@ pub(crate) async fn report(node: &Node) -> Result<StatusReport, AgentError> {
     let layout = node.group.store().cluster_layout().ok().flatten();
     let admins = node.group.store().node_admins().unwrap_or_default();
     let clock_ms = node.group.cluster_now_ms().unwrap_or_default();
-    let redundancy = redundancy(node, &members, now);
+    let redundancy = redundancy(node, &members);
     let nodes = members
         .into_iter()
         .map(|m| {
@@ -165,7 +165,7 @@ fn down_times(
 
 /// The redundancy summary of the repair worker's last scan, with the cluster's repair
 /// rate (every live member's, from gossip) and the time left at that rate.
-fn redundancy(node: &Node, members: &[MemberView], now: Instant) -> Option<RedundancyStatus> {
+fn redundancy(node: &Node, members: &[MemberView]) -> Option<RedundancyStatus> {
     let view = node.repair.view();
     let summary = view.summary?;
     let others: u64 = members
@@ -196,7 +196,7 @@ fn redundancy(node: &Node, members: &[MemberView], now: Instant) -> Option<Redun
         eta_seconds: (rate > 0).then(|| summary.bytes_to_repair.div_ceil(rate)),
         scanned_ms_ago: view
             .scanned_at
-            .map_or(0, |at| now.saturating_duration_since(at).as_millis() as u64),
+            .map_or(0, |at| at.elapsed().as_millis() as u64),
         repaired_stripes: view.repaired_stripes,
         repaired_bytes: view.repaired_bytes,
         rebalance_stripes: summary.misplaced_stripes,

@@ -36,11 +36,9 @@ pub struct Timestamp {
 }
 
 impl Timestamp {
-    /// The current wall-clock time.
+    /// The current wall-clock time (see [`crate::wall_clock`]).
     pub fn now() -> Self {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let d = crate::wall_clock::since_epoch();
         Timestamp {
             secs: d.as_secs() as i64,
             nanos: d.subsec_nanos(),

@@ -16,6 +16,7 @@ mod status;
 mod stripe;
 mod tier;
 pub mod units;
+pub mod wall_clock;
 
 pub use client::AgentClient;
 pub use error::ApiError;

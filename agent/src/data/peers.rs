@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shoal_mesh::{MemberState, MemberView};
 use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};

@@ -333,7 +333,7 @@ impl Stripes {
         let ec = record.ec;
         let shard_len = record.shard_len as usize;
         let data_shards =
-            tokio::task::spawn_blocking(move || erasure::decode(ec, shard_len, &have))
+            crate::sim_thread::blocking(move || erasure::decode(ec, shard_len, &have))
                 .await?
                 .map_err(|e| unreadable(e, transient))?;
         bad.sort_unstable();

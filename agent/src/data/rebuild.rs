@@ -58,7 +58,7 @@ impl Stripes {
         // A rebuild is retried by the repair worker whatever the cause.
         let (data_shards, bad) = self.data_shards(record, &peers, unusable, true).await?;
         let len = record.len as usize;
-        let all = tokio::task::spawn_blocking(move || {
+        let all = crate::sim_thread::blocking(move || {
             let mut data = data_shards.concat();
             data.truncate(len);
             erasure::encode(&data.into(), ec, &geometry)

@@ -10,7 +10,7 @@ use prometheus_client::registry::Registry;
 use shoal_agent_api::StripeRecord;
 use shoal_mesh::{FailureClass, GossipHandle, MeshError, Transport};
 use shoal_placement::{EcProfile, NodeId, StripeId};
-use shoal_store::{DiskStore, ShardKey, ShardStore};
+use shoal_store::{NodeStore, ShardKey, ShardStore};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::warn;
@@ -49,7 +49,7 @@ pub struct Stripes {
     suspects: Marks,
     /// Nodes that answered "full": new stripes go elsewhere for a while.
     full: Marks,
-    store: Arc<DiskStore>,
+    store: Arc<NodeStore>,
     transport: Arc<Transport>,
     pub(super) gossip: GossipHandle,
     /// The replicated metadata: its layout is where new shards go (gossip only says who
@@ -63,7 +63,7 @@ pub struct Stripes {
     pub(super) metrics: StripeMetrics,
     /// When this coordinator started: for a while after, its view of who is alive is
     /// still forming.
-    pub(super) started: std::time::Instant,
+    pub(super) started: tokio::time::Instant,
     /// Where a node was last known to listen when gossip has no word on it (the metadata
     /// group's member addresses): a read that cannot do without that node still asks it.
     pub(super) book: AddressBook,
@@ -92,7 +92,7 @@ pub struct StripeSettings {
 impl Stripes {
     pub fn new(
         me: NodeId,
-        store: Arc<DiskStore>,
+        store: Arc<NodeStore>,
         transport: Arc<Transport>,
         view: ClusterView,
         settings: StripeSettings,
@@ -138,7 +138,7 @@ impl Stripes {
         );
         Stripes {
             book,
-            started: std::time::Instant::now(),
+            started: tokio::time::Instant::now(),
             me,
             buffers: Arc::new(Semaphore::new(buffer_permits as usize)),
             buffer_permits,
@@ -303,7 +303,18 @@ impl Stripes {
     }
 
     /// Serves one shard request against this node's store (local or from a peer).
-    pub async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
+    /// Serves the shard RPCs of `transport` from this node's store; shard payloads (puts
+    /// and gets, never deletes) may come on the bulk lane too.
+    pub fn serve_on(self: &Arc<Self>, transport: &Transport) {
+        let handler = self.clone();
+        transport.register(move |_from, req: ShardRequest| {
+            let handler = handler.clone();
+            async move { Ok(handler.serve_shard(req).await) }
+        });
+        transport.serve_on_bulk::<ShardRequest>(super::carries_payload);
+    }
+
+    async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
         match req {
             ShardRequest::Put {
                 stripe,

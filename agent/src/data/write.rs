@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use shoal_agent_api::{ShardLocation, StripeRecord};
@@ -90,13 +92,13 @@ impl Stripes {
         let geometry = StripeGeometry::with_default_shard_size(data.len() as u64, ec.k)
             .map_err(StripeError::Geometry)?;
         let shards =
-            tokio::task::spawn_blocking(move || erasure::encode(&data, ec, &geometry)).await??;
+            crate::sim_thread::blocking(move || erasure::encode(&data, ec, &geometry)).await??;
         let crcs: Vec<u32> = shards.iter().map(|s| crc32c::crc32c(s)).collect();
         let mut full_seen: Vec<NodeId> = Vec::new();
         let mut last = None;
         for _ in 0..PLACE_ATTEMPTS {
             let peers = self.peers().await?;
-            let id = StripeId(rand::random());
+            let id = StripeId(crate::sim_thread::random_u128());
             let targets = self.targets(&peers, id, ec, min, &full_seen)?;
             let attempt = self.put_shards(id, &shards, &targets, &peers, min).await;
             let missing = if attempt.failed.is_empty() {

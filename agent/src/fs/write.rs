@@ -3,7 +3,9 @@
 //! failed in a way that may pass (a node just died and is not yet declared down) is
 //! retried for a while; corruption or a caller's error is not.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, StripeRecord};

@@ -123,7 +123,7 @@ impl Tier {
         self: &Arc<Self>,
         stripes: Vec<(u128, Bytes)>,
     ) -> Result<Vec<StripeId>, AgentError> {
-        let id: u128 = rand::random();
+        let id = crate::sim_thread::random_u128();
         let key = object_key(id);
         let (object, index) = pack::pack(&stripes);
         let size = object.len() as u64;

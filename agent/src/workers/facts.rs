@@ -4,10 +4,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shoal_mesh::GossipHandle;
-use shoal_store::{DiskStore, RingHealth};
+use shoal_store::{NodeStore, RingHealth};
 use tracing::warn;
 
 use super::{Step, Ticker, Worker};
@@ -26,7 +28,7 @@ const REFRESH_EVERY: Duration = Duration::from_secs(5);
 type StoreFacts = (bool, u64);
 
 pub struct Facts {
-    pub store: Arc<DiskStore>,
+    pub store: Arc<NodeStore>,
     pub gossip: GossipHandle,
     /// The data dir, whose filesystem's size and use are published.
     pub data_dir: PathBuf,
@@ -37,7 +39,7 @@ pub struct Facts {
 
 impl Facts {
     pub fn new(
-        store: Arc<DiskStore>,
+        store: Arc<NodeStore>,
         gossip: GossipHandle,
         data_dir: PathBuf,
         ballast: Arc<Ballast>,

@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shoal_mesh::{GossipHandle, MemberState, MemberView, Transport};
 use shoal_namespace::format::Timestamp;

@@ -12,7 +12,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -22,7 +24,7 @@ use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, Outcome, Proposal, ShardMove};
 use shoal_placement::{NodeId, StripeId};
 use shoal_resource_guard::WorkClass;
-use shoal_store::{DiskStore, ShardKey, ShardStore, StoreError};
+use shoal_store::{NodeStore, ShardKey, ShardStore, StoreError};
 use tracing::{debug, info, warn};
 
 use super::{Step, Ticker, Worker};
@@ -164,7 +166,7 @@ fn decode(bytes: &[u8]) -> Option<Saved> {
 pub struct Scrub {
     group: Arc<Group>,
     stripes: Arc<Stripes>,
-    store: Arc<DiskStore>,
+    store: Arc<NodeStore>,
     resources: Arc<Resources>,
     shared: Arc<ScrubShared>,
     interval: Duration,
@@ -182,7 +184,7 @@ impl Scrub {
     pub fn new(
         group: Arc<Group>,
         stripes: Arc<Stripes>,
-        store: Arc<DiskStore>,
+        store: Arc<NodeStore>,
         resources: Arc<Resources>,
         shared: Arc<ScrubShared>,
         max_rate: u64,

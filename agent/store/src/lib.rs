@@ -2,7 +2,8 @@
 //! dir, written and read through one io_uring ring thread, and indexed in redb.
 //!
 //! Read [`ShardStore`] (the contract), then [`DiskStore`] (the real one) and [`MemStore`]
-//! (the fake for unit tests); [`contract`] is the suite both pass; [`ShardHeader`] is the
+//! (in memory, for unit tests and the simulator), and [`NodeStore`] (either, as a node
+//! holds it); [`contract`] is the suite both pass; [`ShardHeader`] is the
 //! versioned on-disk header. The store knows shards, not stripes' meaning: it must never
 //! depend on the mesh, placement or metadata crates.
 
@@ -16,6 +17,7 @@ pub mod fuzz;
 mod header;
 mod mem;
 mod metrics;
+mod node_store;
 mod open_shards;
 mod ring;
 
@@ -25,6 +27,7 @@ pub use error::StoreError;
 pub use header::{BLOCK_SHIFT, HEADER_LEN, ShardHeader};
 pub use mem::MemStore;
 pub use metrics::StoreMetrics;
+pub use node_store::NodeStore;
 pub use ring::{Ring, RingHealth};
 
 use std::future::Future;

@@ -8,7 +8,9 @@
 //! then [`seeds`] (many runs, and the shortest failing run of a seed). ARCHITECTURE.md,
 //! "The simulator", says how to run a seed and how to add a fault or an invariant.
 
-pub mod meta;
+pub mod audit;
+pub mod cluster;
+pub mod file_client;
 pub mod model;
 pub mod runtime;
 pub mod scale;

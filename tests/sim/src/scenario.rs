@@ -1,10 +1,14 @@
-//! One run of a scenario: three nodes form the metadata group; clients create names and
-//! read them back through every node while the family's fault schedule kills, power-cuts,
-//! restarts and partitions; then every fault heals and the invariants are checked:
+//! One run of a scenario: five nodes form the metadata group; clients create names and
+//! read them back through every node, and file clients (each a node's mount) create,
+//! write and read files, while the family's fault schedule kills, power-cuts, restarts
+//! and partitions; then every fault heals and the invariants are checked:
 //!
 //! - every acknowledged create is there on every node, after any crash of any set of
 //!   nodes, power cuts of all of them included;
 //! - a read sees every create acknowledged before it began, and nothing never created;
+//! - every acknowledged write reads back byte for byte through every node, and a read
+//!   returns the bytes of some version of the file no older than the newest
+//!   acknowledged before it began (never torn, never stale);
 //! - replicas that applied the same index hold the same state (digest);
 //! - with the faults healed and every node up, a create through each node completes
 //!   within [`LIVENESS`] of simulated time.
@@ -23,7 +27,9 @@ use shoal_mesh::sim_net::Faults;
 use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
 use shoal_namespace::{Command, NamespaceError, Proposal};
 
-use crate::meta::{Live, MetaCluster, Stop, addr};
+use crate::audit::audit;
+use crate::cluster::{Cluster, Live, ORPHAN_SHARD_GRACE, Stop, addr};
+use crate::file_client::FileClient;
 use crate::model::Model;
 use crate::trace::{Trace, digest};
 
@@ -40,22 +46,31 @@ const NODES: [u64; 5] = [1, 2, 3, 4, 5];
 /// that mostly creates, one that only reads (it goes on while creates wait for a quorum),
 /// one that does both.
 const CLIENTS_PER_NODE: u64 = 3;
+/// File clients on each node (a mount each).
+const FILE_CLIENTS_PER_NODE: u64 = 1;
 
 /// A family of fault schedules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     PowerLoss,
     Partition,
+    Repair,
     Mixed,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::PowerLoss, Family::Partition, Family::Mixed];
+    pub const ALL: [Family; 4] = [
+        Family::PowerLoss,
+        Family::Partition,
+        Family::Repair,
+        Family::Mixed,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Family::PowerLoss => "power-loss",
             Family::Partition => "partition",
+            Family::Repair => "repair",
             Family::Mixed => "mixed",
         }
     }
@@ -67,6 +82,9 @@ impl Family {
             }
             Family::Partition => {
                 "one-way and two-way partitions, a node isolated, lost, duplicated and slow messages, under creates and reads"
+            }
+            Family::Repair => {
+                "a node lost for good under writes (repair restores full redundancy), with kill -9 and power cuts of the others"
             }
             Family::Mixed => "all of the above in one schedule",
         }
@@ -105,14 +123,14 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
     trace.note(format_args!("seed {seed}: {}", family.name()));
     let mut net_rng = SplitMix64(rng.next_u64());
     let net = SimNet::new(Box::new(move || net_rng.next_u64()));
-    let mut cluster = MetaCluster::new(&NODES, &mut rng, net.clone(), trace.clone());
+    let mut cluster = Cluster::new(&NODES, &mut rng, net.clone(), trace.clone());
     let model = Model::default();
     if let Err(e) = cluster.form(LIVENESS).await {
         model.violation(e);
         return finish(&mut cluster, &trace, &model).await;
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS_PER_NODE * NODES.len() as u64)
+    let mut clients: Vec<_> = (0..CLIENTS_PER_NODE * NODES.len() as u64)
         .map(|c| {
             let client = Client {
                 id: c,
@@ -127,6 +145,19 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
             tokio::spawn(client.run(stop.clone()))
         })
         .collect();
+    for c in 0..FILE_CLIENTS_PER_NODE * NODES.len() as u64 {
+        let client = FileClient {
+            id: c,
+            home: NODES[(c % NODES.len() as u64) as usize],
+            rng: SplitMix64(rng.next_u64()),
+            live: cluster.live.clone(),
+            model: model.clone(),
+            trace: trace.clone(),
+            mine: Vec::new(),
+            seq: 0,
+        };
+        clients.push(tokio::spawn(client.run(stop.clone())));
+    }
     let mut faults = Schedule {
         family,
         rng: SplitMix64(rng.next_u64()),
@@ -156,7 +187,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
 }
 
 /// Every fault ends: the network heals and every node starts.
-async fn heal(cluster: &mut MetaCluster, net: &SimNet, trace: &Trace, model: &Model) {
+async fn heal(cluster: &mut Cluster, net: &SimNet, trace: &Trace, model: &Model) {
     net.heal();
     net.set_faults(Faults::default());
     trace.note("healed");
@@ -168,7 +199,7 @@ async fn heal(cluster: &mut MetaCluster, net: &SimNet, trace: &Trace, model: &Mo
 }
 
 /// The checks at the end, then every node stops.
-async fn finish(cluster: &mut MetaCluster, trace: &Trace, model: &Model) -> Outcome {
+async fn finish(cluster: &mut Cluster, trace: &Trace, model: &Model) -> Outcome {
     let live = cluster.live.clone();
     for id in live.ids() {
         let Some(group) = live.get(id) else { continue };
@@ -202,8 +233,10 @@ async fn finish(cluster: &mut MetaCluster, trace: &Trace, model: &Model) -> Outc
             continue;
         }
         check_all_acked(id, &group, model).await;
+        check_files(id, &live, trace, model).await;
     }
     check_digests(&live, trace, model).await;
+    check_stored(cluster, trace, model).await;
     let (proposed, acked) = model.counts();
     trace.note(format_args!(
         "end: {proposed} creates proposed, {acked} acknowledged"
@@ -255,6 +288,68 @@ async fn check_all_acked(id: u64, group: &shoal_agent::consensus::Group, model: 
             shown.join(" "),
             if lost.len() > shown.len() { " …" } else { "" }
         ));
+    }
+}
+
+/// Every file reads back through node `id` as its newest acknowledged version (or a
+/// newer one whose write's outcome was unknown).
+async fn check_files(id: u64, live: &Live, trace: &Trace, model: &Model) {
+    let Some(fs) = live.fs(id) else { return };
+    let mut reader = FileClient {
+        id: 100 + id,
+        home: id,
+        rng: SplitMix64(id),
+        live: live.clone(),
+        model: model.clone(),
+        trace: trace.clone(),
+        mine: Vec::new(),
+        seq: 0,
+    };
+    for (name, ino) in model.files() {
+        if !reader.read_back(&fs, &name, ino).await {
+            model.violation(format!(
+                "node {id}: file {name} cannot be read back within {LIVENESS:?} of the cluster healing"
+            ));
+        }
+    }
+}
+
+/// With the faults healed, the shards come to what the metadata says within a bound:
+/// every live stripe's shards on running nodes (repair done), no orphan shards, no freed
+/// stripe's shards left (the collectors done).
+async fn check_stored(cluster: &Cluster, trace: &Trace, model: &Model) {
+    let bound = ORPHAN_SHARD_GRACE * 3;
+    let started = tokio::time::Instant::now();
+    loop {
+        let stores = cluster.running_stores();
+        let Some(group) = stores.keys().next().and_then(|id| cluster.live.get(*id)) else {
+            return;
+        };
+        let found = match group.barrier().await {
+            Ok(()) => audit(&group, &stores),
+            Err(e) => Err(e.to_string()),
+        };
+        match found {
+            Ok(a) if a.clean() => {
+                trace.note(format_args!(
+                    "stored shards agree with the metadata: {} stripes",
+                    a.stripes
+                ));
+                return;
+            }
+            Ok(a) if started.elapsed() >= bound => {
+                model.violation(format!(
+                    "{bound:?} after the cluster healed: {}",
+                    a.describe()
+                ));
+                return;
+            }
+            Err(e) if started.elapsed() >= bound => {
+                model.violation(format!("no audit of the shards within {bound:?}: {e}"));
+                return;
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
     }
 }
 
@@ -442,11 +537,12 @@ struct Schedule {
 
 impl Schedule {
     /// One fault (or its end), drawn from the family's choices.
-    async fn step(&mut self, cluster: &mut MetaCluster) -> Result<(), String> {
+    async fn step(&mut self, cluster: &mut Cluster) -> Result<(), String> {
         let choices: &[u64] = match self.family {
             Family::PowerLoss => &[0, 1, 2, 3],
             Family::Partition => &[4, 5, 6, 7, 8, 3],
-            Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            Family::Repair => &[9, 9, 0, 1, 3],
+            Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
         };
         let choice = choices[self.rng.below(choices.len() as u64) as usize];
         let ids = cluster.ids();
@@ -457,6 +553,11 @@ impl Schedule {
             any = cluster.leader().unwrap_or(any);
         }
         match choice {
+            // A node lost for good (one per run, while no other is down).
+            9 if down.is_empty() => {
+                let id = ids[self.rng.below(ids.len() as u64) as usize];
+                cluster.lose(id).await;
+            }
             // One node down (never more than a minority at a time).
             0 | 1 if down.len() < (ids.len() - 1) / 2 => {
                 let up: Vec<u64> = ids.iter().copied().filter(|i| !down.contains(i)).collect();

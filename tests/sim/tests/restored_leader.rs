@@ -11,7 +11,7 @@ use shoal_disk::SplitMix64;
 use shoal_mesh::SimNet;
 use shoal_mesh::sim_net::Faults;
 use shoal_namespace::format::RequestId;
-use shoal_sim::meta::{MetaCluster, Stop};
+use shoal_sim::cluster::{Cluster, Stop};
 use shoal_sim::scenario::create;
 use shoal_sim::trace::Trace;
 
@@ -23,7 +23,7 @@ fn a_leader_restored_after_a_power_cut_reads_everything_acknowledged_before_it()
             let mut net_rng = SplitMix64(rng.next_u64());
             let net = SimNet::new(Box::new(move || net_rng.next_u64()));
             let ids = [1, 2, 3];
-            let mut cluster = MetaCluster::new(&ids, &mut rng, net.clone(), Trace::begin());
+            let mut cluster = Cluster::new(&ids, &mut rng, net.clone(), Trace::begin());
             cluster.form(Duration::from_secs(60)).await.expect("formed");
             let leader = cluster.leader().expect("a leader");
             let group = cluster.live.get(leader).expect("up");

@@ -1,46 +1,78 @@
-//! [`MetaCluster`]: the metadata group of a simulated cluster. Each node runs the real
-//! [`Group`] (openraft with the log store and the replica, the leader's batcher,
+//! [`Cluster`]: a simulated cluster. Each node runs the agent's real parts: the metadata
+//! member [`Group`] (openraft with the log store and the replica, the leader's batcher,
 //! forwarding to the leader, read-index rounds and the read lease) on its own
-//! [`SimDisk`], the real membership (SWIM over gossip datagrams) and the real steward,
-//! which forms the group, adds learners and changes voters as nodes come and go; the
+//! [`SimDisk`]; the real membership (SWIM over gossip datagrams); the stripe coordinator
+//! ([`Stripes`]: placement, erasure coding, the shard RPCs) on its own in-memory shard
+//! store; the filesystem service a mount calls ([`FsService`]); and the workers that
+//! change what is stored: the steward (forms the group, adds learners, changes voters),
+//! repair, and the collectors of orphan shards, freed stripes and orphan inodes. The
 //! nodes talk over one [`SimNet`] with the real RPC framing.
 //! A node is killed without warning: its disk is fenced first (a crash keeps what the
-//! page cache held, a power cut only what was synced), then it leaves the network.
+//! page cache held, a power cut only what was synced), then it leaves the network. Its
+//! shard store keeps every shard whose put returned (a put is synced before it returns),
+//! as the disk store does.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::registry::Registry;
 use shoal_agent::consensus::ballast::Ballast;
 use shoal_agent::consensus::metrics::MetaMetrics;
 use shoal_agent::consensus::{Group, MetaConfig};
-use shoal_agent::workers::Workers;
+use shoal_agent::data::{ClusterView, StripeSettings, Stripes};
+use shoal_agent::fs::{FsService, OpenHandles};
+use shoal_agent::workers::repair::{Repair, RepairShared};
 use shoal_agent::workers::steward::Steward;
+use shoal_agent::workers::{Workers, gc};
+use shoal_agent::{BackgroundConfig, Resources};
 use shoal_disk::{Disk, SimDisk, SplitMix64};
 use shoal_mesh::membership_sim::sim_facts;
 use shoal_mesh::{
     ClusterKey, GossipDriver, MemberId, Membership, MembershipConfig, NodeFacts, NodeId, SimNet,
     Transport,
 };
+use shoal_placement::EcProfile;
+use shoal_store::{MemStore, NodeStore};
 
 use crate::trace::Trace;
 
 const META: &str = "/meta";
 /// A node down this long leaves the layout (`[cluster] down_out_after`).
 const DOWN_OUT_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
+/// New stripes: 2 data and 2 parity shards, so the five nodes keep full redundancy with
+/// one of them lost for good.
+pub const EC: EcProfile = EcProfile { k: 2, m: 2 };
+/// Each node's shard store holds this much.
+const STORE_BYTES: u64 = 1 << 30;
+/// How long shards no stripe names wait before the collector takes them (the agent's
+/// default is 600 s; a run is shorter).
+pub const ORPHAN_SHARD_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
 
-/// The groups of the nodes that run now, shared with the workload's clients.
+/// What a running node serves its clients through.
+#[derive(Clone)]
+pub struct Running {
+    pub group: Arc<Group>,
+    /// What the node's mount calls.
+    pub fs: Arc<FsService>,
+}
+
+/// The nodes that run now, shared with the workload's clients.
 #[derive(Clone, Default)]
-pub struct Live(Arc<Mutex<BTreeMap<u64, Arc<Group>>>>);
+pub struct Live(Arc<Mutex<BTreeMap<u64, Running>>>);
 
 impl Live {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Group>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Running>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn get(&self, id: u64) -> Option<Arc<Group>> {
-        self.map().get(&id).cloned()
+        self.map().get(&id).map(|r| r.group.clone())
+    }
+
+    pub fn fs(&self, id: u64) -> Option<Arc<FsService>> {
+        self.map().get(&id).map(|r| r.fs.clone())
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -60,12 +92,16 @@ pub enum Stop {
 struct Node {
     addr: SocketAddr,
     disk: SimDisk,
+    /// The node's shard store: it outlives the node's crashes, as its disk does.
+    store: Arc<NodeStore>,
     config: MetaConfig,
     /// Grows with every start (gossip refuses packets of a node's earlier lives).
     generation: u64,
     /// Feeds foca's randomness at each start.
     gossip_seed: u64,
     up: Option<Up>,
+    /// Lost for good (the machine is gone): it never starts again.
+    lost: bool,
 }
 
 struct Up {
@@ -75,7 +111,7 @@ struct Up {
     gossip: tokio::task::JoinHandle<()>,
 }
 
-pub struct MetaCluster {
+pub struct Cluster {
     pub net: Arc<SimNet>,
     nodes: BTreeMap<u64, Node>,
     pub live: Live,
@@ -103,7 +139,7 @@ fn gossip_addr(id: u64) -> SocketAddr {
     SocketAddr::new(addr(id).ip(), 7001)
 }
 
-impl MetaCluster {
+impl Cluster {
     /// Nodes `ids`, none started. Each node's disk and election timeout come from `rng`.
     pub fn new(ids: &[u64], rng: &mut SplitMix64, net: Arc<SimNet>, trace: Trace) -> Self {
         let nodes = ids
@@ -117,20 +153,23 @@ impl MetaCluster {
                     bootstrap_expect: ids.len(),
                     election_ms: [election, election + 1],
                     snapshot_every: 64,
+                    orphan_shard_grace_s: ORPHAN_SHARD_GRACE.as_secs(),
                     ..MetaConfig::default()
                 };
                 let node = Node {
                     addr: addr(id),
                     disk: SimDisk::new(rng.next_u64()),
+                    store: Arc::new(NodeStore::Mem(MemStore::new(STORE_BYTES))),
                     config,
                     generation: 0,
                     gossip_seed: rng.next_u64(),
                     up: None,
+                    lost: false,
                 };
                 (id, node)
             })
             .collect();
-        MetaCluster {
+        Cluster {
             net,
             nodes,
             live: Live::default(),
@@ -159,7 +198,7 @@ impl MetaCluster {
         let Some(node) = self.nodes.get_mut(&id) else {
             return Err(format!("no node {id}"));
         };
-        if node.up.is_some() {
+        if node.up.is_some() || node.lost {
             return Ok(());
         }
         let disk: Arc<dyn Disk> = Arc::new(node.disk.clone());
@@ -202,11 +241,64 @@ impl MetaCluster {
             let key = ClusterKey::derive(&[7; 32], b"sim");
             GossipDriver::start_sim(&self.net, membership, key, seeds)
         };
+        let mut registry = Registry::default();
+        let stripes = Arc::new(Stripes::new(
+            NodeId(id),
+            node.store.clone(),
+            transport.clone(),
+            ClusterView {
+                gossip: gossip.clone(),
+                namespace: group.store_arc(),
+                book: {
+                    let group = group.clone();
+                    Arc::new(move |node: NodeId| group.member_addr(node.0))
+                },
+            },
+            StripeSettings {
+                default_ec: EC,
+                min_write_shards: None,
+                buffer_budget_bytes: 256 << 20,
+            },
+            &mut registry,
+        ));
+        stripes.serve_on(&transport);
+        let handles = Arc::new(OpenHandles::default());
+        handles.serve(&transport);
+        let fs = Arc::new(FsService::new(
+            group.clone(),
+            stripes.clone(),
+            gossip.clone(),
+            handles.clone(),
+            None,
+        ));
+        let resources = Resources::start(None, &BackgroundConfig::default(), &mut registry)
+            .map_err(|e| format!("node {id}: {e}"))?;
         let workers = Workers::default();
         workers.spawn(workers_of_group.batcher);
-        workers.spawn(Steward::new(group.clone(), gossip, DOWN_OUT_AFTER));
+        workers.spawn(Steward::new(group.clone(), gossip.clone(), DOWN_OUT_AFTER));
+        workers.spawn(gc::OrphanShards::new(group.clone(), stripes.clone()));
+        workers.spawn(gc::StripeGc::new(group.clone(), stripes.clone()));
+        workers.spawn(Repair::new(
+            group.clone(),
+            stripes.clone(),
+            gossip.clone(),
+            resources,
+            RepairShared::new(&mut registry),
+        ));
+        workers.spawn(gc::OrphanPurge::new(
+            group.clone(),
+            gossip,
+            transport.clone(),
+            handles,
+        ));
         tokio::spawn(note_leaders(id, group.clone(), self.trace.clone()));
-        self.live.map().insert(id, group.clone());
+        self.live.map().insert(
+            id,
+            Running {
+                group: group.clone(),
+                fs,
+            },
+        );
         node.up = Some(Up {
             group,
             workers,
@@ -231,6 +323,28 @@ impl MetaCluster {
             up.halt().await;
         }
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
+    }
+
+    /// Node `id`'s machine is gone for good: its power is cut and it never starts again.
+    pub async fn lose(&mut self, id: u64) {
+        self.stop(id, Stop::PowerCut).await;
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.lost = true;
+        }
+        self.trace.note(format_args!("node {id} lost for good"));
+    }
+
+    pub fn is_lost(&self, id: u64) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.lost)
+    }
+
+    /// The shard stores of the nodes that run now.
+    pub fn running_stores(&self) -> BTreeMap<u64, Arc<NodeStore>> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.up.is_some())
+            .map(|(id, n)| (*id, n.store.clone()))
+            .collect()
     }
 
     /// Stops every running node (kill -9), noting nothing in the trace.

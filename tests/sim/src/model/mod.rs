@@ -1,6 +1,11 @@
 //! [`Model`]: what the cluster acknowledged, in the order the clients saw it, and the
 //! violations found against it. Events are numbered as they happen (one thread): an
-//! acknowledgement numbered before a read began must be visible to that read.
+//! acknowledgement numbered before a read began must be visible to that read. Names
+//! created are tracked here, files' contents in [`files`].
+
+mod files;
+
+pub use files::FileHistory;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -13,6 +18,8 @@ struct State {
     order: Vec<String>,
     /// Each acknowledged create, with the event of its acknowledgement.
     acked: BTreeMap<String, u64>,
+    /// Files whose create was acknowledged, by name.
+    files: BTreeMap<String, FileHistory>,
     violations: Vec<String>,
 }
 
@@ -76,6 +83,73 @@ impl Model {
             s.violations.push(v.clone());
         }
         violation
+    }
+
+    /// The create of file `name` (inode `ino`) was acknowledged.
+    pub fn file_created(&self, name: &str, ino: u64) {
+        let mut s = self.state();
+        s.events += 1;
+        let at = s.events;
+        s.files
+            .insert(name.to_owned(), FileHistory::created(ino, at));
+    }
+
+    /// Runs `f` on file `name`'s history (None if its create was not acknowledged); an
+    /// acknowledgement takes an event number first (`ack`).
+    pub fn file<T>(
+        &self,
+        name: &str,
+        ack: bool,
+        f: impl FnOnce(&mut FileHistory, u64) -> T,
+    ) -> Option<T> {
+        let mut s = self.state();
+        let at = if ack {
+            s.events += 1;
+            s.events
+        } else {
+            s.events
+        };
+        s.files.get_mut(name).map(|h| f(h, at))
+    }
+
+    /// One of the files not unlinked, picked by `pick` (an index below the count): its
+    /// name and inode.
+    pub fn some_file(&self, pick: impl FnOnce(u64) -> u64) -> Option<(String, u64)> {
+        let files = self.files();
+        let i = usize::try_from(pick(files.len() as u64)).ok()?;
+        files.get(i).cloned()
+    }
+
+    /// Every file not unlinked: name and inode.
+    pub fn files(&self) -> Vec<(String, u64)> {
+        let s = self.state();
+        s.files
+            .iter()
+            .filter(|(_, h)| !h.unlinked)
+            .map(|(n, h)| (n.clone(), h.ino))
+            .collect()
+    }
+
+    /// Checks `read`, the contents of file `name` read through node `node` by a read that
+    /// began at event `began` (u64::MAX: after every acknowledgement). The violation, if
+    /// any.
+    pub fn check_file_read(
+        &self,
+        name: &str,
+        began: u64,
+        read: &[u8],
+        node: u64,
+    ) -> Option<String> {
+        let mut s = self.state();
+        let checked = s.files.get(name).map(|h| h.check(read, began));
+        match checked {
+            Some(Err(e)) => {
+                let v = format!("node {node}, file {name}: {e}");
+                s.violations.push(v.clone());
+                Some(v)
+            }
+            _ => None,
+        }
     }
 
     pub fn violation(&self, what: String) {

@@ -1,0 +1,109 @@
+//! [`Audit`]: what the nodes' shard stores hold against what the metadata says they
+//! should: shards a live stripe is missing on the nodes that run, shards no stripe names
+//! (orphans), and freed stripes whose shards were not deleted yet. With the faults healed,
+//! all three must come to nothing: redundancy is full again and nothing is left behind.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use shoal_agent::consensus::Group;
+use shoal_placement::{NodeId, StripeId};
+use shoal_store::{NodeStore, ShardKey, ShardStore};
+
+/// One look at the cluster's shards.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// Live stripes' shards not on a running node that holds them: (stripe, index, node).
+    pub missing: Vec<(StripeId, u8, NodeId)>,
+    /// Shards a running node holds that no stripe names there: (node, shard).
+    pub orphans: Vec<(u64, ShardKey)>,
+    /// Stripes freed (no extent names them) whose shards wait to be deleted.
+    pub garbage: usize,
+    /// Live stripes.
+    pub stripes: usize,
+}
+
+impl Audit {
+    pub fn clean(&self) -> bool {
+        self.missing.is_empty() && self.orphans.is_empty() && self.garbage == 0
+    }
+
+    /// What is wrong, in a line (a few examples of each).
+    pub fn describe(&self) -> String {
+        let few = |v: Vec<String>| -> String {
+            let more = if v.len() > 4 { " …" } else { "" };
+            format!(
+                "{}{more}",
+                v.into_iter().take(4).collect::<Vec<_>>().join(", ")
+            )
+        };
+        format!(
+            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted",
+            self.missing.len(),
+            self.stripes,
+            few(self
+                .missing
+                .iter()
+                .map(|(s, i, n)| format!("{s}.{i} on node {n}"))
+                .collect()),
+            self.orphans.len(),
+            few(self
+                .orphans
+                .iter()
+                .map(|(n, k)| format!("{k} on node {n}"))
+                .collect()),
+            self.garbage
+        )
+    }
+}
+
+/// Audits the shards of `stores` (the running nodes') against the metadata as `group`'s
+/// replica holds it.
+pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Audit, String> {
+    let ns = group.store();
+    let mut audit = Audit::default();
+    // Where each shard should be: (stripe, index) → node.
+    let mut expected: BTreeMap<(u128, u8), u64> = BTreeMap::new();
+    let mut after = None;
+    loop {
+        let page = ns.stripes(after, 512).map_err(|e| e.to_string())?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for record in &page {
+            audit.stripes += 1;
+            for s in &record.shards {
+                expected.insert((record.id.0, s.index), s.node.0);
+            }
+        }
+    }
+    let mut freed: BTreeSet<u128> = BTreeSet::new();
+    let mut after = None;
+    loop {
+        let page = ns.garbage(after, 512).map_err(|e| e.to_string())?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        freed.extend(page.iter().map(|r| r.id.0));
+    }
+    audit.garbage = freed.len();
+    let held: BTreeSet<(u128, u8, u64)> = stores
+        .iter()
+        .flat_map(|(id, store)| {
+            store
+                .list()
+                .into_iter()
+                .map(move |(k, _)| (k.stripe, k.index, *id))
+        })
+        .collect();
+    for (&(stripe, index), &node) in &expected {
+        if !held.contains(&(stripe, index, node)) {
+            audit.missing.push((StripeId(stripe), index, NodeId(node)));
+        }
+    }
+    for &(stripe, index, node) in &held {
+        let named_here = expected.get(&(stripe, index)) == Some(&node);
+        if !named_here && !freed.contains(&stripe) {
+            audit.orphans.push((node, ShardKey { stripe, index }));
+        }
+    }
+    Ok(audit)
+}

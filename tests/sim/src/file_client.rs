@@ -1,0 +1,243 @@
+//! [`FileClient`]: what a mount does through its own node's [`FsService`] (the agent's
+//! side of the mount): it creates files, writes them (inline while small, then across
+//! stripes: appends, overwrites of a range), unlinks some (their stripes are freed and
+//! collected), and opens and reads files any client wrote, checking every byte against
+//! the model. Its requests are the mount's own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use shoal_agent::fs::FsService;
+use shoal_agent_api::{FileKind, FsRequest, FsResponse, Owner, ROOT_INO, RequestId};
+use shoal_disk::SplitMix64;
+
+use crate::cluster::Live;
+use crate::model::Model;
+use crate::trace::Trace;
+
+/// How long a mount waits for a create or a write before its outcome counts as unknown.
+const WRITE_WAIT: Duration = Duration::from_secs(30);
+/// How long a reader waits for an open or a read before it gives up.
+const READ_WAIT: Duration = Duration::from_secs(3);
+/// The protocol a mount of this build speaks.
+const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
+
+pub struct FileClient {
+    pub id: u64,
+    pub home: u64,
+    pub rng: SplitMix64,
+    pub live: Live,
+    pub model: Model,
+    pub trace: Trace,
+    /// Files this client created and may still write.
+    pub mine: Vec<String>,
+    pub seq: u64,
+}
+
+/// Whether a file of `len` bytes is read through one request.
+fn read_len(len: u64) -> u32 {
+    u32::try_from(len.max(1)).unwrap_or(u32::MAX)
+}
+
+impl FileClient {
+    /// The mount session (and request-id client) of this client.
+    fn session(&self) -> u64 {
+        1000 + self.id
+    }
+
+    fn next_id(&mut self) -> RequestId {
+        self.seq += 1;
+        RequestId {
+            client: self.session(),
+            seq: self.seq,
+        }
+    }
+
+    pub async fn run(mut self, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Acquire) {
+            let pause = 50 + self.rng.below(800);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let Some(fs) = self.live.fs(self.home) else {
+                continue;
+            };
+            match self.rng.below(20) {
+                0 if !self.mine.is_empty() => {
+                    let i = self.rng.below(self.mine.len() as u64) as usize;
+                    let name = self.mine.swap_remove(i);
+                    self.unlink(&fs, &name).await;
+                }
+                0..=9 if !self.mine.is_empty() => {
+                    let i = self.rng.below(self.mine.len() as u64) as usize;
+                    let name = self.mine[i].clone();
+                    if !self.write(&fs, &name).await {
+                        self.mine.swap_remove(i);
+                    }
+                }
+                0..=13 => self.create(&fs).await,
+                _ => {
+                    let rng = &mut self.rng;
+                    if let Some((name, ino)) = self.model.some_file(|n| rng.below(n.max(1))) {
+                        self.read(&fs, &name, ino, None).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn create(&mut self, fs: &Arc<FsService>) {
+        let name = format!("f{}-{}", self.id, self.seq + 1);
+        let req = FsRequest::MkNode {
+            id: self.next_id(),
+            parent: ROOT_INO,
+            name: name.clone(),
+            kind: FileKind::File,
+            perm: 0o644,
+            owner: Owner { uid: 0, gid: 0 },
+            rdev: 0,
+            target: None,
+        };
+        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+            Ok(FsResponse::Entry(attr) | FsResponse::EntryAt { attr, .. }) => {
+                self.model.file_created(&name, attr.ino);
+                self.mine.push(name.clone());
+                self.note(format_args!("created {name} (inode {})", attr.ino));
+            }
+            Ok(other) => self.note(format_args!("create {name}: unknown ({other:?})")),
+            Err(_) => self.note(format_args!("create {name}: unknown (timed out)")),
+        }
+    }
+
+    /// Unlinks file `name`: from now on no read picks it, and the end does not check it.
+    async fn unlink(&mut self, fs: &Arc<FsService>, name: &str) {
+        self.model.file(name, false, |h, _| h.unlinked = true);
+        let req = FsRequest::Unlink {
+            id: self.next_id(),
+            parent: ROOT_INO,
+            name: name.to_owned(),
+        };
+        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+            Ok(FsResponse::Done) => self.note(format_args!("unlinked {name}")),
+            Ok(other) => self.note(format_args!("unlink {name}: unknown ({other:?})")),
+            Err(_) => self.note(format_args!("unlink {name}: unknown (timed out)")),
+        }
+    }
+
+    /// Writes file `name` once: an append or an overwrite, of a size that keeps it inline
+    /// or takes it to stripes. False once its outcome is unknown (the file is written no
+    /// more).
+    async fn write(&mut self, fs: &Arc<FsService>, name: &str) -> bool {
+        let Some((ino, len)) = self
+            .model
+            .file(name, false, |h, _| (h.ino, h.newest().len() as u64))
+        else {
+            return false;
+        };
+        let size = match self.rng.below(10) {
+            0..=4 => 1 + self.rng.below(4096),
+            5..=7 => 4096 + self.rng.below(60 << 10),
+            _ => (64 << 10) + self.rng.below(256 << 10),
+        };
+        let offset = if len > 0 && self.rng.below(3) == 0 {
+            self.rng.below(len)
+        } else {
+            len
+        };
+        let mut data = vec![0u8; size as usize];
+        for chunk in data.chunks_mut(8) {
+            let word = self.rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+        self.model
+            .file(name, false, |h, _| h.writing(offset, &data));
+        let req = FsRequest::Write {
+            id: self.next_id(),
+            ino,
+            offset,
+            data,
+        };
+        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+            Ok(FsResponse::Attr(_)) => {
+                self.model.file(name, true, |h, at| h.acked(at));
+                self.note(format_args!("wrote {name}: {size} bytes at {offset}"));
+                true
+            }
+            answer => {
+                self.model.file(name, false, |h, _| h.settled = true);
+                match answer {
+                    Ok(other) => self.note(format_args!("write {name}: unknown ({other:?})")),
+                    Err(_) => self.note(format_args!("write {name}: unknown (timed out)")),
+                }
+                false
+            }
+        }
+    }
+
+    /// Reads file `name` back until a read succeeds (within the liveness bound): it must
+    /// be the newest acknowledged version or newer. False if no read succeeded.
+    pub async fn read_back(&mut self, fs: &Arc<FsService>, name: &str, ino: u64) -> bool {
+        let done = tokio::time::timeout(crate::scenario::LIVENESS, async {
+            while !self.read(fs, name, ino, Some(u64::MAX)).await {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        done.is_ok()
+    }
+
+    /// Opens file `name` (inode `ino`) through this client's node, reads it whole and
+    /// closes it, then checks what it read. `began`: the event the check counts from
+    /// (None: now). False if it could not be read.
+    async fn read(
+        &mut self,
+        fs: &Arc<FsService>,
+        name: &str,
+        ino: u64,
+        began: Option<u64>,
+    ) -> bool {
+        let began = began.unwrap_or_else(|| self.model.event());
+        let handle = self.next_id().seq;
+        let session = self.session();
+        let open = FsRequest::Open {
+            ino,
+            session,
+            handle,
+            synced: false,
+        };
+        let size = match tokio::time::timeout(READ_WAIT, fs.handle(open, None, PROTOCOL)).await {
+            Ok(
+                FsResponse::Opened { attr, .. }
+                | FsResponse::OpenedIn { attr, .. }
+                | FsResponse::Attr(attr),
+            ) => attr.size,
+            Ok(other) => {
+                self.note(format_args!("open {name}: {other:?}"));
+                return false;
+            }
+            Err(_) => return false,
+        };
+        let read = tokio::time::timeout(READ_WAIT, fs.read(ino, 0, read_len(size))).await;
+        let release = FsRequest::Release { session, handle };
+        let _ = fs.handle(release, None, PROTOCOL).await;
+        let bytes: Vec<u8> = match read {
+            Ok(Ok(parts)) => parts.iter().flat_map(|p| p.iter().copied()).collect(),
+            Ok(Err(e)) => {
+                self.note(format_args!("read {name}: failed ({e})"));
+                return false;
+            }
+            Err(_) => return false,
+        };
+        self.note(format_args!("read {name}: {} bytes", bytes.len()));
+        if let Some(v) = self.model.check_file_read(name, began, &bytes, self.home) {
+            self.trace.note(format_args!("VIOLATION {v}"));
+        }
+        true
+    }
+
+    fn note(&self, what: std::fmt::Arguments<'_>) {
+        self.trace.note(format_args!(
+            "file client {} through node {}: {what}",
+            self.id, self.home
+        ));
+    }
+}

@@ -1,7 +1,8 @@
 //! [`Audit`]: what the nodes' shard stores hold against what the metadata says they
 //! should: shards a live stripe is missing on the nodes that run, shards no stripe names
-//! (orphans), and freed stripes whose shards were not deleted yet. With the faults healed,
-//! all three must come to nothing: redundancy is full again and nothing is left behind.
+//! (orphans), freed stripes whose shards were not deleted yet, and inodes with no name
+//! left that were not purged. With the faults healed, all four must come to nothing:
+//! redundancy is full again and nothing is left behind.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,13 +20,18 @@ pub struct Audit {
     pub orphans: Vec<(u64, ShardKey)>,
     /// Stripes freed (no extent names them) whose shards wait to be deleted.
     pub garbage: usize,
+    /// Inodes with no name left (unlinked), not purged yet.
+    pub orphan_inodes: usize,
     /// Live stripes.
     pub stripes: usize,
 }
 
 impl Audit {
     pub fn clean(&self) -> bool {
-        self.missing.is_empty() && self.orphans.is_empty() && self.garbage == 0
+        self.missing.is_empty()
+            && self.orphans.is_empty()
+            && self.garbage == 0
+            && self.orphan_inodes == 0
     }
 
     /// What is wrong, in a line (a few examples of each).
@@ -38,7 +44,7 @@ impl Audit {
             )
         };
         format!(
-            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted",
+            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged",
             self.missing.len(),
             self.stripes,
             few(self
@@ -52,7 +58,8 @@ impl Audit {
                 .iter()
                 .map(|(n, k)| format!("{k} on node {n}"))
                 .collect()),
-            self.garbage
+            self.garbage,
+            self.orphan_inodes
         )
     }
 }
@@ -85,6 +92,7 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
         freed.extend(page.iter().map(|r| r.id.0));
     }
     audit.garbage = freed.len();
+    audit.orphan_inodes = ns.orphans().map_err(|e| e.to_string())?.len();
     let held: BTreeSet<(u128, u8, u64)> = stores
         .iter()
         .flat_map(|(id, store)| {

@@ -173,16 +173,25 @@ impl FileClient {
         }
     }
 
-    /// Reads file `name` back until a read succeeds (within the liveness bound): it must
-    /// be the newest acknowledged version or newer. False if no read succeeded.
-    pub async fn read_back(&mut self, fs: &Arc<FsService>, name: &str, ino: u64) -> bool {
-        let done = tokio::time::timeout(crate::scenario::LIVENESS, async {
-            while !self.read(fs, name, ino, Some(u64::MAX)).await {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+    /// Reads file `name` back until a read succeeds or `deadline` passes (one try at
+    /// least): it must be the newest acknowledged version or newer. False if no read
+    /// succeeded.
+    pub async fn read_back(
+        &mut self,
+        fs: &Arc<FsService>,
+        name: &str,
+        ino: u64,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        loop {
+            if self.read(fs, name, ino, Some(u64::MAX)).await {
+                return true;
             }
-        })
-        .await;
-        done.is_ok()
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Opens file `name` (inode `ino`) through this client's node, reads it whole and

@@ -305,12 +305,20 @@ async fn check_files(id: u64, live: &Live, trace: &Trace, model: &Model) {
         mine: Vec::new(),
         seq: 0,
     };
+    let deadline = tokio::time::Instant::now() + LIVENESS;
+    let mut unread = Vec::new();
     for (name, ino) in model.files() {
-        if !reader.read_back(&fs, &name, ino).await {
-            model.violation(format!(
-                "node {id}: file {name} cannot be read back within {LIVENESS:?} of the cluster healing"
-            ));
+        if !reader.read_back(&fs, &name, ino, deadline).await {
+            unread.push(name);
         }
+    }
+    if !unread.is_empty() {
+        let shown: Vec<&str> = unread.iter().take(8).map(String::as_str).collect();
+        model.violation(format!(
+            "node {id}: {} files cannot be read back within {LIVENESS:?} of the cluster healing: {}",
+            unread.len(),
+            shown.join(" ")
+        ));
     }
 }
 

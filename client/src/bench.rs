@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use shoal_agent_api::{
     AgentClient, DEFAULT_SOCKET, EcProfile, Request, Response, SOCKET_ENV, StripeRecord,
 };
+use shoal_units::parse_size;
 
 #[derive(clap::Args)]
 pub struct BenchOptions {
@@ -299,22 +300,4 @@ fn print_report(r: &Report, o: &BenchOptions) {
         r.mismatches,
         o.records.display()
     );
-}
-
-/// Parses "256MiB", "2GiB", "4096".
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{text:?} is not a size"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        _ => return Err(format!("{text:?}: unknown unit (use KiB, MiB, GiB, TiB)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too large"))
 }

@@ -339,8 +339,8 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             socket,
             json,
         }) => {
-            let d = shoal_agent_api::units::parse_duration(&duration)
-                .map_err(|e| failure::invalid(format!("--for {duration:?}: {e}")))?;
+            let d = shoal_units::parse_duration(&duration)
+                .map_err(|e| failure::invalid(format!("--for: {e}")))?;
             if d.is_zero() {
                 return Err(failure::invalid("--for must be longer than zero"));
             }

@@ -15,7 +15,6 @@ mod maintenance;
 mod status;
 mod stripe;
 mod tier;
-pub mod units;
 
 pub use client::AgentClient;
 pub use error::ApiError;

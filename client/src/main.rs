@@ -10,6 +10,7 @@ mod failure;
 mod maintenance;
 mod mount;
 mod mountinfo;
+mod progress;
 mod repair_bench;
 mod stat;
 mod status;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shoal_mesh::{MeshConfig, TlsConfig};
 use shoal_resource_guard::ResourcesConfig;
+use shoal_units::parse_size;
 
 use crate::AgentError;
 
@@ -114,25 +115,19 @@ impl StorageConfig {
 
     /// `reserve` in bytes.
     pub fn reserve_bytes(&self) -> Result<u64, AgentError> {
-        shoal_resource_guard::parse_bytes(self.reserve.trim()).ok_or_else(|| {
-            invalid(
-                "storage.reserve",
-                format!("{:?} is not a size (\"256MiB\", \"0\")", self.reserve),
-            )
-        })
+        parse_size(&self.reserve).map_err(|e| invalid("storage.reserve", e.to_string()))
     }
 
     /// The fill limit in bytes for a filesystem of `fs_bytes`.
     pub fn limit_bytes(&self, fs_bytes: u64) -> Result<u64, AgentError> {
         let text = self.capacity.trim();
-        let bad = || {
-            invalid(
-                "storage.capacity",
-                format!("{text:?} is neither a size (\"500GiB\") nor a share (\"90%\")"),
-            )
-        };
         if let Some(pct) = text.strip_suffix('%') {
-            let pct: f64 = pct.trim().parse().map_err(|_| bad())?;
+            let pct: f64 = pct.trim().parse().map_err(|_| {
+                invalid(
+                    "storage.capacity",
+                    format!("{text:?} is not a share of the filesystem (\"90%\")"),
+                )
+            })?;
             if !(pct > 0.0 && pct <= 100.0) {
                 return Err(invalid(
                     "storage.capacity",
@@ -141,9 +136,14 @@ impl StorageConfig {
             }
             return Ok((fs_bytes as f64 * pct / 100.0) as u64);
         }
-        shoal_resource_guard::parse_bytes(text)
-            .filter(|b| *b > 0)
-            .ok_or_else(bad)
+        match parse_size(text) {
+            Ok(0) => Err(invalid("storage.capacity", "must be above 0")),
+            Ok(bytes) => Ok(bytes),
+            Err(e) => Err(invalid(
+                "storage.capacity",
+                format!("{e}; or a share of the filesystem (\"90%\")"),
+            )),
+        }
     }
 }
 
@@ -209,17 +209,7 @@ impl Default for ScrubConfig {
 impl ScrubConfig {
     /// `max_rate` in bytes per second.
     pub fn max_rate_bytes(&self) -> Result<u64, AgentError> {
-        shoal_resource_guard::parse_bytes(self.max_rate.trim())
-            .filter(|b| *b > 0)
-            .ok_or_else(|| {
-                invalid(
-                    "scrub.max_rate",
-                    format!(
-                        "{:?} is not a size above 0 (bytes a second: \"32MiB\")",
-                        self.max_rate
-                    ),
-                )
-            })
+        rate_bytes("scrub.max_rate", &self.max_rate)
     }
 }
 
@@ -256,29 +246,28 @@ impl Default for BackgroundConfig {
 impl BackgroundConfig {
     /// (`rate`, `repair_floor`) in bytes per second.
     pub fn rates(&self) -> Result<(u64, u64), AgentError> {
-        let rate = |key: &'static str, text: &str| {
-            shoal_resource_guard::parse_bytes(text.trim())
-                .filter(|b| *b > 0)
-                .ok_or_else(|| {
-                    invalid(
-                        key,
-                        format!("{text:?} is not a size above 0 (bytes a second: \"64MiB\")"),
-                    )
-                })
-        };
         Ok((
-            rate("background.rate", &self.rate)?,
-            rate("background.repair_floor", &self.repair_floor)?,
+            rate_bytes("background.rate", &self.rate)?,
+            rate_bytes("background.repair_floor", &self.repair_floor)?,
         ))
     }
 }
 
-/// Durations written as text ("10m", "14d", "30s"; see `shoal_agent_api::units`).
+/// A rate in bytes a second, written as a size ("64MiB"), above 0.
+fn rate_bytes(key: &'static str, text: &str) -> Result<u64, AgentError> {
+    match parse_size(text) {
+        Ok(0) => Err(invalid(key, "must be above 0 (bytes a second)")),
+        Ok(bytes) => Ok(bytes),
+        Err(e) => Err(invalid(key, format!("{e} (bytes a second)"))),
+    }
+}
+
+/// Durations written as text ("10m", "14d", "30s"; see `shoal_units::parse_duration`).
 pub(crate) mod duration_text {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
-    use shoal_agent_api::units::{format_duration, parse_duration};
+    use shoal_units::{format_duration, parse_duration};
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format_duration(*d))
@@ -633,6 +622,28 @@ cluster_key = "/etc/shoal/tls/cluster.key"
             key_of(c.validate_values()).as_deref(),
             Some("background.rate")
         );
+    }
+
+    #[test]
+    fn every_size_key_reads_the_one_size_grammar() {
+        let mut c = AgentConfig::parse(MINIMAL).expect("parse");
+        c.storage.reserve = "1.5MiB".into();
+        c.storage.capacity = "2GB".into();
+        c.scrub.max_rate = "0.5GiB".into();
+        c.background.rate = "512M".into();
+        assert_eq!(c.storage.reserve_bytes().ok(), Some(3 << 19));
+        assert_eq!(c.storage.limit_bytes(1 << 40).ok(), Some(2_000_000_000));
+        assert_eq!(c.scrub.max_rate_bytes().ok(), Some(1 << 29));
+        assert_eq!(c.background.rates().ok(), Some((512 << 20, 64 << 20)));
+        c.background.repair_floor = "8 parsecs".into();
+        match c.validate_values() {
+            Err(AgentError::ConfigValue { key, reason }) => {
+                assert_eq!(key, "background.repair_floor");
+                assert!(reason.contains("\"8 parsecs\" is not a size"), "{reason}");
+                assert!(reason.contains("KiB, MiB, GiB"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

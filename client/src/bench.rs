@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 use shoal_agent_api::{
     AgentClient, DEFAULT_SOCKET, EcProfile, Request, Response, SOCKET_ENV, StripeRecord,
 };
+use shoal_units::parse_size;
+
+use crate::progress;
 
 #[derive(clap::Args)]
 pub struct BenchOptions {
@@ -178,10 +181,11 @@ async fn write_phase(
     count: usize,
 ) -> anyhow::Result<(Vec<StripeRecord>, Phase)> {
     let started = Instant::now();
+    let bar = progress::count_on_stderr(count as u64, "stripes").with_prefix("write ");
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..o.writers {
         let socket = o.socket.clone();
-        let (ec, writers) = (o.ec, o.writers);
+        let (ec, writers, bar) = (o.ec, o.writers, bar.clone());
         tasks.spawn(async move {
             let mut client = AgentClient::connect(&socket).await?;
             let mut out = Vec::new();
@@ -190,6 +194,7 @@ async fn write_phase(
                 let t = Instant::now();
                 let res = client.call(&Request::WriteStripe { data, ec }).await?;
                 out.push((i, t.elapsed(), res));
+                bar.inc(1);
             }
             anyhow::Ok(out)
         });
@@ -197,7 +202,9 @@ async fn write_phase(
     let mut records: Vec<Option<StripeRecord>> = vec![None; count];
     let mut lat = Vec::new();
     let mut errors = 0;
-    for res in tasks.join_all().await {
+    let results = tasks.join_all().await;
+    bar.finish_and_clear();
+    for res in results {
         for (i, took, resp) in res? {
             match resp.into_result() {
                 Ok(Response::StripeWritten(r)) => {
@@ -223,9 +230,10 @@ async fn read_phase(o: &BenchOptions, file: &RecordFile) -> anyhow::Result<(Phas
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let stripes = std::sync::Arc::new(file.stripes.clone());
+    let bar = progress::count_on_stderr(stripes.len() as u64, "stripes").with_prefix("read  ");
     for w in 0..o.writers {
         let socket = o.socket.clone();
-        let (stripes, writers, seed) = (stripes.clone(), o.writers, file.seed);
+        let (stripes, writers, seed, bar) = (stripes.clone(), o.writers, file.seed, bar.clone());
         tasks.spawn(async move {
             let mut client = AgentClient::connect(&socket).await?;
             let mut out = Vec::new();
@@ -247,12 +255,15 @@ async fn read_phase(o: &BenchOptions, file: &RecordFile) -> anyhow::Result<(Phas
                     Ok(other) => Err(format!("unexpected answer {other:?}")),
                 };
                 out.push((took, outcome));
+                bar.inc(1);
             }
             anyhow::Ok(out)
         });
     }
     let (mut lat, mut errors, mut decoded, mut mismatches, mut bytes) = (Vec::new(), 0, 0, 0, 0u64);
-    for res in tasks.join_all().await {
+    let results = tasks.join_all().await;
+    bar.finish_and_clear();
+    for res in results {
         for (took, outcome) in res? {
             match outcome {
                 Ok((dec, same)) => {
@@ -299,22 +310,4 @@ fn print_report(r: &Report, o: &BenchOptions) {
         r.mismatches,
         o.records.display()
     );
-}
-
-/// Parses "256MiB", "2GiB", "4096".
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{text:?} is not a size"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        _ => return Err(format!("{text:?}: unknown unit (use KiB, MiB, GiB, TiB)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too large"))
 }

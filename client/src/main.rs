@@ -10,6 +10,7 @@ mod failure;
 mod maintenance;
 mod mount;
 mod mountinfo;
+mod progress;
 mod repair_bench;
 mod stat;
 mod status;
@@ -339,8 +340,8 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             socket,
             json,
         }) => {
-            let d = shoal_agent_api::units::parse_duration(&duration)
-                .map_err(|e| failure::invalid(format!("--for {duration:?}: {e}")))?;
+            let d = shoal_units::parse_duration(&duration)
+                .map_err(|e| failure::invalid(format!("--for: {e}")))?;
             if d.is_zero() {
                 return Err(failure::invalid("--for must be longer than zero"));
             }

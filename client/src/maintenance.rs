@@ -1,16 +1,17 @@
 //! Maintenance commands: `shoal ok-to-stop`, `drain`, `undrain`, `remove`,
 //! `maintenance enter/exit`.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use indicatif::ProgressBar;
 use shoal_agent_api::{
     AgentClient, ApiError, DEFAULT_SOCKET, DrainPlan, DrainProgress, Failure, FailureKind,
     OkToStopNodes, Request, Response, SOCKET_ENV,
 };
 
 use crate::failure::{invalid, not_found};
+use crate::progress;
 use crate::status::{bytes, span};
 
 /// One request to the local agent, on a runtime of its own; the agent's failure as an
@@ -109,11 +110,16 @@ fn drain_status(socket: &Path, node: Option<String>) -> anyhow::Result<Vec<Drain
     }
 }
 
-/// Polls the drain of `node` until it is drained: a bar redrawn in place on a terminal,
-/// a plain line every 5 s otherwise.
+/// Polls the drain of `node` until it is drained: an indicatif bar on a terminal, a plain
+/// line every 5 s otherwise.
 fn wait_drained(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
-    let tty = std::io::stdout().is_terminal() && !json;
-    let mut last_line = Instant::now() - Duration::from_secs(60);
+    let bar = if json {
+        ProgressBar::hidden()
+    } else {
+        progress::bar(1)
+    };
+    let plain = !json && bar.is_hidden();
+    let mut lines = progress::Plain::every(Duration::from_secs(5));
     loop {
         let drains = drain_status(socket, Some(node.to_owned()))?;
         let Some(d) = drains.into_iter().next() else {
@@ -123,17 +129,18 @@ fn wait_drained(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
             "drained" => {
                 if json {
                     println!("{}", serde_json::to_string_pretty(&d)?);
-                } else {
-                    if tty {
-                        println!();
-                    }
+                } else if plain {
                     println!("{}", progress_line(&d));
+                } else {
+                    show_on_bar(&bar, &d);
+                    bar.finish();
                 }
                 return Ok(());
             }
             "draining" => {}
             // Undrained meanwhile: a drain that cannot finish.
             other => {
+                bar.abandon();
                 return Err(Failure::new(
                     FailureKind::Refused,
                     format!("the drain of {node} ended: the node is {other} now"),
@@ -141,42 +148,59 @@ fn wait_drained(socket: &Path, node: &str, json: bool) -> anyhow::Result<()> {
                 .into());
             }
         }
-        if tty {
-            print!("\r\x1b[2K{}", progress_line(&d));
-            use std::io::Write;
-            std::io::stdout().flush()?;
-        } else if !json && last_line.elapsed() >= Duration::from_secs(5) {
-            println!("{}", progress_line(&d));
-            last_line = Instant::now();
+        if plain {
+            if lines.due() {
+                println!("{}", progress_line(&d));
+            }
+        } else {
+            show_on_bar(&bar, &d);
         }
         std::thread::sleep(Duration::from_secs(1));
     }
 }
 
-/// `name: [#####.....] 12/40 stripes, 1.2 GiB/4.0 GiB moved, 80 MiB/s, ETA 35s`.
-fn progress_line(d: &DrainProgress) -> String {
-    const WIDTH: usize = 24;
+/// The drain on the bar: bytes moved of the total, the figures beside it.
+fn show_on_bar(bar: &ProgressBar, d: &DrainProgress) {
+    let moved = d.bytes_total.saturating_sub(d.bytes_left);
+    // An empty drain is a full bar.
+    bar.set_length(d.bytes_total.max(1));
+    bar.set_position(if d.bytes_total == 0 { 1 } else { moved });
+    bar.set_prefix(format!("{}: ", drain_who(d)));
+    bar.set_message(drain_figures(d));
+}
+
+/// The node as people know it: its name, else its id.
+fn drain_who(d: &DrainProgress) -> &str {
+    if d.name.is_empty() { &d.node } else { &d.name }
+}
+
+/// `12/40 stripes, 1.2GiB/4.0GiB moved, 80.0MiB/s, ETA 35s`.
+fn drain_figures(d: &DrainProgress) -> String {
     let moved_b = d.bytes_total.saturating_sub(d.bytes_left);
     let moved_s = d.stripes_total.saturating_sub(d.stripes_left);
-    let done = if d.bytes_total == 0 {
-        WIDTH
-    } else {
-        (moved_b as f64 / d.bytes_total as f64 * WIDTH as f64) as usize
-    };
-    let who = if d.name.is_empty() { &d.node } else { &d.name };
     let eta = match (d.state.as_str(), d.eta_seconds) {
         ("drained", _) => "drained".to_owned(),
         (_, Some(s)) => format!("ETA {}", span(s * 1000)),
         (_, None) => "ETA -".to_owned(),
     };
     format!(
-        "{who}: [{}{}] {moved_s}/{} stripes, {}/{} moved, {}/s, {eta}",
-        "#".repeat(done.min(WIDTH)),
-        ".".repeat(WIDTH - done.min(WIDTH)),
+        "{moved_s}/{} stripes, {}/{} moved, {}/s, {eta}",
         d.stripes_total,
         bytes(moved_b),
         bytes(d.bytes_total),
         bytes(d.bytes_per_sec),
+    )
+}
+
+/// One line for `drain status` and for `--wait` off a terminal:
+/// `name: 30%, 12/40 stripes, 1.2GiB/4.0GiB moved, 80.0MiB/s, ETA 35s`.
+fn progress_line(d: &DrainProgress) -> String {
+    let moved = d.bytes_total.saturating_sub(d.bytes_left);
+    format!(
+        "{}: {}%, {}",
+        drain_who(d),
+        progress::percent(moved, d.bytes_total),
+        drain_figures(d)
     )
 }
 
@@ -476,11 +500,72 @@ mod tests {
             running_ms: 10_000,
         };
         let line = progress_line(&d);
-        assert!(
-            line.starts_with("gpu07: [######.................."),
-            "{line}"
-        );
+        assert!(line.starts_with("gpu07: 25%, "), "{line}");
         assert!(line.contains("10/40 stripes"), "{line}");
         assert!(line.contains("ETA 30s"), "{line}");
+    }
+
+    /// An agent whose drain of gpu07 moves 10 MiB of 40 a poll, then says drained (or
+    /// undrained, when `undrain_at` is reached first).
+    async fn draining_agent(listener: tokio::net::UnixListener, undrain_at: u64) {
+        use shoal_agent_api::frame::{read_frame, write_frame};
+        let mut polls = 0u64;
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let Ok(Some(Request::DrainStatus { .. })) = read_frame(&mut stream).await else {
+                continue;
+            };
+            polls += 1;
+            let left = 40u64.saturating_sub(polls * 10);
+            let state = match (left, polls >= undrain_at) {
+                (_, true) => "active",
+                (0, _) => "drained",
+                _ => "draining",
+            };
+            let d = DrainProgress {
+                node: "00000000000000a1".into(),
+                name: "gpu07".into(),
+                state: state.into(),
+                stripes_total: 40,
+                bytes_total: 40 << 20,
+                stripes_left: left,
+                bytes_left: left << 20,
+                bytes_per_sec: 10 << 20,
+                eta_seconds: Some(left / 10),
+                running_ms: polls * 1000,
+            };
+            let _ = write_frame(&mut stream, &Response::Drains(vec![d])).await;
+        }
+    }
+
+    fn serve_draining_agent(rt: &tokio::runtime::Runtime, undrain_at: u64) -> PathBuf {
+        let socket = std::env::temp_dir().join(format!(
+            "shoal-draining-agent-{undrain_at}-{}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&socket);
+        let listener = rt
+            .block_on(async { tokio::net::UnixListener::bind(&socket) })
+            .expect("bind");
+        rt.spawn(draining_agent(listener, undrain_at));
+        socket
+    }
+
+    /// `drain --wait` follows the drain to its end (on a terminal as a bar, here as plain
+    /// lines), and a drain undone meanwhile is a refusal (exit 1).
+    #[test]
+    fn waiting_on_a_drain_follows_it_to_the_end_or_its_undoing() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let socket = serve_draining_agent(&rt, u64::MAX);
+        wait_drained(&socket, "gpu07", false).expect("drained");
+        let _ = std::fs::remove_file(&socket);
+        let socket = serve_draining_agent(&rt, 2);
+        let e = wait_drained(&socket, "gpu07", false).expect_err("undrained");
+        let f = crate::failure::failure_of(&e);
+        assert_eq!(f.kind, FailureKind::Refused, "{e}");
+        assert!(f.message.contains("the node is active now"), "{e}");
+        let _ = std::fs::remove_file(&socket);
     }
 }

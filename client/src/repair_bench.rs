@@ -16,8 +16,9 @@ use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use serde::Serialize;
 use shoal_agent_api::{AgentClient, Request, Response, StatusReport};
+use shoal_units::parse_size;
 
-use crate::bench::{content, parse_size};
+use crate::bench::content;
 use crate::dev_cluster::{self, UpOptions};
 
 #[derive(clap::Args)]

@@ -3,6 +3,8 @@
 use std::fmt::Write;
 
 use shoal_agent_api::{MemberStatus, StatusReport};
+/// Bytes for people, in binary units with one decimal ("1.5KiB").
+pub use shoal_units::format_size as bytes;
 
 pub fn render_table(report: &StatusReport) -> String {
     let header = [
@@ -331,22 +333,6 @@ fn row(n: &MemberStatus) -> [String; 11] {
         heard,
         rtt,
     ]
-}
-
-/// Bytes in binary units, one decimal.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n}B")
-    } else {
-        format!("{v:.1}{}", UNITS[unit])
-    }
 }
 
 #[cfg(test)]

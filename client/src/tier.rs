@@ -1,16 +1,16 @@
 //! `shoal tier ...`: the cold tier's state, and sending paths to it or bringing them back.
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use shoal_agent_api::{DEFAULT_SOCKET, Ino, Request, Response, SOCKET_ENV, TierMoved, TierReport};
 
 use crate::maintenance::call;
+use crate::progress;
 use crate::stat::on_fuse;
 
 #[derive(Subcommand)]
@@ -131,13 +131,13 @@ pub fn run(cmd: TierCmd) -> anyhow::Result<()> {
 }
 
 /// Sends the prefetch and, until it answers, shows its progress from the agent's status:
-/// a bar redrawn in place on a terminal, a plain line every 5 s otherwise.
+/// an indicatif bar on a terminal, a plain line every 5 s otherwise.
 fn prefetch_with_progress(socket: &Path, request: Request) -> anyhow::Result<Response> {
     let sock = socket.to_owned();
     let worker = std::thread::spawn(move || call(&sock, request));
-    let tty = std::io::stdout().is_terminal();
-    let mut last_line = Instant::now();
-    let mut drew = false;
+    let bar = progress::bar(1);
+    let mut lines = progress::Plain::every(Duration::from_secs(5));
+    let mut shown = false;
     while !worker.is_finished() {
         std::thread::sleep(Duration::from_millis(500));
         let Ok(Response::Tier(r)) = call(socket, Request::TierStatus) else {
@@ -146,43 +146,47 @@ fn prefetch_with_progress(socket: &Path, request: Request) -> anyhow::Result<Res
         if r.prefetch_bytes_total == 0 {
             continue;
         }
-        if tty {
-            print!("\r\x1b[2K{}", progress_line(&r));
-            std::io::stdout().flush()?;
-            drew = true;
-        } else if last_line.elapsed() >= Duration::from_secs(5) {
-            println!("{}", progress_line(&r));
-            last_line = Instant::now();
+        if bar.is_hidden() {
+            if lines.due() {
+                println!("{}", progress_line(&r));
+            }
+        } else {
+            bar.set_length(r.prefetch_bytes_total);
+            bar.set_position(r.prefetch_bytes_done);
+            bar.set_message(prefetch_figures(&r));
+            shown = true;
         }
     }
-    if drew {
-        println!();
+    // Left as last drawn: the answer's summary follows on the next line.
+    if shown {
+        bar.abandon();
     }
     worker
         .join()
         .map_err(|_| anyhow::anyhow!("the prefetch request panicked"))?
 }
 
-/// `[#####.....] 3/10 files, 96.0 MiB/320.0 MiB warmed, 80.0 MiB/s, ETA 3s`.
-fn progress_line(r: &TierReport) -> String {
-    const WIDTH: usize = 24;
-    let share = r.prefetch_bytes_done as f64 / r.prefetch_bytes_total.max(1) as f64;
-    let done = ((share * WIDTH as f64) as usize).min(WIDTH);
+/// `3/10 files, 96.0 MiB/320.0 MiB warmed, 80.0 MiB/s, ETA 3s`.
+fn prefetch_figures(r: &TierReport) -> String {
     let left = r.prefetch_bytes_total.saturating_sub(r.prefetch_bytes_done);
     let eta = match r.prefetch_bytes_per_sec {
         0 => "ETA -".to_owned(),
         rate => format!("ETA {}s", left.div_ceil(rate)),
     };
     format!(
-        "[{}{}] {}/{} files, {}/{} warmed, {}/s, {eta}",
-        "#".repeat(done),
-        ".".repeat(WIDTH - done),
+        "{}/{} files, {}/{} warmed, {}/s, {eta}",
         r.prefetch_files_done,
         r.prefetch_files_total,
         mib(r.prefetch_bytes_done),
         mib(r.prefetch_bytes_total),
         mib(r.prefetch_bytes_per_sec),
     )
+}
+
+/// Off a terminal: `25%, 3/10 files, 96.0 MiB/320.0 MiB warmed, 80.0 MiB/s, ETA 3s`.
+fn progress_line(r: &TierReport) -> String {
+    let share = progress::percent(r.prefetch_bytes_done, r.prefetch_bytes_total);
+    format!("{share}%, {}", prefetch_figures(r))
 }
 
 fn pin(path: &Path, socket: &Path, pinned: bool) -> anyhow::Result<()> {
@@ -295,7 +299,7 @@ mod tests {
             ..TierReport::default()
         };
         let line = progress_line(&r);
-        assert!(line.starts_with("[######..................]"), "{line}");
+        assert!(line.starts_with("25%, "), "{line}");
         assert!(line.contains("3/10 files"), "{line}");
         assert!(line.contains("80.0 MiB/320.0 MiB warmed"), "{line}");
         assert!(line.contains("80.0 MiB/s, ETA 3s"), "{line}");
@@ -319,5 +323,62 @@ mod tests {
             text.contains("last error the object store is unavailable"),
             "{text}"
         );
+    }
+
+    /// An agent that answers a prefetch after `after`, and its status with the prefetch
+    /// half done meanwhile.
+    async fn prefetching_agent(listener: tokio::net::UnixListener, after: Duration) {
+        use shoal_agent_api::frame::{read_frame, write_frame};
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let answer = match read_frame(&mut stream).await {
+                    Ok(Some(Request::TierPrefetch { .. })) => {
+                        tokio::time::sleep(after).await;
+                        Response::TierMoved(TierMoved {
+                            files: 2,
+                            stripes: 4,
+                            bytes: 16 << 20,
+                            millis: 1500,
+                        })
+                    }
+                    Ok(Some(Request::TierStatus)) => Response::Tier(Box::new(TierReport {
+                        prefetch_files_total: 2,
+                        prefetch_files_done: 1,
+                        prefetch_bytes_total: 16 << 20,
+                        prefetch_bytes_done: 8 << 20,
+                        prefetch_bytes_per_sec: 8 << 20,
+                        ..TierReport::default()
+                    })),
+                    _ => return,
+                };
+                let _ = write_frame(&mut stream, &answer).await;
+            });
+        }
+    }
+
+    /// `tier prefetch --wait` shows progress while the prefetch runs (on a terminal as a
+    /// bar, here as plain lines) and returns the agent's answer.
+    #[test]
+    fn a_prefetch_is_followed_until_the_agent_answers() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let socket =
+            std::env::temp_dir().join(format!("shoal-prefetching-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let listener = rt
+            .block_on(async { tokio::net::UnixListener::bind(&socket) })
+            .expect("bind");
+        rt.spawn(prefetching_agent(listener, Duration::from_millis(1500)));
+        let request = Request::TierPrefetch {
+            inos: vec![2, 3],
+            wait: true,
+        };
+        match prefetch_with_progress(&socket, request).expect("answered") {
+            Response::TierMoved(m) => assert_eq!((m.files, m.bytes), (2, 16 << 20)),
+            other => panic!("{other:?}"),
+        }
+        let _ = std::fs::remove_file(&socket);
     }
 }

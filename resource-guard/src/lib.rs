@@ -16,23 +16,23 @@
 
 pub mod cgroup;
 mod config;
+mod cpu_list;
 mod error;
 mod governor;
 mod gpu;
 mod guard;
 mod inventory;
 mod plan;
-mod units;
 
 pub use cgroup::fake::FakeCgroupV2;
 pub use cgroup::v1::CgroupV1;
 pub use cgroup::v2::CgroupV2;
 pub use cgroup::{CgroupFs, CgroupLimits, CgroupUsage, CgroupVersion, contract, detect};
 pub use config::{Enforcement, ResourcesConfig};
+pub use cpu_list::CpuList;
 pub use error::GuardError;
 pub use governor::{Budget, Governor, GovernorConfig, WorkClass};
 pub use gpu::{FakeGpu, GpuProbe, GpuSample, NvmlProbe, no_gpu};
 pub use guard::{AppliedGuard, apply};
 pub use inventory::MachineInventory;
 pub use plan::{Reservation, plan};
-pub use units::{CpuList, format_bytes, parse_bytes};

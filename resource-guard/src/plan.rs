@@ -2,7 +2,9 @@
 //! names the key and the machine's actual figure.
 
 use crate::cgroup::CgroupLimits;
-use crate::{CpuList, GuardError, MachineInventory, ResourcesConfig, format_bytes, parse_bytes};
+use shoal_units::{format_size, parse_size};
+
+use crate::{CpuList, GuardError, MachineInventory, ResourcesConfig};
 
 /// CFS period used for a CPU quota.
 const CFS_PERIOD_US: u64 = 100_000;
@@ -124,24 +126,21 @@ fn plan_cpu(
 
 /// The reserved memory: at least 64 MiB, at most what the machine has.
 fn plan_memory(config: &ResourcesConfig, machine: &MachineInventory) -> Result<u64, GuardError> {
-    let memory_bytes = parse_bytes(&config.memory)
-        .filter(|m| *m >= 64 << 20)
-        .ok_or_else(|| {
-            invalid(
-                "resources.memory",
-                format!(
-                    "{:?} is not a size of at least 64MiB (e.g. \"8GiB\")",
-                    config.memory
-                ),
-            )
-        })?;
+    let memory_bytes =
+        parse_size(&config.memory).map_err(|e| invalid("resources.memory", e.to_string()))?;
+    if memory_bytes < 64 << 20 {
+        return Err(invalid(
+            "resources.memory",
+            format!("{:?} is less than 64MiB", config.memory),
+        ));
+    }
     if memory_bytes > machine.memory_bytes {
         return Err(invalid(
             "resources.memory",
             format!(
                 "{} is more than this machine's {}",
-                format_bytes(memory_bytes),
-                format_bytes(machine.memory_bytes)
+                format_size(memory_bytes),
+                format_size(machine.memory_bytes)
             ),
         ));
     }
@@ -162,15 +161,8 @@ fn check_training_floor(
             "must be 0 or more".into(),
         ));
     }
-    let min_free_memory = parse_bytes(&config.min_free_memory).ok_or_else(|| {
-        invalid(
-            "resources.min_free_memory",
-            format!(
-                "{:?} is not a size (e.g. \"16GiB\")",
-                config.min_free_memory
-            ),
-        )
-    })?;
+    let min_free_memory = parse_size(&config.min_free_memory)
+        .map_err(|e| invalid("resources.min_free_memory", e.to_string()))?;
     let training_cores = machine_cores - cores;
     if training_cores < config.min_free_cores {
         return Err(invalid(
@@ -187,10 +179,10 @@ fn check_training_floor(
             "resources.min_free_memory",
             format!(
                 "reserving {} of this machine's {} leaves {} for training, below the floor of {}",
-                format_bytes(memory_bytes),
-                format_bytes(machine.memory_bytes),
-                format_bytes(training_memory_bytes),
-                format_bytes(min_free_memory)
+                format_size(memory_bytes),
+                format_size(machine.memory_bytes),
+                format_size(training_memory_bytes),
+                format_size(min_free_memory)
             ),
         ));
     }
@@ -311,6 +303,10 @@ mod tests {
     fn bad_sizes_and_names_are_refused() {
         let mut c = config();
         c.memory = "lots".into();
+        let (key, reason) = refused_key(&c);
+        assert_eq!(key, "resources.memory");
+        assert!(reason.contains("\"lots\" is not a size"), "{reason}");
+        c.memory = "32MiB".into();
         assert_eq!(refused_key(&c).0, "resources.memory");
         let mut c = config();
         c.cgroup = "../escape".into();

@@ -15,7 +15,6 @@ mod maintenance;
 mod status;
 mod stripe;
 mod tier;
-pub mod units;
 pub mod wall_clock;
 
 pub use client::AgentClient;

@@ -125,8 +125,8 @@ impl TieringConfig {
         if t == "off" {
             return Ok(None);
         }
-        let d = shoal_agent_api::units::parse_duration(t)
-            .map_err(|e| invalid("tiering.cold_after", format!("{e}, or \"off\"")))?;
+        let d = shoal_units::parse_duration(t)
+            .map_err(|e| invalid("tiering.cold_after", format!("{e}; or \"off\"")))?;
         if d.is_zero() {
             return Err(invalid(
                 "tiering.cold_after",
@@ -137,12 +137,8 @@ impl TieringConfig {
     }
 
     pub fn object_size_bytes(&self) -> Result<u64, AgentError> {
-        let n = shoal_resource_guard::parse_bytes(self.object_size.trim()).ok_or_else(|| {
-            invalid(
-                "tiering.object_size",
-                format!("{:?} is not a size (\"16MiB\")", self.object_size),
-            )
-        })?;
+        let n = shoal_units::parse_size(&self.object_size)
+            .map_err(|e| invalid("tiering.object_size", e.to_string()))?;
         if !(1 << 20..=1 << 30).contains(&n) {
             return Err(invalid(
                 "tiering.object_size",

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use shoal_agent_api::WorkerStatus;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::AgentError;
@@ -54,18 +54,6 @@ pub trait Worker: Send + 'static {
     }
 }
 
-/// Tells workers to stop; cheap to clone.
-#[derive(Clone)]
-pub struct Cancel(watch::Receiver<bool>);
-
-impl Cancel {
-    /// Resolves once stopping was asked for.
-    pub async fn cancelled(&mut self) {
-        // An error means the sender is gone: stop as well.
-        let _ = self.0.wait_for(|stop| *stop).await;
-    }
-}
-
 /// The state of one worker as status shows it.
 #[derive(Clone, Debug)]
 struct Shared {
@@ -86,17 +74,17 @@ struct Running {
 }
 
 /// Every worker of this node: started through [`Workers::spawn`], stopped together.
+#[derive(Default)]
 pub struct Workers {
-    stop: watch::Sender<bool>,
+    /// Cancelled by [`Workers::stop`], or when the `Workers` is dropped.
+    stop: CancellationToken,
     running: Mutex<Vec<Running>>,
 }
 
-impl Default for Workers {
-    fn default() -> Self {
-        Workers {
-            stop: watch::channel(false).0,
-            running: Mutex::new(Vec::new()),
-        }
+impl Drop for Workers {
+    /// Workers left running stop as well: they must not outlive what they work on.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
@@ -112,8 +100,7 @@ impl Workers {
             progress: None,
             last_error: None,
         }));
-        let cancel = Cancel(self.stop.subscribe());
-        let task = tokio::spawn(run(worker, cancel, shared.clone()));
+        let task = tokio::spawn(run(worker, self.stop.clone(), shared.clone()));
         lock(&self.running).push(Running {
             name,
             shared,
@@ -144,7 +131,7 @@ impl Workers {
     /// Stops every worker, the last started first, each given [`STOP_WAIT`] to finish its
     /// unit of work before it is aborted.
     pub async fn stop(&self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         let tasks: Vec<(&'static str, JoinHandle<()>)> = lock(&self.running)
             .iter_mut()
             .rev()
@@ -160,7 +147,7 @@ impl Workers {
 }
 
 /// Runs one worker until it is done or cancelled.
-async fn run<W: Worker>(mut worker: W, mut cancel: Cancel, shared: Arc<Mutex<Shared>>) {
+async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mutex<Shared>>) {
     let name = worker.name();
     loop {
         {
@@ -273,6 +260,27 @@ mod tests {
         async fn wait_for_work(&mut self) {}
     }
 
+    /// Stuck in its unit; says when its task let go of it.
+    struct StuckUntilDropped(Option<tokio::sync::oneshot::Sender<()>>);
+
+    impl Drop for StuckUntilDropped {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+
+    impl Worker for StuckUntilDropped {
+        fn name(&self) -> &'static str {
+            "stuck"
+        }
+        async fn work(&mut self) -> Result<Step, AgentError> {
+            std::future::pending().await
+        }
+        async fn wait_for_work(&mut self) {}
+    }
+
     #[tokio::test]
     async fn a_worker_runs_to_done_and_keeps_its_last_error() {
         let workers = Workers::default();
@@ -311,5 +319,17 @@ mod tests {
             .await
             .expect("stopped at once");
         assert_eq!(workers.status()[0].state, "stopped");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_workers_stops_them_too() {
+        let workers = Workers::default();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        workers.spawn(StuckUntilDropped(Some(tx)));
+        drop(workers);
+        tokio::time::timeout(Duration::from_secs(2), rx)
+            .await
+            .expect("the worker's task ended")
+            .expect("the worker was dropped");
     }
 }

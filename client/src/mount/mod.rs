@@ -29,9 +29,7 @@ use anyhow::{Context, bail};
 use shoal_agent_api::{
     DEFAULT_SOCKET, Failure, FsRequest, FsResponse, MAX_DIR_PAGE, Request, Response, SOCKET_ENV,
 };
-
-use crate::bench::parse_size;
-use shoal_agent_api::units::parse_duration;
+use shoal_units::{parse_duration, parse_size};
 
 pub use fstab::{helper_main, is_mount_helper};
 
@@ -320,5 +318,36 @@ mod tests {
             let a = Cli::try_parse_from(args).expect("parse").args;
             assert!(a.validate().is_err(), "{bad:?} accepted");
         }
+    }
+
+    /// Size and duration flags read the config file's grammar (`shoal_units`), decimals and
+    /// the KB family included, and name the value they refuse.
+    #[test]
+    fn size_and_duration_flags_read_the_config_grammar() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: MountArgs,
+        }
+        let args = [
+            "shoal",
+            "/mnt/x",
+            "--write-buffer",
+            "1.5GiB",
+            "--read-ahead",
+            "2MB",
+            "--retry-for",
+            "10min",
+        ];
+        let a = Cli::try_parse_from(args).expect("parse").args;
+        assert_eq!(a.write_buffer, 3 << 29);
+        assert_eq!(a.read_ahead, 2_000_000);
+        assert_eq!(a.retry_for, Duration::from_secs(600));
+        let err = Cli::try_parse_from(["shoal", "/mnt/x", "--write-buffer", "1.5 parsecs"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("\"1.5 parsecs\" is not a size"), "{err}");
     }
 }

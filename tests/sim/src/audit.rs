@@ -24,6 +24,11 @@ pub struct Audit {
     pub orphan_inodes: usize,
     /// Live stripes.
     pub stripes: usize,
+    /// The first stripe with shards missing, slot by slot: "index@node" and whether a
+    /// running node holds it.
+    pub first_missing: Option<String>,
+    /// The layout's nodes and their states.
+    pub layout: String,
 }
 
 impl Audit {
@@ -44,7 +49,7 @@ impl Audit {
             )
         };
         format!(
-            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged",
+            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}",
             self.missing.len(),
             self.stripes,
             few(self
@@ -59,7 +64,9 @@ impl Audit {
                 .map(|(n, k)| format!("{k} on node {n}"))
                 .collect()),
             self.garbage,
-            self.orphan_inodes
+            self.orphan_inodes,
+            self.first_missing.as_deref().unwrap_or("none"),
+            self.layout
         )
     }
 }
@@ -71,6 +78,7 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
     let mut audit = Audit::default();
     // Where each shard should be: (stripe, index) → node.
     let mut expected: BTreeMap<(u128, u8), u64> = BTreeMap::new();
+    let mut records = Vec::new();
     let mut after = None;
     loop {
         let page = ns.stripes(after, 512).map_err(|e| e.to_string())?;
@@ -82,6 +90,15 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
                 expected.insert((record.id.0, s.index), s.node.0);
             }
         }
+        records.extend(page);
+    }
+    if let Ok(Some(layout)) = ns.cluster_layout() {
+        audit.layout = layout
+            .nodes()
+            .iter()
+            .map(|n| format!("{}:{:?}", n.id.0, n.state))
+            .collect::<Vec<_>>()
+            .join(" ");
     }
     let mut freed: BTreeSet<u128> = BTreeSet::new();
     let mut after = None;
@@ -107,6 +124,27 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
             audit.missing.push((StripeId(stripe), index, NodeId(node)));
         }
     }
+    audit.first_missing = audit.missing.first().and_then(|(id, _, _)| {
+        let record = records.iter().find(|r| r.id == *id)?;
+        let slots: Vec<String> = record
+            .shards
+            .iter()
+            .map(|s| {
+                let at = held.contains(&(id.0, s.index, s.node.0));
+                format!("{}@{}{}", s.index, s.node.0, if at { "" } else { " (missing)" })
+            })
+            .collect();
+        let disowned = ns.disowned(*id).unwrap_or_default();
+        let fences: Vec<String> = disowned
+            .iter()
+            .map(|(index, node)| format!("{index}@{}", node.0))
+            .collect();
+        Some(format!(
+            "{id} [{}], disowned (fenced) [{}]",
+            slots.join(", "),
+            fences.join(", ")
+        ))
+    });
     for &(stripe, index, node) in &held {
         let named_here = expected.get(&(stripe, index)) == Some(&node);
         if !named_here && !freed.contains(&stripe) {

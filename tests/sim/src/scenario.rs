@@ -25,7 +25,9 @@ use shoal_disk::SplitMix64;
 use shoal_mesh::SimNet;
 use shoal_mesh::sim_net::Faults;
 use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
+use shoal_namespace::nodes::NodeChange;
 use shoal_namespace::{Command, NamespaceError, Proposal};
+use shoal_placement::{NodeId, NodeState};
 
 use crate::audit::audit;
 use crate::cluster::{Cluster, Live, ORPHAN_SHARD_GRACE, Stop, addr};
@@ -55,14 +57,16 @@ pub enum Family {
     PowerLoss,
     Partition,
     Repair,
+    Drain,
     Mixed,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 5] = [
         Family::PowerLoss,
         Family::Partition,
         Family::Repair,
+        Family::Drain,
         Family::Mixed,
     ];
 
@@ -71,6 +75,7 @@ impl Family {
             Family::PowerLoss => "power-loss",
             Family::Partition => "partition",
             Family::Repair => "repair",
+            Family::Drain => "drain",
             Family::Mixed => "mixed",
         }
     }
@@ -85,6 +90,9 @@ impl Family {
             }
             Family::Repair => {
                 "a node lost for good under writes (repair restores full redundancy), with kill -9 and power cuts of the others"
+            }
+            Family::Drain => {
+                "a node drained and undrained under writes (its shards move away; the drain must finish once faults heal), with kill -9 and power cuts of the others"
             }
             Family::Mixed => "all of the above in one schedule",
         }
@@ -237,6 +245,7 @@ async fn finish(cluster: &mut Cluster, trace: &Trace, model: &Model) -> Outcome 
     }
     check_digests(&live, trace, model).await;
     check_stored(cluster, trace, model).await;
+    check_drained(cluster, trace, model).await;
     let (proposed, acked) = model.counts();
     trace.note(format_args!(
         "end: {proposed} creates proposed, {acked} acknowledged"
@@ -361,6 +370,34 @@ async fn check_stored(cluster: &Cluster, trace: &Trace, model: &Model) {
     }
 }
 
+/// A drain that can finish (the other nodes span enough failure domains for every
+/// stripe: none lost) finishes once the faults heal: the node becomes drained.
+async fn check_drained(cluster: &Cluster, trace: &Trace, model: &Model) {
+    let Some(id) = draining(cluster) else { return };
+    if cluster.ids().iter().any(|n| cluster.is_lost(*n)) {
+        return;
+    }
+    let bound = LIVENESS * 2;
+    let started = tokio::time::Instant::now();
+    loop {
+        let state = cluster.live.ids().first().and_then(|first| {
+            let layout = cluster.live.get(*first)?.store().cluster_layout().ok()??;
+            layout.node(NodeId(id)).map(|n| n.state)
+        });
+        if state != Some(NodeState::Draining) {
+            trace.note(format_args!("node {id}: {state:?}"));
+            return;
+        }
+        if started.elapsed() >= bound {
+            model.violation(format!(
+                "the drain of node {id} did not finish within {bound:?} of the cluster healing"
+            ));
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Once every node applied the same index, their replicas' digests are equal.
 async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
     for _ in 0..100 {
@@ -387,6 +424,18 @@ async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     model.violation("the replicas never applied the same index".into());
+}
+
+/// The node the layout (as the lowest running node's replica holds it) says is draining
+/// or drained, if any.
+fn draining(cluster: &Cluster) -> Option<u64> {
+    let id = cluster.live.ids().first().copied()?;
+    let layout = cluster.live.get(id)?.store().cluster_layout().ok()??;
+    layout
+        .nodes()
+        .iter()
+        .find(|n| matches!(n.state, NodeState::Draining | NodeState::Drained))
+        .map(|n| n.id.0)
 }
 
 /// The proposal that creates the file `name` in the root, as request `id`.
@@ -544,13 +593,43 @@ struct Schedule {
 }
 
 impl Schedule {
+    /// Asks the metadata group (through some running node) for `change` of node `id`, as
+    /// `shoal drain` and `shoal undrain` do; notes the answer.
+    async fn change_node(&mut self, cluster: &Cluster, id: u64, change: NodeChange) {
+        let up = cluster.live.ids();
+        let Some(through) = up.get(self.rng.below(up.len().max(1) as u64) as usize) else {
+            return;
+        };
+        let Some(group) = cluster.live.get(*through) else {
+            return;
+        };
+        let proposal = Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::ChangeNode {
+                node: NodeId(id),
+                change,
+            },
+        };
+        let answer = tokio::time::timeout(OP_WAIT, group.propose_one(proposal)).await;
+        let said = match answer {
+            Ok(Ok(outcome)) => format!("{outcome:?}"),
+            Ok(Err(e)) => format!("unknown ({e})"),
+            Err(_) => "unknown (timed out)".into(),
+        };
+        self.trace.note(format_args!(
+            "{change:?} of node {id} through node {through}: {said}"
+        ));
+    }
+
     /// One fault (or its end), drawn from the family's choices.
     async fn step(&mut self, cluster: &mut Cluster) -> Result<(), String> {
         let choices: &[u64] = match self.family {
             Family::PowerLoss => &[0, 1, 2, 3],
             Family::Partition => &[4, 5, 6, 7, 8, 3],
             Family::Repair => &[9, 9, 0, 1, 3],
-            Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+            Family::Drain => &[10, 10, 11, 0, 1, 3],
+            Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
         };
         let choice = choices[self.rng.below(choices.len() as u64) as usize];
         let ids = cluster.ids();
@@ -565,6 +644,21 @@ impl Schedule {
             9 if down.is_empty() => {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
                 cluster.lose(id).await;
+            }
+            // A drain of one node, while no other is draining or drained and none is lost
+            // (as `shoal drain` refuses a drain that cannot finish); or its end.
+            10 if draining(cluster).is_none() && !ids.iter().any(|i| cluster.is_lost(*i)) => {
+                let id = ids[self.rng.below(ids.len() as u64) as usize];
+                let change = NodeChange::Drain {
+                    stripes: 0,
+                    bytes: 0,
+                };
+                self.change_node(cluster, id, change).await;
+            }
+            11 => {
+                if let Some(id) = draining(cluster) {
+                    self.change_node(cluster, id, NodeChange::Undrain).await;
+                }
             }
             // One node down (never more than a minority at a time).
             0 | 1 if down.len() < (ids.len() - 1) / 2 => {

@@ -459,17 +459,11 @@ impl Repair {
     ) -> Result<Plan, AgentError> {
         let placement = self.stripes.placement_layout().await?;
         let mut room = room_of(members);
-        let mut fenced: HashMap<StripeId, Vec<NodeId>> = HashMap::new();
+        let mut fenced: HashMap<StripeId, Vec<(u8, NodeId)>> = HashMap::new();
         for (r, _) in candidates {
-            let nodes: Vec<NodeId> = self
-                .group
-                .store()
-                .disowned(r.id)?
-                .into_iter()
-                .map(|(_, n)| n)
-                .collect();
-            if !nodes.is_empty() {
-                fenced.insert(r.id, nodes);
+            let slots = self.group.store().disowned(r.id)?;
+            if !slots.is_empty() {
+                fenced.insert(r.id, slots);
             }
         }
         let mut p = plan::plan(candidates, &placement, &mut room, &fenced);

@@ -383,13 +383,14 @@ pub type Room = HashMap<NodeId, u64>;
 
 /// Plans the repair of `stripes` (each with its health): targets from `placement` (the
 /// layout with only the nodes that take shards now eligible), never one in `room`
-/// without space for the shard (each assignment uses some), never a node fenced for the
-/// stripe in `fenced` (it disowned a copy of that slot).
+/// without space for the shard (each assignment uses some), never a node fenced for a
+/// slot being placed (`fenced`: per stripe, the slot and node of each copy disowned; the
+/// metadata refuses to move that slot to that node, and only that slot).
 pub fn plan(
     stripes: &[(StripeRecord, Health)],
     placement: &Layout,
     room: &mut Room,
-    fenced: &HashMap<StripeId, Vec<NodeId>>,
+    fenced: &HashMap<StripeId, Vec<(u8, NodeId)>>,
 ) -> Plan {
     let mut order: Vec<&(StripeRecord, Health)> =
         stripes.iter().filter(|(_, h)| h.has_work()).collect();
@@ -410,7 +411,13 @@ pub fn plan(
             .filter(|s| !placing.contains(&s.index))
             .map(|s| s.node)
             .collect();
-        let mut avoid: Vec<NodeId> = fenced.get(&record.id).cloned().unwrap_or_default();
+        let mut avoid: Vec<NodeId> = fenced
+            .get(&record.id)
+            .into_iter()
+            .flatten()
+            .filter(|(slot, _)| placing.contains(slot))
+            .map(|(_, node)| *node)
+            .collect();
         avoid.extend(
             room.iter()
                 .filter(|(_, r)| **r < record.shard_len)
@@ -706,10 +713,10 @@ mod tests {
     }
 
     #[test]
-    fn a_fenced_node_is_never_a_target_for_that_stripe() {
+    fn a_fenced_node_is_never_a_target_for_that_slot() {
         let l = active(1..=4);
         let records = [stripe(1, [1, 2, 0])];
-        let fenced = HashMap::from([(StripeId(1), vec![NodeId(3)])]);
+        let fenced = HashMap::from([(StripeId(1), vec![(2, NodeId(3))])]);
         let p = plan(
             &assessed(&records, &l, &[1, 2, 3, 4]),
             &l,
@@ -717,6 +724,24 @@ mod tests {
             &fenced,
         );
         assert_eq!(p.tasks[0].rebuilds[0].to, NodeId(4));
+    }
+
+    /// The simulator found this (seed 100 of `repair`): a node that had disowned an old
+    /// copy of slot 0 was avoided for every slot of the stripe, so the lost slot 2, whose
+    /// only possible home it was, stayed lost for the fence's whole day.
+    #[test]
+    fn a_node_fenced_for_one_slot_still_takes_another() {
+        let l = active(1..=3);
+        let records = [stripe(1, [1, 2, 0])];
+        let fenced = HashMap::from([(StripeId(1), vec![(0, NodeId(3))])]);
+        let p = plan(
+            &assessed(&records, &l, &[1, 2, 3]),
+            &l,
+            &mut Room::new(),
+            &fenced,
+        );
+        assert_eq!(p.tasks[0].rebuilds[0].index, 2);
+        assert_eq!(p.tasks[0].rebuilds[0].to, NodeId(3));
     }
 
     #[test]

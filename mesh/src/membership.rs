@@ -286,6 +286,9 @@ impl Membership {
                 }
                 OwnedNotification::Rename(_, new) => {
                     self.known.insert(new.node, new);
+                    // A member that restarted (a new generation) lost the facts it had
+                    // heard: it is a newcomer to them.
+                    republish = true;
                 }
                 OwnedNotification::Rejoin(id) => {
                     effects.push(Effect::Event(MemberEvent::Rejoined(id)));

@@ -67,6 +67,26 @@ fn restarted_node_rejoins_with_same_id_and_newer_generation() -> Result<(), Mesh
     Ok(())
 }
 
+/// The cluster simulator found this: a node restarted before the others declared it down
+/// is a rename to them, not a newcomer, and nobody sent it their facts again; its
+/// metadata leader's steward saw no member with facts, so none alive, and took them out.
+#[test]
+fn a_node_restarted_at_once_learns_the_others_facts() -> Result<(), MeshError> {
+    let mut sim = network(4)?;
+    joined(&mut sim)?;
+    // Long after the facts of the start were disseminated.
+    sim.run_for(Duration::from_secs(60))?;
+    sim.crash(2);
+    sim.boot(2, 2)?;
+    let learned = sim.run_until(Duration::from_secs(10), |s| {
+        [0, 1, 3]
+            .iter()
+            .all(|&o| s.view(2, o).is_some_and(|v| v.facts.is_some()))
+    })?;
+    assert!(learned.is_some(), "node 2 never heard the others' facts");
+    Ok(())
+}
+
 #[test]
 fn graceful_leave_is_reported_as_left_not_down() -> Result<(), MeshError> {
     let mut sim = network(4)?;

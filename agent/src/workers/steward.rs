@@ -27,6 +27,11 @@ use crate::consensus::{ConsensusError, Group};
 const TICK: Duration = Duration::from_secs(1);
 /// Members must have been seen this long before a new cluster forms (gossip converges).
 const BOOTSTRAP_SETTLE: Duration = Duration::from_secs(3);
+/// How long this node's gossip has to hear the members after the steward starts before
+/// the layout marks down the nodes it has not heard: a leader that just restarted would
+/// otherwise mark every other node down for the second it takes (the simulator showed
+/// it: each restart of the leader took the whole layout down and back).
+const LAYOUT_SETTLE: Duration = Duration::from_secs(5);
 /// A voter down this long is replaced.
 const VOTER_REPLACE_AFTER: Duration = Duration::from_secs(30);
 
@@ -175,7 +180,9 @@ impl Worker for Steward {
         let long_down = self.long_down(&views, &alive_ids, &windows_over, now);
         let meta = &self.meta;
         reconcile_members(meta, &alive, &mut self.down_since, now).await?;
-        reconcile_layout(meta, &alive, &long_down).await?;
+        if self.started.elapsed() >= LAYOUT_SETTLE {
+            reconcile_layout(meta, &alive, &long_down).await?;
+        }
         record_generations(meta, &views).await?;
         Ok(Step::Idle)
     }

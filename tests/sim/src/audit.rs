@@ -131,7 +131,12 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
             .iter()
             .map(|s| {
                 let at = held.contains(&(id.0, s.index, s.node.0));
-                format!("{}@{}{}", s.index, s.node.0, if at { "" } else { " (missing)" })
+                format!(
+                    "{}@{}{}",
+                    s.index,
+                    s.node.0,
+                    if at { "" } else { " (missing)" }
+                )
             })
             .collect();
         let disowned = ns.disowned(*id).unwrap_or_default();

@@ -30,8 +30,8 @@ use shoal_agent::{BackgroundConfig, Resources};
 use shoal_disk::{Disk, SimDisk, SplitMix64};
 use shoal_mesh::membership_sim::sim_facts;
 use shoal_mesh::{
-    ClusterKey, GossipDriver, MemberId, Membership, MembershipConfig, NodeFacts, NodeId, SimNet,
-    Transport,
+    ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MembershipConfig, NodeFacts,
+    NodeId, SimNet, Transport,
 };
 use shoal_placement::EcProfile;
 use shoal_store::{MemStore, NodeStore};
@@ -56,6 +56,8 @@ pub struct Running {
     pub group: Arc<Group>,
     /// What the node's mount calls.
     pub fs: Arc<FsService>,
+    /// Its membership.
+    pub gossip: GossipHandle,
 }
 
 /// The nodes that run now, shared with the workload's clients.
@@ -73,6 +75,29 @@ impl Live {
 
     pub fn fs(&self, id: u64) -> Option<Arc<FsService>> {
         self.map().get(&id).map(|r| r.fs.clone())
+    }
+
+    /// How node `id`'s membership sees each member: "node:state" and "+facts" when it has
+    /// the member's facts.
+    pub async fn members_seen(&self, id: u64) -> String {
+        let gossip = self.map().get(&id).map(|r| r.gossip.clone());
+        let Some(gossip) = gossip else {
+            return String::new();
+        };
+        match gossip.members().await {
+            Ok(views) => views
+                .iter()
+                .map(|v| {
+                    let facts = if v.facts.is_some() { "+facts" } else { "" };
+                    format!(
+                        "{}:{:?}(gen {}){facts}",
+                        v.id.node.0, v.state, v.id.generation
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            Err(e) => e.to_string(),
+        }
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -275,6 +300,7 @@ impl Cluster {
             .map_err(|e| format!("node {id}: {e}"))?;
         let workers = Workers::default();
         workers.spawn(workers_of_group.batcher);
+        let gossip_handle = gossip.clone();
         workers.spawn(Steward::new(group.clone(), gossip.clone(), DOWN_OUT_AFTER));
         workers.spawn(gc::OrphanShards::new(group.clone(), stripes.clone()));
         workers.spawn(gc::StripeGc::new(group.clone(), stripes.clone()));
@@ -297,6 +323,7 @@ impl Cluster {
             Running {
                 group: group.clone(),
                 fs,
+                gossip: gossip_handle,
             },
         );
         node.up = Some(Up {

@@ -138,6 +138,11 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
         return finish(&mut cluster, &trace, &model).await;
     }
     let stop = Arc::new(AtomicBool::new(false));
+    tokio::spawn(note_layouts(
+        cluster.live.clone(),
+        trace.clone(),
+        stop.clone(),
+    ));
     let mut clients: Vec<_> = (0..CLIENTS_PER_NODE * NODES.len() as u64)
         .map(|c| {
             let client = Client {
@@ -355,6 +360,10 @@ async fn check_stored(cluster: &Cluster, trace: &Trace, model: &Model) {
                 return;
             }
             Ok(a) if started.elapsed() >= bound => {
+                for id in cluster.live.ids() {
+                    let seen = cluster.live.members_seen(id).await;
+                    trace.note(format_args!("node {id} sees {seen}"));
+                }
                 model.violation(format!(
                     "{bound:?} after the cluster healed: {}",
                     a.describe()
@@ -424,6 +433,31 @@ async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     model.violation("the replicas never applied the same index".into());
+}
+
+/// Notes in the trace each change of the layout's node states, as the lowest running
+/// node's replica holds them, until `stop`.
+async fn note_layouts(live: Live, trace: Trace, stop: Arc<AtomicBool>) {
+    let mut last = String::new();
+    while !stop.load(Ordering::Acquire) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some(group) = live.ids().first().and_then(|id| live.get(*id)) else {
+            continue;
+        };
+        let Ok(Some(layout)) = group.store().cluster_layout() else {
+            continue;
+        };
+        let now: Vec<String> = layout
+            .nodes()
+            .iter()
+            .map(|n| format!("{}:{:?}", n.id.0, n.state))
+            .collect();
+        let now = now.join(" ");
+        if now != last {
+            trace.note(format_args!("layout epoch {}: {now}", layout.epoch()));
+            last = now;
+        }
+    }
 }
 
 /// The node the layout (as the lowest running node's replica holds it) says is draining

@@ -165,10 +165,7 @@ impl Node {
             ClusterView {
                 gossip: gossip.clone(),
                 namespace: group.store_arc(),
-                book: {
-                    let group = group.clone();
-                    Arc::new(move |node: shoal_placement::NodeId| group.member_addr(node.0))
-                },
+                book: group.address_book(),
             },
             StripeSettings {
                 default_ec: config.storage.ec,

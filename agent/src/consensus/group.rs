@@ -582,6 +582,15 @@ impl Group {
         }
     }
 
+    /// Where each member of the group listens, as a lookup the stripe coordinator keeps
+    /// (its `AddressBook`: where to ask a node gossip has not heard of).
+    pub fn address_book(
+        self: &Arc<Self>,
+    ) -> Arc<dyn Fn(shoal_placement::NodeId) -> Option<SocketAddr> + Send + Sync> {
+        let group = self.clone();
+        Arc::new(move |node| group.member_addr(node.0))
+    }
+
     /// The RPC address of a member of the group.
     pub fn member_addr(&self, id: u64) -> Option<SocketAddr> {
         let metrics = self.raft.metrics();

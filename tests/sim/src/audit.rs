@@ -93,12 +93,7 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
         records.extend(page);
     }
     if let Ok(Some(layout)) = ns.cluster_layout() {
-        audit.layout = layout
-            .nodes()
-            .iter()
-            .map(|n| format!("{}:{:?}", n.id.0, n.state))
-            .collect::<Vec<_>>()
-            .join(" ");
+        audit.layout = node_states(&layout);
     }
     let mut freed: BTreeSet<u128> = BTreeSet::new();
     let mut after = None;
@@ -157,4 +152,14 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
         }
     }
     Ok(audit)
+}
+
+/// The layout's nodes and their states, as "id:State" words.
+pub fn node_states(layout: &shoal_placement::Layout) -> String {
+    layout
+        .nodes()
+        .iter()
+        .map(|n| format!("{}:{:?}", n.id.0, n.state))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -77,6 +77,12 @@ impl Live {
         self.map().get(&id).map(|r| r.fs.clone())
     }
 
+    /// The cluster layout as the lowest running node's replica holds it.
+    pub fn layout(&self) -> Option<shoal_placement::Layout> {
+        let group = self.ids().first().and_then(|id| self.get(*id))?;
+        group.store().cluster_layout().ok()?
+    }
+
     /// How node `id`'s membership sees each member: "node:state" and "+facts" when it has
     /// the member's facts.
     pub async fn members_seen(&self, id: u64) -> String {
@@ -274,10 +280,7 @@ impl Cluster {
             ClusterView {
                 gossip: gossip.clone(),
                 namespace: group.store_arc(),
-                book: {
-                    let group = group.clone();
-                    Arc::new(move |node: NodeId| group.member_addr(node.0))
-                },
+                book: group.address_book(),
             },
             StripeSettings {
                 default_ec: EC,

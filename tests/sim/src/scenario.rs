@@ -29,7 +29,7 @@ use shoal_namespace::nodes::NodeChange;
 use shoal_namespace::{Command, NamespaceError, Proposal};
 use shoal_placement::{NodeId, NodeState};
 
-use crate::audit::audit;
+use crate::audit::{audit, node_states};
 use crate::cluster::{Cluster, Live, ORPHAN_SHARD_GRACE, Stop, addr};
 use crate::file_client::FileClient;
 use crate::model::Model;
@@ -389,10 +389,10 @@ async fn check_drained(cluster: &Cluster, trace: &Trace, model: &Model) {
     let bound = LIVENESS * 2;
     let started = tokio::time::Instant::now();
     loop {
-        let state = cluster.live.ids().first().and_then(|first| {
-            let layout = cluster.live.get(*first)?.store().cluster_layout().ok()??;
-            layout.node(NodeId(id)).map(|n| n.state)
-        });
+        let state = cluster
+            .live
+            .layout()
+            .and_then(|l| l.node(NodeId(id)).map(|n| n.state));
         if state != Some(NodeState::Draining) {
             trace.note(format_args!("node {id}: {state:?}"));
             return;
@@ -441,18 +441,10 @@ async fn note_layouts(live: Live, trace: Trace, stop: Arc<AtomicBool>) {
     let mut last = String::new();
     while !stop.load(Ordering::Acquire) {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let Some(group) = live.ids().first().and_then(|id| live.get(*id)) else {
+        let Some(layout) = live.layout() else {
             continue;
         };
-        let Ok(Some(layout)) = group.store().cluster_layout() else {
-            continue;
-        };
-        let now: Vec<String> = layout
-            .nodes()
-            .iter()
-            .map(|n| format!("{}:{:?}", n.id.0, n.state))
-            .collect();
-        let now = now.join(" ");
+        let now = node_states(&layout);
         if now != last {
             trace.note(format_args!("layout epoch {}: {now}", layout.epoch()));
             last = now;
@@ -463,9 +455,9 @@ async fn note_layouts(live: Live, trace: Trace, stop: Arc<AtomicBool>) {
 /// The node the layout (as the lowest running node's replica holds it) says is draining
 /// or drained, if any.
 fn draining(cluster: &Cluster) -> Option<u64> {
-    let id = cluster.live.ids().first().copied()?;
-    let layout = cluster.live.get(id)?.store().cluster_layout().ok()??;
-    layout
+    cluster
+        .live
+        .layout()?
         .nodes()
         .iter()
         .find(|n| matches!(n.state, NodeState::Draining | NodeState::Drained))

@@ -52,13 +52,6 @@ pub struct Group {
     read_rounds: ReadRounds,
     /// While held, the leader answers read index without a round (see `lease.rs`).
     lease: std::sync::Mutex<ReadLease>,
-    /// The term of this member's vote and its log's last index when it started. openraft
-    /// resumes a leader whose vote survived a restart, in the same term, knowing only the
-    /// committed index it wrote last, without a sync: after a power cut that can be
-    /// short of what was committed and acknowledged. Every committed entry is in a
-    /// leader's log, so while this member leads in that term, its read index is at least
-    /// that last index (see [`Group::leader_read_index`]).
-    resumed: (u64, u64),
     /// Space the metadata log can always write.
     pub ballast: Arc<Ballast>,
     /// Set while this node's Raft state was reset (a stale data dir) and the leader has
@@ -98,17 +91,25 @@ struct Opened<'a> {
     ballast: Arc<Ballast>,
 }
 
-/// The term of the log's vote and its last index, before Raft starts on it (see
-/// `Group::resumed`).
-async fn resumed_at(log: &mut LogStore) -> Result<(u64, u64), openraft::StorageError<u64>> {
+/// A member that led when it stopped does not lead again at start in the same term.
+/// openraft 0.9 resumes a leader whose vote is committed and its own, but the log behind
+/// it may have lost entries it had already sent out before they were synced here (a
+/// leader replicates before its own flush): resumed, it would write new entries under the
+/// same log ids, two different entries under one id, which Raft's log matching cannot
+/// tell apart; a follower holding the new one never takes the committed one (found by the
+/// simulator, seed 8 of `drain`: a restarted leader's replica never applied an
+/// acknowledged write). Its vote is kept, uncommitted: it stays voted for itself in that
+/// term and stands for the next, as a candidate whose election did not finish.
+async fn stand_down(log: &mut LogStore, me: u64) -> Result<(), openraft::StorageError<u64>> {
     use openraft::storage::RaftLogStorage;
-    let term = log.read_vote().await?.map_or(0, |v| v.leader_id().term);
-    let end = log
-        .get_log_state()
-        .await?
-        .last_log_id
-        .map_or(0, |l| l.index);
-    Ok((term, end))
+    if let Some(vote) = log.read_vote().await?
+        && vote.is_committed()
+        && vote.leader_id().voted_for() == Some(me)
+    {
+        log.save_vote(&openraft::Vote::new(vote.leader_id().term, me))
+            .await?;
+    }
+    Ok(())
 }
 
 fn setup(e: impl std::error::Error + Send + Sync + 'static) -> ConsensusError {
@@ -227,7 +228,7 @@ impl Group {
             append_budget: super::net::append_budget(config.heartbeat_ms, MAX_BATCH_BYTES),
             gate: sends.clone(),
         };
-        let resumed = resumed_at(&mut log).await.map_err(setup)?;
+        stand_down(&mut log, me).await.map_err(setup)?;
         let raft = Raft::new(me, Arc::new(raft_config), network, log, sm)
             .await
             .map_err(setup)?;
@@ -243,7 +244,6 @@ impl Group {
             batcher: tx,
             changes,
             lease,
-            resumed,
             metrics: metrics.clone(),
             read_rounds: ReadRounds::default(),
             ballast,
@@ -758,9 +758,9 @@ impl Group {
 
     /// The read index this node serves as the leader: its last log index while it holds
     /// the read lease (everything committed is in its log), otherwise the outcome of a
-    /// heartbeat round to a quorum, which renews the lease. A leader resumed at start
-    /// (in the term it started in) serves no read index below its log's end at start:
-    /// openraft's is the committed index it knows, which a power cut may have set back.
+    /// heartbeat round to a quorum, which renews the lease. openraft's read index is at
+    /// least the first entry of the leader's term, so it covers everything committed
+    /// before (a leader always wins its term by election: see `stand_down`).
     async fn leader_read_index(&self) -> Result<u64, ForwardRefused> {
         let (term, leader, last) = {
             let m = self.raft.metrics();
@@ -779,13 +779,7 @@ impl Group {
                 if self.raft.metrics().borrow().current_term == term {
                     lease().renew(term, started);
                 }
-                let read = read.map_or(0, |l| l.index);
-                let (resumed_term, resumed_end) = self.resumed;
-                Ok(if term == resumed_term {
-                    read.max(resumed_end)
-                } else {
-                    read
-                })
+                Ok(read.map_or(0, |l| l.index))
             }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
                 Err(ForwardRefused::NotLeader(f.leader_id))
@@ -797,5 +791,45 @@ impl Group {
     /// Whether the agent at `addr` already belongs to an initialized group.
     pub async fn peer_initialized(&self, addr: SocketAddr) -> Option<bool> {
         self.transport.call(addr, &Hello, RPC_TIMEOUT).await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use openraft::Vote;
+    use openraft::storage::RaftLogStorage;
+
+    use super::super::ballast::Ballast;
+    use super::{LogStore, stand_down};
+
+    async fn vote_after_stand_down(me: u64, vote: Vote<u64>) -> Option<Vote<u64>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ballast = Arc::new(Ballast::open(dir.path()));
+        let mut log = LogStore::open(dir.path(), me, ballast, Default::default()).expect("open");
+        log.save_vote(&vote).await.expect("vote");
+        stand_down(&mut log, me).await.expect("stand down");
+        log.read_vote().await.expect("read")
+    }
+
+    /// openraft resumes a member whose vote is committed and its own as the leader of that
+    /// term: the vote it starts on must not be.
+    #[tokio::test]
+    async fn a_member_that_led_starts_voted_for_itself_but_not_leading() {
+        let mut led = Vote::new(7, 3);
+        led.commit();
+        let read = vote_after_stand_down(3, led).await.expect("a vote");
+        assert_eq!(read, Vote::new(7, 3), "same term, voted for itself");
+        assert!(!read.is_committed(), "not the leader of term 7 any more");
+    }
+
+    #[tokio::test]
+    async fn another_members_leadership_or_an_open_vote_is_kept() {
+        let mut other = Vote::new(7, 2);
+        other.commit();
+        assert_eq!(vote_after_stand_down(3, other).await, Some(other));
+        let open = Vote::new(8, 3);
+        assert_eq!(vote_after_stand_down(3, open).await, Some(open));
     }
 }

@@ -1,8 +1,8 @@
-//! A leader whose vote survives a power cut of every node takes up its leadership again
-//! at start (openraft resumes it), in the same term. Its committed index was written
-//! without a sync, so after the cut it may know less than was committed: a read must
-//! still see every create acknowledged before the cut. Found by the simulator's long run
-//! (seeds 1770, 2258 and 2357 of the first build): stale reads on the restored leader.
+//! A power cut of every node right after acknowledged creates: whichever node leads after
+//! the restart (never the old leader resumed in its old term: `stand_down` in
+//! `consensus/group.rs`), a read must see every create acknowledged before the cut, though
+//! each member's commit index was written without a sync. Found by the simulator's long
+//! run (seeds 1770, 2258 and 2357 of the first build): stale reads on a restored leader.
 
 use std::time::Duration;
 

@@ -120,10 +120,10 @@ pub enum Command {
         max_inline: u64,
     },
     /// Commits extents written to stripes, in order (a later one wins where they
-    /// overlap); size grows to the end of the last byte written. If the inode holds inline
-    /// data, `inline_version` must equal its current data version, and the inline bytes
-    /// are dropped (the writer has put them in the first extent); otherwise the answer is
-    /// [`Outcome::Conflict`] and nothing changes.
+    /// overlap); size grows to the end of the last byte written. `inline_version` says
+    /// which inline bytes the writer put in its first extent: it must be the inode's data
+    /// version if the inode holds inline data (which is then dropped), and `None` if it
+    /// holds none; otherwise the answer is [`Outcome::Conflict`] and nothing changes.
     WriteExtents {
         ino: Ino,
         inline_version: Option<u64>,

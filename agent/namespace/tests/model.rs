@@ -617,7 +617,12 @@ impl Model {
             return Err(FsError::Invalid);
         }
         let node = self.nodes.get_mut(&ino).expect("file");
-        if !node.inline.is_empty() && inline_version != Some(node.version) {
+        // The writer's carried inline bytes: exactly the file's current ones, or none.
+        let carried_ok = match inline_version {
+            Some(v) => !node.inline.is_empty() && v == node.version,
+            None => node.inline.is_empty(),
+        };
+        if !carried_ok {
             return Ok(Outcome::Conflict);
         }
         if let Some(e) = extents

@@ -331,6 +331,19 @@ impl Coherence {
         self.names().forget(ino)
     }
 
+    /// Drops the kernel's attributes of `ino` (not its pages), so that its next stat or a
+    /// read past the size it knew asks this mount again. An open calls it once its barrier
+    /// made the local replica at least as fresh as the cluster: the kernel may hold a size
+    /// a lookup answered from the replica before that, and a zero TTL still lets it keep
+    /// those attributes until its clock ticks (up to 4 ms), long enough for the stat and
+    /// the first read that follow the open. Cheap: no lock in the kernel, and nothing when
+    /// it does not hold the inode.
+    pub fn drop_attributes(&self, ino: Ino) {
+        if let Some(kernel) = self.kernel.get() {
+            self.count(kernel.inval_inode(INodeNo(ino), -1, 0));
+        }
+    }
+
     /// After an open whose barrier saw position `changes` (of feed `epoch`, when the agent
     /// said which): waits until the watcher delivered that far, then whether the path the
     /// kernel walked to `ino` may be stale. A position in another feed than the one the

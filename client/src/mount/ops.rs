@@ -263,6 +263,10 @@ impl FsState {
                     self.release_on_agent(fh).await;
                     return Err(Errno::ESTALE);
                 }
+                if !synced {
+                    // Close-to-open: the size the reader sees is the one at the barrier.
+                    self.coherence.drop_attributes(ino);
+                }
                 self.files.open(fh, ino);
                 Ok(fh)
             }

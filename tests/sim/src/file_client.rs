@@ -1,8 +1,9 @@
 //! [`FileClient`]: what a mount does through its own node's [`FsService`] (the agent's
 //! side of the mount): it creates files, writes them (inline while small, then across
 //! stripes: appends, overwrites of a range), unlinks some (their stripes are freed and
-//! collected), and opens and reads files any client wrote, checking every byte against
-//! the model. Its requests are the mount's own.
+//! collected), some while it holds them open (it reads them through the handle later:
+//! an unlinked file stays whole while a mount holds it), and opens and reads files any
+//! client wrote, checking every byte against the model. Its requests are the mount's own.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,9 +20,9 @@ use crate::trace::Trace;
 /// How long a mount waits for a create or a write before its outcome counts as unknown.
 const WRITE_WAIT: Duration = Duration::from_secs(30);
 /// How long a reader waits for an open or a read before it gives up.
-const READ_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const READ_WAIT: Duration = Duration::from_secs(3);
 /// The protocol a mount of this build speaks.
-const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
+pub(crate) const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
 
 pub struct FileClient {
     pub id: u64,
@@ -33,20 +34,22 @@ pub struct FileClient {
     /// Files this client created and may still write.
     pub mine: Vec<String>,
     pub seq: u64,
+    /// Files it unlinked while holding them open.
+    pub held: crate::held::HeldFiles,
 }
 
 /// Whether a file of `len` bytes is read through one request.
-fn read_len(len: u64) -> u32 {
+pub(crate) fn read_len(len: u64) -> u32 {
     u32::try_from(len.max(1)).unwrap_or(u32::MAX)
 }
 
 impl FileClient {
     /// The mount session (and request-id client) of this client.
-    fn session(&self) -> u64 {
+    pub(crate) fn session(&self) -> u64 {
         1000 + self.id
     }
 
-    fn next_id(&mut self) -> RequestId {
+    pub(crate) fn next_id(&mut self) -> RequestId {
         self.seq += 1;
         RequestId {
             client: self.session(),
@@ -55,17 +58,29 @@ impl FileClient {
     }
 
     pub async fn run(mut self, stop: Arc<AtomicBool>) {
+        let keepalive = tokio::spawn(self.holder().keepalive(stop.clone()));
         while !stop.load(Ordering::Acquire) {
             let pause = 50 + self.rng.below(800);
             tokio::time::sleep(Duration::from_millis(pause)).await;
             let Some(fs) = self.live.fs(self.home) else {
                 continue;
             };
+            if self.rng.below(5) == 0
+                && let Some(handle) = self.some_held()
+            {
+                let release = self.rng.below(5) == 0;
+                self.read_held(&fs, handle, release).await;
+                continue;
+            }
             match self.rng.below(20) {
                 0 if !self.mine.is_empty() => {
                     let i = self.rng.below(self.mine.len() as u64) as usize;
                     let name = self.mine.swap_remove(i);
-                    self.unlink(&fs, &name).await;
+                    if self.rng.below(2) == 0 {
+                        self.unlink_held_open(&fs, &name).await;
+                    } else {
+                        self.unlink(&fs, &name).await;
+                    }
                 }
                 0..=9 if !self.mine.is_empty() => {
                     let i = self.rng.below(self.mine.len() as u64) as usize;
@@ -83,6 +98,8 @@ impl FileClient {
                 }
             }
         }
+        let _ = keepalive.await;
+        self.release_all().await;
     }
 
     async fn create(&mut self, fs: &Arc<FsService>) {
@@ -109,7 +126,7 @@ impl FileClient {
     }
 
     /// Unlinks file `name`: from now on no read picks it, and the end does not check it.
-    async fn unlink(&mut self, fs: &Arc<FsService>, name: &str) {
+    pub(crate) async fn unlink(&mut self, fs: &Arc<FsService>, name: &str) {
         self.model.file(name, false, |h, _| h.unlinked = true);
         let req = FsRequest::Unlink {
             id: self.next_id(),
@@ -243,7 +260,7 @@ impl FileClient {
         true
     }
 
-    fn note(&self, what: std::fmt::Arguments<'_>) {
+    pub(crate) fn note(&self, what: std::fmt::Arguments<'_>) {
         self.trace.note(format_args!(
             "file client {} through node {}: {what}",
             self.id, self.home

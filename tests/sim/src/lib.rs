@@ -11,6 +11,7 @@
 pub mod audit;
 pub mod cluster;
 pub mod file_client;
+pub mod held;
 pub mod model;
 pub mod runtime;
 pub mod scale;

@@ -141,6 +141,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
     tokio::spawn(note_layouts(
         cluster.live.clone(),
         trace.clone(),
+        model.clone(),
         stop.clone(),
     ));
     let mut clients: Vec<_> = (0..CLIENTS_PER_NODE * NODES.len() as u64)
@@ -168,6 +169,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
             trace: trace.clone(),
             mine: Vec::new(),
             seq: 0,
+            held: Default::default(),
         };
         clients.push(tokio::spawn(client.run(stop.clone())));
     }
@@ -318,6 +320,7 @@ async fn check_files(id: u64, live: &Live, trace: &Trace, model: &Model) {
         trace: trace.clone(),
         mine: Vec::new(),
         seq: 0,
+        held: Default::default(),
     };
     let deadline = tokio::time::Instant::now() + LIVENESS;
     let mut unread = Vec::new();
@@ -437,10 +440,22 @@ async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
 
 /// Notes in the trace each change of the layout's node states, as the lowest running
 /// node's replica holds them, until `stop`.
-async fn note_layouts(live: Live, trace: Trace, stop: Arc<AtomicBool>) {
+async fn note_layouts(live: Live, trace: Trace, model: Model, stop: Arc<AtomicBool>) {
     let mut last = String::new();
     while !stop.load(Ordering::Acquire) {
         tokio::time::sleep(Duration::from_millis(250)).await;
+        // Every replica's view: a node out in the leader's layout loses its mounts' claim
+        // on unlinked files they hold open (`held.rs`).
+        for id in live.ids() {
+            let layout = live
+                .get(id)
+                .and_then(|g| g.store().cluster_layout().ok().flatten());
+            for node in layout.iter().flat_map(|l| l.nodes()) {
+                if node.state == NodeState::Out {
+                    model.seen_out(node.id.0);
+                }
+            }
+        }
         let Some(layout) = live.layout() else {
             continue;
         };
@@ -666,8 +681,11 @@ impl Schedule {
             any = cluster.leader().unwrap_or(any);
         }
         match choice {
-            // A node lost for good (one per run, while no other is down).
-            9 if down.is_empty() => {
+            // A node lost for good (one per run, while no other is down), while none is
+            // draining or drained: five nodes less a
+            // lost one and a drained one cannot hold a 2+2 stripe's four slots (an
+            // operator undrains first; seed 309 of `mixed` did both and could not heal).
+            9 if down.is_empty() && draining(cluster).is_none() => {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
                 cluster.lose(id).await;
             }

@@ -18,12 +18,21 @@ fn seed_count() -> u64 {
 /// run, so they are kept as cheap extra seeds, not as proofs.
 const FOUND_BUGS: [u64; 5] = [0, 25, 56, 200, 10045];
 
+/// Seeds that found bugs in a family other than their own: 421 of `power-loss` (a read
+/// through a handle held across a restart answered from the replica before it caught up).
+const FOUND_IN_FAMILY: [(u64, &str); 1] = [(421, "power-loss")];
+
 #[test]
 fn every_family_keeps_what_it_acknowledged_over_the_fixed_seeds() {
     let mut failures = Vec::new();
     let seeds: std::collections::BTreeSet<u64> = (0..seed_count()).chain(FOUND_BUGS).collect();
-    for seed in seeds {
-        let report = seeds::check(seed, None, seeds::STEPS);
+    let runs = seeds.into_iter().map(|s| (s, None)).chain(
+        FOUND_IN_FAMILY
+            .iter()
+            .map(|&(s, f)| (s, Some(Family::parse(f).expect("a family")))),
+    );
+    for (seed, family) in runs {
+        let report = seeds::check(seed, family, seeds::STEPS);
         if !report.violations.is_empty() {
             let shortest = report
                 .shortest

@@ -21,6 +21,8 @@ struct State {
     /// Files whose create was acknowledged, by name.
     files: BTreeMap<String, FileHistory>,
     violations: Vec<String>,
+    /// The last event at which some replica's layout had each node `out`.
+    seen_out: BTreeMap<u64, u64>,
 }
 
 #[derive(Clone, Default)]
@@ -150,6 +152,22 @@ impl Model {
             }
             _ => None,
         }
+    }
+
+    /// Some replica's layout has node `id` out now.
+    pub fn seen_out(&self, id: u64) {
+        let mut s = self.state();
+        s.events += 1;
+        let at = s.events;
+        s.seen_out.insert(id, at);
+    }
+
+    /// Whether a layout had node `id` out at or after event `since`.
+    pub fn out_since(&self, id: u64, since: u64) -> bool {
+        self.state()
+            .seen_out
+            .get(&id)
+            .is_some_and(|&at| at >= since)
     }
 
     pub fn violation(&self, what: String) {

@@ -60,8 +60,14 @@ impl FsService {
     async fn caught_up(&self) -> Result<(), FsError> {
         use std::sync::atomic::Ordering;
         if !self.caught_up.load(Ordering::Acquire) {
-            self.group.barrier().await?;
-            self.caught_up.store(true, Ordering::Release);
+            match self.group.barrier().await {
+                Ok(()) => self.caught_up.store(true, Ordering::Release),
+                // Outside any group yet: nothing was acknowledged through this replica
+                // (it is empty), and it is answered as it is (changes fail with the
+                // reason).
+                Err(ConsensusError::NotMember { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }

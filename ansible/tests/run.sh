@@ -456,7 +456,7 @@ if "$BIN/shoal" drain --help >/dev/null 2>&1; then
   on 3 systemctl start shoal-agent
   check "every agent is alive again before the drain" wait_all_alive
   play drain.log drain.yml -e node=node2 || fail "drain.yml failed"
-  check "drain.yml waited until node2 was drained" grep -qF "node2: [" "$LAST_LOG"
+  check "drain.yml waited until node2 was drained" grep -qE "node2: 100%.*drained" "$LAST_LOG"
   drained_everywhere() {
     # Read the whole answer before grep: `cmd | grep -q` under pipefail fails at random
     # when grep exits at its first match while cmd is still writing (EPIPE).

@@ -94,23 +94,18 @@ impl FsService {
                 "this node's metadata member failed: {why}"
             )));
         }
+        // A release, a reopen (which records its claim before anything that can wait)
+        // and the change feed do not read the replica's files.
+        let reads_replica = !matches!(
+            req,
+            FsRequest::Release { .. } | FsRequest::Reopen { .. } | FsRequest::Watch { .. }
+        );
         let answer = if is_change(&req) {
             self.serve_change(req).await
+        } else if reads_replica && let Err(e) = self.caught_up().await {
+            Err(e)
         } else {
-            // A release, a reopen (which records its claim before anything that can
-            // wait) and the change feed do not read the replica's files.
-            let reads_replica = !matches!(
-                req,
-                FsRequest::Release { .. } | FsRequest::Reopen { .. } | FsRequest::Watch { .. }
-            );
-            match if reads_replica {
-                self.caught_up().await
-            } else {
-                Ok(())
-            } {
-                Ok(()) => self.serve_query(req, pid, version).await,
-                Err(e) => Err(e),
-            }
+            self.serve_query(req, pid, version).await
         };
         answer.unwrap_or_else(FsResponse::Error)
     }

@@ -164,8 +164,9 @@ pub enum Command {
     /// `to`, and a node gives up a corrupt shard of its own with `to` = [`NodeId::NONE`].
     /// Refused with [`Outcome::Conflict`] (nothing changed) when a slot names another
     /// node, a target already holds another slot of the stripe, or a target was disowned
-    /// for that slot (see [`Command::DisownShards`]); with `NotFound` when the stripe is
-    /// not live.
+    /// for that slot (see [`Command::DisownShards`]; [`Command::RelocateShardsPlanned`]
+    /// is refused only by fences it could not have seen); with `NotFound` when the stripe
+    /// is not live.
     RelocateShards {
         stripe: StripeId,
         moves: Vec<ShardMove>,
@@ -173,8 +174,9 @@ pub enum Command {
     /// `node` asks to delete shards it holds that the stripe records do not name there (a
     /// repair that stored them but never committed, or a slot moved away while the node
     /// was out). Shards whose slot does name `node` are kept; the others are fenced: a
-    /// later [`Command::RelocateShards`] of that slot to `node` is refused, so a late
-    /// commit of an old repair cannot point at a deleted shard. Shards of stripes the
+    /// later [`Command::RelocateShards`] of that slot to `node` is refused (one planned
+    /// before the fence, when it says when it was planned), so a late commit of an old
+    /// repair cannot point at a deleted shard. Shards of stripes the
     /// metadata does not know are left to [`Command::AbandonStripes`]. Answered with
     /// [`Outcome::Disowned`]: the shards `node` may now delete.
     DisownShards {
@@ -237,6 +239,16 @@ pub enum Command {
         node: NodeId,
         before_ms: u64,
     },
+    /// [`Command::RelocateShards`] planned on a replica whose cluster clock read
+    /// `planned_at_ms`: a fence on a target set before that (so the planner saw it, and
+    /// the target's node refuses the slot's shard until it has deleted its copy; see
+    /// `workers/gc.rs`) does not refuse it. Only a fence set at that clock or later does:
+    /// that one may be for this very relocation's shard.
+    RelocateShardsPlanned {
+        stripe: StripeId,
+        moves: Vec<ShardMove>,
+        planned_at_ms: u64,
+    },
 }
 
 /// One shard of a stripe moving from one node to another: the shard's index, the node
@@ -290,7 +302,7 @@ impl Command {
 pub enum Outcome {
     /// MkNode, Link: the new entry. SetAttr, WriteInline, WriteExtents: the inode after.
     Attr(FileAttr),
-    /// Unlink, Rmdir, Rename, Purge, StripesFreed, SetLayout, RelocateShards.
+    /// Unlink, Rmdir, Rename, Purge, StripesFreed, SetLayout, RelocateShards(Planned).
     Done,
     /// WriteInline refused: the data must go to stripes. `inline` is the inode's current
     /// inline data and version, for the writer to carry over.

@@ -324,13 +324,39 @@ impl NamespaceStore {
     /// The shards of `stripe` disowned by a node (index, node): fenced, so a relocation of
     /// that slot to that node is refused for a while.
     pub fn disowned(&self, stripe: StripeId) -> Result<Vec<(u8, NodeId)>, NamespaceError> {
+        Ok(self
+            .fences(stripe)?
+            .into_iter()
+            .map(|(index, node, _)| (index, node))
+            .collect())
+    }
+
+    /// The slots of `stripe` and the nodes a relocation planned at cluster clock
+    /// `planned_at_ms` may not take them to (see [`Command::RelocateShardsPlanned`]).
+    ///
+    /// [`Command::RelocateShardsPlanned`]: crate::Command::RelocateShardsPlanned
+    pub fn fenced_for(
+        &self,
+        stripe: StripeId,
+        planned_at_ms: u64,
+    ) -> Result<Vec<(u8, NodeId)>, NamespaceError> {
+        Ok(self
+            .fences(stripe)?
+            .into_iter()
+            .filter(|(_, _, at)| *at >= planned_at_ms)
+            .map(|(index, node, _)| (index, node))
+            .collect())
+    }
+
+    /// Every fence of `stripe`: (index, node, cluster clock when it was set).
+    fn fences(&self, stripe: StripeId) -> Result<Vec<(u8, NodeId, u64)>, NamespaceError> {
         let txn = self.read()?;
         let table = txn.open_table(DISOWNED)?;
         let mut out = Vec::new();
         for item in table.range((stripe.0, 0, 0)..=(stripe.0, u8::MAX, u64::MAX))? {
-            let (key, _) = item?;
+            let (key, at) = item?;
             let (_, index, node) = key.value();
-            out.push((index, NodeId(node)));
+            out.push((index, NodeId(node), decode(at.value(), "fence")?));
         }
         Ok(out)
     }

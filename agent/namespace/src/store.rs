@@ -246,7 +246,14 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
             }
             Ok(Outcome::Done)
         }
-        Command::RelocateShards { stripe, moves } => shards::relocate_shards(tx, *stripe, moves),
+        Command::RelocateShards { stripe, moves } => {
+            shards::relocate_shards(tx, *stripe, moves, None)
+        }
+        Command::RelocateShardsPlanned {
+            stripe,
+            moves,
+            planned_at_ms,
+        } => shards::relocate_shards(tx, *stripe, moves, Some(*planned_at_ms)),
         Command::DisownShards { node, shards } => shards::disown_shards(tx, *node, shards),
         Command::ChangeNode { node, change } => crate::nodes::change_node(tx, *node, *change),
         Command::TierStripes {

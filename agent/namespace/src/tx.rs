@@ -627,17 +627,17 @@ impl<'t> Tx<'t> {
         }
     }
 
-    pub(crate) fn is_disowned(
+    /// When (cluster clock) `node` disowned its copy of the slot, while the fence holds.
+    pub(crate) fn disowned_at(
         &self,
         stripe: StripeId,
         index: u8,
         node: NodeId,
-    ) -> Result<bool, NamespaceError> {
-        Ok(self
-            .disowned
-            .read()?
-            .get((stripe.0, index, node.0))?
-            .is_some())
+    ) -> Result<Option<u64>, NamespaceError> {
+        match self.disowned.read()?.get((stripe.0, index, node.0))? {
+            Some(at) => decode(at.value(), "fence").map(Some),
+            None => Ok(None),
+        }
     }
 
     pub(crate) fn disown(

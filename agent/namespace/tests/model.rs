@@ -295,6 +295,7 @@ impl Model {
             Command::SetLayout { .. }
             | Command::RecordGenerations { .. }
             | Command::RelocateShards { .. }
+            | Command::RelocateShardsPlanned { .. }
             | Command::DisownShards { .. }
             | Command::ChangeNode { .. }
             | Command::TierStripes { .. }

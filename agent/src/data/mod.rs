@@ -6,6 +6,7 @@
 //! Read [`Stripes`] first.
 
 mod corrupt;
+mod disowning;
 pub mod erasure;
 mod error;
 mod peers;
@@ -16,6 +17,7 @@ mod stripes;
 mod write;
 
 pub use corrupt::CorruptReports;
+pub use disowning::DisowningGuard;
 pub use error::{ShardFault, ShardFaults, StripeError};
 pub use read::StripeParts;
 pub use rebuild::{Rebuild, Rebuilt};

@@ -60,6 +60,8 @@ pub struct Stripes {
     pub(super) min_write_shards: Option<u8>,
     /// Shards of this node that reads found corrupt, for the scrub worker.
     corrupt: Arc<super::CorruptReports>,
+    /// Shards of this node being disowned: puts of them are refused meanwhile.
+    disowning: Arc<super::disowning::Disowning>,
     pub(super) metrics: StripeMetrics,
     /// When this coordinator started: for a while after, its view of who is alive is
     /// still forming.
@@ -151,6 +153,7 @@ impl Stripes {
             default_ec,
             min_write_shards,
             corrupt: Arc::default(),
+            disowning: Arc::default(),
             metrics,
         }
     }
@@ -272,6 +275,13 @@ impl Stripes {
             .await?)
     }
 
+    /// Refuses puts of `shards` to this node until the guard drops: hold it from before
+    /// this node proposes to disown them until it has deleted them (see
+    /// `super::disowning`).
+    pub fn refuse_puts(&self, shards: &[(StripeId, u8)]) -> super::DisowningGuard {
+        self.disowning.hold(shards)
+    }
+
     /// Deletes every shard of `stripe` in this node's store; returns how many there were.
     pub async fn delete_local(&self, stripe: StripeId) -> Result<usize, StripeError> {
         let keys: Vec<ShardKey> = self
@@ -316,6 +326,15 @@ impl Stripes {
 
     async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
         match req {
+            ShardRequest::Put { stripe, index, .. } if self.disowning.refuses(stripe, index) => {
+                ShardResponse::Failed {
+                    kind: ShardFailure::Other,
+                    message: format!(
+                        "shard {}.{index} is being deleted on this node (it disowned a copy); try again later",
+                        StripeId(stripe)
+                    ),
+                }
+            }
             ShardRequest::Put {
                 stripe,
                 index,

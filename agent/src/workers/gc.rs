@@ -43,8 +43,10 @@ fn unexpected(outcome: Outcome) -> AgentError {
 /// - Leftovers: shards of known stripes whose record names another node for that slot (a
 ///   repair that stored a shard here and never committed it; a slot rebuilt elsewhere
 ///   while this node was out). They are disowned through Raft (refused for any slot that
-///   names this node by then, fencing the rest against a late relocation here), and only
-///   the disowned ones are deleted. Shards of a cold stripe (its bytes are in the
+///   names this node by then, fencing the rest against a late relocation here: one
+///   planned before the fence), and only the disowned ones are deleted; from before the
+///   proposal until the deletes, this node refuses puts of those shards (a relocation
+///   planned after the fence may store its shard here once the old copy is gone). Shards of a cold stripe (its bytes are in the
 ///   bucket) are leftovers after a short grace of their own (30 s).
 pub struct OrphanShards {
     group: Arc<Group>,
@@ -167,6 +169,10 @@ impl OrphanShards {
         shards: Vec<(StripeId, u8)>,
         now: Instant,
     ) -> Result<(), AgentError> {
+        // From before the proposal until the deletes: a relocation the metadata accepts
+        // after the fence must not store its shard here in between (the delete would take
+        // it).
+        let _refusing = self.stripes.refuse_puts(&shards);
         let proposal = Proposal {
             id: None,
             now: Timestamp::now(),

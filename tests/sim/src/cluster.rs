@@ -435,11 +435,13 @@ async fn note_leaders(id: u64, group: Arc<Group>, trace: Trace) {
 }
 
 /// What node `id` (gossiping as `me`) tells the others about itself when it starts: a
-/// simulated member's facts, in a failure domain of its own, serving RPC at `rpc_addr`.
+/// simulated member's facts, in a failure domain of its own, serving RPC at `rpc_addr`,
+/// running this release (as every node of a cluster does between upgrades).
 fn facts(me: MemberId, rpc_addr: SocketAddr) -> NodeFacts {
     NodeFacts {
         failure_domain: format!("rack{}", me.node.0),
         rpc_addr,
+        agent_version: shoal_agent::AGENT_VERSION.into(),
         used_bytes: 0,
         ..sim_facts(me)
     }

@@ -241,6 +241,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A pass over the stripe records, page by page.
 #[derive(Default)]
 struct Pass {
+    /// The cluster clock when the pass began, before it read any fence: its relocations
+    /// say they were planned then (see `Command::RelocateShardsPlanned`).
+    planned_at_ms: u64,
     after: Option<StripeId>,
     summary: Summary,
     /// The most endangered stripes with lost slots: (available, id) → record.
@@ -259,6 +262,9 @@ pub struct Repair {
     last_pass_end: Option<Instant>,
     last_epoch: Option<u64>,
     queue: VecDeque<Task>,
+    /// The queue's commits say when it was planned (cluster clock); `None` while an
+    /// alive member runs another release (it could not apply that command).
+    queue_planned_at: Option<u64>,
     /// Shards per node as the last whole pass counted them (rebalance targets only nodes
     /// below their share).
     shards_per_node: Option<BTreeMap<NodeId, u64>>,
@@ -288,6 +294,7 @@ impl Repair {
             last_pass_end: None,
             last_epoch: None,
             queue: VecDeque::new(),
+            queue_planned_at: None,
             shards_per_node: None,
             recent: VecDeque::new(),
             recent_moves: VecDeque::new(),
@@ -335,7 +342,13 @@ impl Repair {
                 .collect(),
             None => BTreeSet::new(),
         };
-        let pass = self.pass.get_or_insert_with(Pass::default);
+        let pass = match &mut self.pass {
+            Some(pass) => pass,
+            None => self.pass.insert(Pass {
+                planned_at_ms: store.clock_ms()?,
+                ..Pass::default()
+            }),
+        };
         let page = store.stripes(pass.after, PAGE)?;
         pass.after = page.last().map(|r| r.id);
         for record in page.iter() {
@@ -348,9 +361,9 @@ impl Repair {
                 let below = |_: u8, to: NodeId| below_share.contains(&to);
                 let mut moves: Vec<Rebuild> = plan::misplaced(record, &placement, below);
                 if !moves.is_empty() {
-                    // A node that disowned a copy of the slot is fenced for it: the move
-                    // would be refused (and tried again every pass).
-                    let fenced = store.disowned(record.id)?;
+                    // A node that disowned a copy of the slot since the pass began is
+                    // fenced for it: the move would be refused (and tried again).
+                    let fenced = store.fenced_for(record.id, pass.planned_at_ms)?;
                     if moves.iter().any(|m| fenced.contains(&(m.index, m.to))) {
                         moves = plan::misplaced(record, &placement, |slot, to| {
                             below(slot, to) && !fenced.contains(&(slot, to))
@@ -380,7 +393,12 @@ impl Repair {
         }
         if self.group.is_leader() && !(pass.candidates.is_empty() && pass.misplaced.is_empty()) {
             let plan = self
-                .plan(&pass.candidates, &pass.misplaced, &members)
+                .plan(
+                    &pass.candidates,
+                    &pass.misplaced,
+                    &members,
+                    pass.planned_at_ms,
+                )
                 .await?;
             no_target = plan.no_target.len() as u64;
             if !plan.unreadable.is_empty() {
@@ -404,6 +422,9 @@ impl Repair {
                 );
             }
             self.queue = plan.tasks.into();
+            self.queue_planned_at = crate::drain::alive_on_other_releases(&members)
+                .is_empty()
+                .then_some(pass.planned_at_ms);
         } else {
             self.queue.clear();
         }
@@ -456,12 +477,13 @@ impl Repair {
         candidates: &[(StripeRecord, Health)],
         misplaced: &[(StripeRecord, Vec<Rebuild>)],
         members: &[shoal_mesh::MemberView],
+        planned_at_ms: u64,
     ) -> Result<Plan, AgentError> {
         let placement = self.stripes.placement_layout().await?;
         let mut room = room_of(members);
         let mut fenced: HashMap<StripeId, Vec<(u8, NodeId)>> = HashMap::new();
         for (r, _) in candidates {
-            let slots = self.group.store().disowned(r.id)?;
+            let slots = self.group.store().fenced_for(r.id, planned_at_ms)?;
             if !slots.is_empty() {
                 fenced.insert(r.id, slots);
             }
@@ -486,8 +508,11 @@ impl Repair {
                 };
                 self.wait_for_budget(&task).await;
                 let (group, stripes) = (self.group.clone(), self.stripes.clone());
-                let reason = task.reason();
-                set.spawn(async move { (reason, repair_one(&group, &stripes, task).await) });
+                let (reason, planned_at) = (task.reason(), self.queue_planned_at);
+                set.spawn(async move {
+                    let done = repair_one(&group, &stripes, task, planned_at).await;
+                    (reason, done)
+                });
             }
             let Some(done) = set.join_next().await else {
                 return Ok(());
@@ -626,11 +651,14 @@ fn trim(candidates: &mut Vec<(StripeRecord, Health)>) {
 /// Rebuilds and copies one stripe's shards and commits them. `Some` with what was
 /// committed (nothing when the stripe changed since it was planned, or no target took
 /// its shard: the next pass plans it again), `None` when the commit was refused after the
-/// shards were stored (a conflict: they are orphans now, swept later).
+/// shards were stored (a conflict: they are orphans now, swept later). `planned_at`: the
+/// cluster clock the task was planned at, for the commit to say (when every agent can
+/// apply that).
 async fn repair_one(
     group: &Group,
     stripes: &Arc<Stripes>,
     task: Task,
+    planned_at: Option<u64>,
 ) -> Result<Option<Done>, AgentError> {
     let id = task.record.id;
     // Planned from a pass that may be seconds old: act on the record as it is now.
@@ -679,7 +707,14 @@ async fn repair_one(
         .propose_one(Proposal {
             id: None,
             now: Timestamp::now(),
-            command: Command::RelocateShards { stripe: id, moves },
+            command: match planned_at {
+                Some(planned_at_ms) => Command::RelocateShardsPlanned {
+                    stripe: id,
+                    moves,
+                    planned_at_ms,
+                },
+                None => Command::RelocateShards { stripe: id, moves },
+            },
         })
         .await?;
     let len = task.record.shard_len;

@@ -384,8 +384,9 @@ pub type Room = HashMap<NodeId, u64>;
 /// Plans the repair of `stripes` (each with its health): targets from `placement` (the
 /// layout with only the nodes that take shards now eligible), never one in `room`
 /// without space for the shard (each assignment uses some), never a node fenced for a
-/// slot being placed (`fenced`: per stripe, the slot and node of each copy disowned; the
-/// metadata refuses to move that slot to that node, and only that slot).
+/// slot being placed (`fenced`: per stripe, the slot and node of each copy disowned at
+/// or after the clock the plan says it was made at; the metadata refuses to move that
+/// slot to that node, and only that slot).
 pub fn plan(
     stripes: &[(StripeRecord, Health)],
     placement: &Layout,

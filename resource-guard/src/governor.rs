@@ -82,6 +82,9 @@ pub struct Budget {
     pub concurrency: u32,
 }
 
+/// The shortest wait a refused take gives.
+const MIN_WAIT: Duration = Duration::from_millis(1);
+
 #[derive(Clone, Debug)]
 struct Bucket {
     rate: f64,
@@ -118,7 +121,10 @@ impl Bucket {
             self.tokens -= bytes;
             return Ok(());
         }
-        Err(Duration::from_secs_f64((need - self.tokens) / self.rate))
+        // Never a wait that rounds to nothing: asked again at the same instant, the
+        // bucket would refuse again. No rate at all: look again in a second.
+        let secs = (need - self.tokens) / self.rate;
+        Err(Duration::try_from_secs_f64(secs).map_or(Duration::from_secs(1), |d| d.max(MIN_WAIT)))
     }
 }
 
@@ -229,6 +235,20 @@ mod tests {
             utilization_percent: Some(util),
             ..GpuSample::default()
         }
+    }
+
+    /// The simulator found this (seed 1054 of `rebalance`): tokens a hair short of a
+    /// request gave a wait that rounds to zero, so a worker that slept it and asked
+    /// again at the same instant was refused again, forever (a busy loop on the wall
+    /// clock until the float worked out; a hang on the simulator's paused clock).
+    #[test]
+    fn waiting_as_long_as_a_refused_take_says_is_enough() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(1e9, t0);
+        b.tokens = 4096.0 - 1e-7;
+        let wait = b.take(4096.0, t0).expect_err("a hair short");
+        assert!(wait > Duration::ZERO);
+        assert!(b.take(4096.0, t0 + wait).is_ok(), "waited {wait:?}");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! store; the filesystem service a mount calls ([`FsService`]); and the workers that
 //! change what is stored: the steward (forms the group, adds learners, changes voters),
 //! repair, and the collectors of orphan shards, freed stripes and orphan inodes. The
-//! nodes talk over one [`SimNet`] with the real RPC framing.
+//! nodes talk over one [`SimNet`] with the real RPC framing. New machines join the running
+//! cluster ([`Cluster::join`]) and removed ones go away ([`Cluster::retire`]).
 //! A node is killed without warning: its disk is fenced first (a crash keeps what the
 //! page cache held, a power cut only what was synced), then it leaves the network. Its
 //! shard store keeps every shard whose put returned (a put is synced before it returns),
@@ -58,6 +59,8 @@ pub struct Running {
     pub fs: Arc<FsService>,
     /// Its membership.
     pub gossip: GossipHandle,
+    /// What its repair worker found in its last passes.
+    pub repair: Arc<RepairShared>,
 }
 
 /// The nodes that run now, shared with the workload's clients.
@@ -109,6 +112,28 @@ impl Live {
     pub fn ids(&self) -> Vec<u64> {
         self.map().keys().copied().collect()
     }
+
+    /// Whether some running node's membership sees node `id` alive.
+    pub async fn seen_alive(&self, id: u64) -> bool {
+        let gossips: Vec<GossipHandle> = self.map().values().map(|r| r.gossip.clone()).collect();
+        for gossip in gossips {
+            let Ok(views) = gossip.members().await else {
+                continue;
+            };
+            if views
+                .iter()
+                .any(|v| v.id.node.0 == id && v.state == shoal_mesh::MemberState::Alive)
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// What node `id`'s repair worker found in its last passes.
+    pub fn repair(&self, id: u64) -> Option<shoal_agent::workers::repair::RepairView> {
+        self.map().get(&id).map(|r| r.repair.view())
+    }
 }
 
 /// How a node stops.
@@ -135,6 +160,34 @@ struct Node {
     lost: bool,
 }
 
+impl Node {
+    /// Node `id` of a cluster formed by `expect` nodes, not started. Its disk and
+    /// election timeout come from `rng`.
+    fn new(id: u64, expect: usize, rng: &mut SplitMix64) -> Node {
+        // One timeout per node, not a range: openraft draws within a range from the OS's
+        // randomness. Every node's is below twice every other's, which the read lease
+        // needs (see `lease.rs`).
+        let election = 1000 + rng.below(900);
+        let config = MetaConfig {
+            bootstrap_expect: expect,
+            election_ms: [election, election + 1],
+            snapshot_every: 64,
+            orphan_shard_grace_s: ORPHAN_SHARD_GRACE.as_secs(),
+            ..MetaConfig::default()
+        };
+        Node {
+            addr: addr(id),
+            disk: SimDisk::new(rng.next_u64()),
+            store: Arc::new(NodeStore::Mem(MemStore::new(STORE_BYTES))),
+            config,
+            generation: 0,
+            gossip_seed: rng.next_u64(),
+            up: None,
+            lost: false,
+        }
+    }
+}
+
 struct Up {
     group: Arc<Group>,
     workers: Workers,
@@ -147,6 +200,12 @@ pub struct Cluster {
     nodes: BTreeMap<u64, Node>,
     pub live: Live,
     trace: Trace,
+    /// The nodes that formed the group (`[meta] bootstrap_expect` of every node).
+    expect: usize,
+    /// The id the next node to join gets (ids are never used twice).
+    next_id: u64,
+    /// Nodes that joined after the group formed.
+    joined: usize,
 }
 
 impl Up {
@@ -175,36 +234,41 @@ impl Cluster {
     pub fn new(ids: &[u64], rng: &mut SplitMix64, net: Arc<SimNet>, trace: Trace) -> Self {
         let nodes = ids
             .iter()
-            .map(|&id| {
-                // One timeout per node, not a range: openraft draws within a range from
-                // the OS's randomness. Every node's is below twice every other's, which the
-                // read lease needs (see `lease.rs`).
-                let election = 1000 + rng.below(900);
-                let config = MetaConfig {
-                    bootstrap_expect: ids.len(),
-                    election_ms: [election, election + 1],
-                    snapshot_every: 64,
-                    orphan_shard_grace_s: ORPHAN_SHARD_GRACE.as_secs(),
-                    ..MetaConfig::default()
-                };
-                let node = Node {
-                    addr: addr(id),
-                    disk: SimDisk::new(rng.next_u64()),
-                    store: Arc::new(NodeStore::Mem(MemStore::new(STORE_BYTES))),
-                    config,
-                    generation: 0,
-                    gossip_seed: rng.next_u64(),
-                    up: None,
-                    lost: false,
-                };
-                (id, node)
-            })
+            .map(|&id| (id, Node::new(id, ids.len(), rng)))
             .collect();
         Cluster {
             net,
             nodes,
             live: Live::default(),
             trace,
+            expect: ids.len(),
+            next_id: ids.iter().max().map_or(1, |m| m + 1),
+            joined: 0,
+        }
+    }
+
+    /// A new machine joins the running cluster (an empty disk and shard store); its id.
+    pub async fn join(&mut self, rng: &mut SplitMix64) -> Result<u64, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.joined += 1;
+        self.nodes.insert(id, Node::new(id, self.expect, rng));
+        self.trace.note(format_args!("node {id} joins"));
+        self.start(id).await?;
+        Ok(id)
+    }
+
+    /// How many nodes joined after the group formed.
+    pub fn joined(&self) -> usize {
+        self.joined
+    }
+
+    /// Node `id` (stopped) is gone for good after the layout let it go (drained, then
+    /// removed): its machine is forgotten.
+    pub fn retire(&mut self, id: u64) {
+        if self.nodes.get(&id).is_some_and(|n| n.up.is_none()) {
+            self.nodes.remove(&id);
+            self.trace.note(format_args!("node {id} retired"));
         }
     }
 
@@ -307,12 +371,13 @@ impl Cluster {
         workers.spawn(Steward::new(group.clone(), gossip.clone(), DOWN_OUT_AFTER));
         workers.spawn(gc::OrphanShards::new(group.clone(), stripes.clone()));
         workers.spawn(gc::StripeGc::new(group.clone(), stripes.clone()));
+        let repair = RepairShared::new(&mut registry);
         workers.spawn(Repair::new(
             group.clone(),
             stripes.clone(),
             gossip.clone(),
             resources,
-            RepairShared::new(&mut registry),
+            repair.clone(),
         ));
         workers.spawn(gc::OrphanPurge::new(
             group.clone(),
@@ -327,6 +392,7 @@ impl Cluster {
                 group: group.clone(),
                 fs,
                 gossip: gossip_handle,
+                repair,
             },
         );
         node.up = Some(Up {

@@ -6,6 +6,8 @@
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,6 +28,49 @@ fn wall() -> Duration {
     WALL_START + since
 }
 
+/// Real time a run may spend without its virtual clock moving a second: then some task
+/// is waiting no time over and over (seed 1054 of `rebalance` found one), and the run
+/// would never end.
+const STUCK_AFTER: Duration = Duration::from_secs(120);
+
+/// Watches a run from another thread: exits the process, naming the seed, when the run's
+/// virtual clock stands still for [`STUCK_AFTER`] of real time. Stops when dropped.
+struct Watchdog {
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    fn start(seed: u64, virtual_secs: Arc<AtomicU64>) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let stop = done.clone();
+        std::thread::spawn(move || {
+            let mut last = (
+                virtual_secs.load(Ordering::Relaxed),
+                std::time::Instant::now(),
+            );
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = virtual_secs.load(Ordering::Relaxed);
+                if now != last.0 {
+                    last = (now, std::time::Instant::now());
+                } else if last.1.elapsed() >= STUCK_AFTER {
+                    eprintln!(
+                        "seed {seed}: the virtual clock stood still at {now} s for {STUCK_AFTER:?} of real time: a task waits no time over and over; replay it with --seed {seed} and look at the stacks (gdb -p)"
+                    );
+                    std::process::exit(3);
+                }
+            }
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Runs `future` to its end on a fresh seeded runtime.
 pub fn block_on<F: Future>(seed: u64, future: F) -> F::Output {
     let _seeded = shoal_agent::sim_thread::seed_this_thread(seed ^ 0x005e_ed0f_5aa1);
@@ -38,7 +83,17 @@ pub fn block_on<F: Future>(seed: u64, future: F) -> F::Output {
         Ok(rt) => rt.block_on(async {
             STARTED.with(|s| s.set(Some(Instant::now())));
             let _wall = shoal_agent_api::wall_clock::set_for_this_thread(wall);
-            future.await
+            let virtual_secs = Arc::new(AtomicU64::new(0));
+            let _watchdog = Watchdog::start(seed, virtual_secs.clone());
+            let beat = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    virtual_secs.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            let out = future.await;
+            beat.abort();
+            out
         }),
         // Building a current-thread runtime with no I/O driver allocates and nothing else.
         Err(e) => panic!("the simulator's runtime: {e}"),

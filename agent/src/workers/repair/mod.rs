@@ -265,6 +265,8 @@ pub struct Repair {
     /// The queue's commits say when it was planned (cluster clock); `None` while an
     /// alive member runs another release (it could not apply that command).
     queue_planned_at: Option<u64>,
+    /// Tasks that committed a move, since this worker started.
+    committed: u64,
     /// Shards per node as the last whole pass counted them (rebalance targets only nodes
     /// below their share).
     shards_per_node: Option<BTreeMap<NodeId, u64>>,
@@ -295,6 +297,7 @@ impl Repair {
             last_epoch: None,
             queue: VecDeque::new(),
             queue_planned_at: None,
+            committed: 0,
             shards_per_node: None,
             recent: VecDeque::new(),
             recent_moves: VecDeque::new(),
@@ -545,6 +548,9 @@ impl Repair {
     }
 
     fn repaired(&mut self, done: Done) {
+        if done.rebuilt_bytes + done.moved_shards + done.rebalanced_bytes > 0 {
+            self.committed += 1;
+        }
         let m = &self.shared.metrics;
         let now = Instant::now();
         let mut v = lock(&self.shared.view);
@@ -758,14 +764,21 @@ impl Worker for Repair {
             return Ok(Step::Idle);
         }
         let before = lock(&self.shared.view).repaired_stripes;
+        let committed_before = self.committed;
         self.repair_some().await?;
         if self.queue.is_empty() {
             let done = lock(&self.shared.view).repaired_stripes - before;
             if done > 0 {
                 info!(stripes = done, "repair round done; scanning again");
             }
-            // Scan again at once to see what is left.
-            self.last_pass_end = None;
+            // Scan again at once to see what is left, when the round committed something.
+            // One that moved nothing (every target refused, the stripes changed) waits
+            // for the next pass: at once, it would plan the same work and fail the same
+            // way, in a loop (the simulator found one: seed 3032, a hot loop on a real
+            // clock and a hang on its paused one).
+            if self.committed > committed_before {
+                self.last_pass_end = None;
+            }
         }
         Ok(Step::Busy)
     }

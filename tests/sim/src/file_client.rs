@@ -1,6 +1,7 @@
 //! [`FileClient`]: what a mount does through its own node's [`FsService`] (the agent's
 //! side of the mount): it creates files, writes them (inline while small, then across
-//! stripes: appends, overwrites of a range), unlinks some (their stripes are freed and
+//! stripes: appends, overwrites of a range), truncates some, unlinks some (their stripes
+//! are freed and
 //! collected), some while it holds them open (it reads them through the handle later:
 //! an unlinked file stays whole while a mount holds it), and opens and reads files any
 //! client wrote, checking every byte against the model. Its requests are the mount's own.
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shoal_agent::fs::FsService;
-use shoal_agent_api::{FileKind, FsRequest, FsResponse, Owner, ROOT_INO, RequestId};
+use shoal_agent_api::{FileKind, FsRequest, FsResponse, Owner, ROOT_INO, RequestId, SetAttr};
 use shoal_disk::SplitMix64;
 
 use crate::cluster::Live;
@@ -36,6 +37,9 @@ pub struct FileClient {
     pub seq: u64,
     /// Files it unlinked while holding them open.
     pub held: crate::held::HeldFiles,
+    /// Unlinks and truncations in 20 of its operations on its own files (the rest
+    /// writes): more of them make more garbage for the collectors.
+    pub churn_in_20: u64,
 }
 
 /// Whether a file of `len` bytes is read through one request.
@@ -72,21 +76,26 @@ impl FileClient {
                 self.read_held(&fs, handle, release).await;
                 continue;
             }
+            let own = self.rng.below(20);
             match self.rng.below(20) {
-                0 if !self.mine.is_empty() => {
-                    let i = self.rng.below(self.mine.len() as u64) as usize;
-                    let name = self.mine.swap_remove(i);
-                    if self.rng.below(2) == 0 {
-                        self.unlink_held_open(&fs, &name).await;
-                    } else {
-                        self.unlink(&fs, &name).await;
-                    }
-                }
                 0..=9 if !self.mine.is_empty() => {
                     let i = self.rng.below(self.mine.len() as u64) as usize;
                     let name = self.mine[i].clone();
-                    if !self.write(&fs, &name).await {
+                    if own >= self.churn_in_20 {
+                        if !self.write(&fs, &name).await {
+                            self.mine.swap_remove(i);
+                        }
+                    } else if own % 2 == 1 {
+                        if !self.truncate(&fs, &name).await {
+                            self.mine.swap_remove(i);
+                        }
+                    } else {
                         self.mine.swap_remove(i);
+                        if self.rng.below(2) == 0 {
+                            self.unlink_held_open(&fs, &name).await;
+                        } else {
+                            self.unlink(&fs, &name).await;
+                        }
                     }
                 }
                 0..=13 => self.create(&fs).await,
@@ -184,6 +193,46 @@ impl FileClient {
                 match answer {
                     Ok(other) => self.note(format_args!("write {name}: unknown ({other:?})")),
                     Err(_) => self.note(format_args!("write {name}: unknown (timed out)")),
+                }
+                false
+            }
+        }
+    }
+
+    /// Truncates file `name` to fewer bytes (the stripes past the cut are freed, and
+    /// collected). False once its outcome is unknown (the file is written no more).
+    async fn truncate(&mut self, fs: &Arc<FsService>, name: &str) -> bool {
+        let Some((ino, len)) = self
+            .model
+            .file(name, false, |h, _| (h.ino, h.newest().len() as u64))
+        else {
+            return false;
+        };
+        let size = if self.rng.below(3) == 0 {
+            0
+        } else {
+            self.rng.below(len.max(1))
+        };
+        self.model.file(name, false, |h, _| h.truncating(size));
+        let req = FsRequest::SetAttr {
+            id: self.next_id(),
+            ino,
+            set: SetAttr {
+                size: Some(size),
+                ..SetAttr::default()
+            },
+        };
+        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+            Ok(FsResponse::Attr(_)) => {
+                self.model.file(name, true, |h, at| h.acked(at));
+                self.note(format_args!("truncated {name} to {size} bytes"));
+                true
+            }
+            answer => {
+                self.model.file(name, false, |h, _| h.settled = true);
+                match answer {
+                    Ok(other) => self.note(format_args!("truncate {name}: unknown ({other:?})")),
+                    Err(_) => self.note(format_args!("truncate {name}: unknown (timed out)")),
                 }
                 false
             }

@@ -63,16 +63,18 @@ pub enum Family {
     Repair,
     Drain,
     Rebalance,
+    Gc,
     Mixed,
 }
 
 impl Family {
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::PowerLoss,
         Family::Partition,
         Family::Repair,
         Family::Drain,
         Family::Rebalance,
+        Family::Gc,
         Family::Mixed,
     ];
 
@@ -83,6 +85,7 @@ impl Family {
             Family::Repair => "repair",
             Family::Drain => "drain",
             Family::Rebalance => "rebalance",
+            Family::Gc => "gc",
             Family::Mixed => "mixed",
         }
     }
@@ -103,6 +106,9 @@ impl Family {
             }
             Family::Rebalance => {
                 "new nodes join under writes (shards move onto them until none is below its share), a node drained and removed, with kill -9 and power cuts"
+            }
+            Family::Gc => {
+                "files truncated and unlinked (some while held open) at a high rate, under kill -9, power cuts, an isolated node and a bad network: the collectors free what nothing needs, never what something does"
             }
             Family::Mixed => "all of the above in one schedule",
         }
@@ -180,6 +186,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
             mine: Vec::new(),
             seq: 0,
             held: Default::default(),
+            churn_in_20: if family == Family::Gc { 12 } else { 4 },
         };
         clients.push(tokio::spawn(client.run(stop.clone())));
     }
@@ -333,6 +340,7 @@ async fn check_files(id: u64, live: &Live, trace: &Trace, model: &Model) {
         mine: Vec::new(),
         seq: 0,
         held: Default::default(),
+        churn_in_20: 0,
     };
     let deadline = tokio::time::Instant::now() + LIVENESS;
     let mut unread = Vec::new();
@@ -783,6 +791,7 @@ impl Schedule {
             Family::Repair => &[9, 9, 0, 1, 3],
             Family::Drain => &[10, 10, 11, 0, 1, 3],
             Family::Rebalance => &[12, 12, 10, 13, 0, 1, 3],
+            Family::Gc => &[0, 1, 3, 4, 6, 7],
             Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
         };
         let choice = choices[self.rng.below(choices.len() as u64) as usize];

@@ -43,6 +43,14 @@ impl FileHistory {
         self.versions.push(next);
     }
 
+    /// A truncation to `len` bytes is sent: its contents become the next version (cut,
+    /// or extended with zeros).
+    pub fn truncating(&mut self, len: u64) {
+        let mut next = self.newest().to_vec();
+        next.resize(len as usize, 0);
+        self.versions.push(next);
+    }
+
     /// The newest version was acknowledged at event `at`.
     pub fn acked(&mut self, at: u64) {
         self.acked.push((self.versions.len() - 1, at));
@@ -113,5 +121,16 @@ mod tests {
         assert_eq!(f.check(b"aXYZ", 4), Ok(2), "the write in flight may show");
         assert!(f.check(b"abX", 4).is_err(), "torn");
         assert_eq!(f.last_acked(), 1);
+    }
+
+    #[test]
+    fn bytes_cut_by_a_truncation_read_back_as_zeros_after_an_extending_write() {
+        let mut f = FileHistory::created(2, 1);
+        f.writing(0, b"abcdef");
+        f.truncating(2);
+        f.writing(4, b"Z");
+        f.acked(2);
+        assert_eq!(f.newest(), b"ab\0\0Z");
+        assert!(f.check(b"abcdZ", 3).is_err(), "cut bytes came back");
     }
 }

@@ -591,6 +591,17 @@ impl Group {
         Arc::new(move |node| group.member_addr(node.0))
     }
 
+    /// The members of the group (voters and learners), as this member knows them.
+    pub fn member_ids(&self) -> Vec<u64> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// The RPC address of a member of the group.
     pub fn member_addr(&self, id: u64) -> Option<SocketAddr> {
         let metrics = self.raft.metrics();

@@ -52,17 +52,30 @@ fn alive_members(views: &[MemberView]) -> Vec<Member> {
     views
         .iter()
         .filter(|m| m.state == MemberState::Alive)
-        .filter_map(|m| {
-            let f = m.facts.as_ref()?;
-            Some(Member {
-                id: m.id.node.0,
-                name: f.name.clone(),
-                failure_domain: f.failure_domain.clone(),
-                rpc: f.rpc_addr.to_string(),
-                weight: f.capacity_bytes.max(1),
-                meta_failed: f.meta_failed,
-            })
-        })
+        .filter_map(member_of)
+        .collect()
+}
+
+/// A member as its facts describe it (gossip has none yet: `None`).
+fn member_of(view: &MemberView) -> Option<Member> {
+    let f = view.facts.as_ref()?;
+    Some(Member {
+        id: view.id.node.0,
+        name: f.name.clone(),
+        failure_domain: f.failure_domain.clone(),
+        rpc: f.rpc_addr.to_string(),
+        weight: f.capacity_bytes.max(1),
+        meta_failed: f.meta_failed,
+    })
+}
+
+/// The metadata group's members that gossip does not see alive, as their facts describe
+/// them (those gossip never heard of are left out).
+fn absent_group_members(meta: &Group, views: &[MemberView], alive: &[Member]) -> Vec<Member> {
+    meta.member_ids()
+        .into_iter()
+        .filter(|id| !alive.iter().any(|m| m.id == *id))
+        .filter_map(|id| views.iter().find(|v| v.id.node.0 == id).and_then(member_of))
         .collect()
 }
 
@@ -181,7 +194,8 @@ impl Worker for Steward {
         let meta = &self.meta;
         reconcile_members(meta, &alive, &mut self.down_since, now).await?;
         if self.started.elapsed() >= LAYOUT_SETTLE {
-            reconcile_layout(meta, &alive, &long_down).await?;
+            let absent = absent_group_members(meta, &views, &alive);
+            reconcile_layout(meta, &alive, &absent, &long_down).await?;
         }
         record_generations(meta, &views).await?;
         Ok(Step::Idle)
@@ -441,13 +455,38 @@ fn desired_layout(
     nodes.into_values().collect()
 }
 
+/// `absent`: the group's members gossip does not see alive (see [`first_layout`]).
+/// The cluster's first layout: the alive members `Active`, and the metadata group's
+/// members gossip does not see alive (`absent`) `Down`. A node cut off before the first
+/// layout may still serve its mounts' open files, and the orphan purge asks only the
+/// layout's nodes (and live members) whether they hold an unlinked file open: a node in
+/// no layout was never asked, and a file it held open was purged under its mount (the
+/// simulator found it: seed 3018 of `partition`). Later layouts keep every node they ever
+/// held, so only the first could miss one.
+fn first_layout(alive: &[Member], absent: &[Member]) -> Vec<LayoutNode> {
+    let mut nodes = desired_layout(None, alive, &[]);
+    for m in absent {
+        if !nodes.iter().any(|n| n.id.0 == m.id) {
+            let mut n = LayoutNode::active(NodeId(m.id), m.failure_domain.as_str(), m.weight);
+            n.state = NodeState::Down;
+            nodes.push(n);
+        }
+    }
+    nodes.sort_by_key(|n| n.id);
+    nodes
+}
+
 async fn reconcile_layout(
     meta: &Group,
     alive: &[Member],
+    absent: &[Member],
     long_down: &[u64],
 ) -> Result<(), AgentError> {
     let current = meta.store().cluster_layout()?;
-    let nodes = desired_layout(current.as_ref(), alive, long_down);
+    let nodes = match &current {
+        Some(_) => desired_layout(current.as_ref(), alive, long_down),
+        None => first_layout(alive, absent),
+    };
     if let Some(l) = &current {
         for n in &nodes {
             let before = l.node(n.id).map(|b| b.state);
@@ -554,6 +593,24 @@ mod tests {
         let two = back.iter().find(|n| n.id.0 == 2).expect("node 2");
         assert_eq!((two.state, two.weight), (NodeState::Active, 20));
         assert_eq!(two.failure_domain.0, "b2");
+    }
+
+    #[test]
+    fn the_first_layout_holds_the_group_members_gossip_cannot_see_as_down() {
+        let first = first_layout(
+            &[member(1, "a", 10), member(3, "c", 10)],
+            &[member(2, "b", 10), member(3, "c", 10)],
+        );
+        assert_eq!(
+            states(&first),
+            [
+                (1, NodeState::Active),
+                (2, NodeState::Down),
+                (3, NodeState::Active)
+            ]
+        );
+        let two = first.iter().find(|n| n.id.0 == 2).expect("node 2");
+        assert_eq!(two.failure_domain.0, "b");
     }
 
     #[test]

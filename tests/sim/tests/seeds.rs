@@ -18,10 +18,12 @@ fn seed_count() -> u64 {
 /// stale inline bytes taken into a stripe; 421, a read through a handle held across a
 /// restart answered before the replica caught up; 202 and 224, a slot fenced for a day on
 /// the only node that could take it; 289, two drains at once started from a lagging
-/// replica; 1054, a repair worker spinning on a budget wait that rounded to zero (see
-/// ARCHITECTURE.md, "The simulator"). A code change reshapes every seed's run, so they
-/// are kept as cheap extra seeds, not as proofs.
-const FOUND: [(u64, &str); 10] = [
+/// replica; 1054, a repair worker spinning on a budget wait that rounded to zero; 3018, a
+/// file purged under a mount whose node was in no layout; 3032, a repair round that
+/// failed at once planned again in a loop (see ARCHITECTURE.md, "The simulator"). A
+/// code change reshapes every seed's run, so they are kept as cheap extra seeds, not as
+/// proofs.
+const FOUND: [(u64, &str); 12] = [
     (25, "power-loss"),
     (56, "partition"),
     (8, "drain"),
@@ -32,6 +34,8 @@ const FOUND: [(u64, &str); 10] = [
     (224, "mixed"),
     (289, "mixed"),
     (1054, "rebalance"),
+    (3018, "partition"),
+    (3032, "repair"),
 ];
 
 #[test]

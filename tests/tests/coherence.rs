@@ -141,7 +141,11 @@ fn an_open_right_after_the_local_agent_restarted_follows_no_stale_name() {
         let old = stream_bytes(880 + round, 0, 20_000);
         let new = stream_bytes(890 + round, 0, 30_000);
         write_close(&m1.join("d/f"), &old);
-        assert_bytes_eq(&read(&m3.join("d/f")), &old, "before the restart");
+        assert_bytes_eq(
+            &read(&m3.join("d/f")),
+            &old,
+            &format!("d/f on node 3 before its agent restarts (round {round})"),
+        );
         c.stop_agent(3);
         fs::rename(m1.join("d/f"), m1.join(format!("d/aside{round}"))).expect("move aside");
         write_close(&m1.join("d/f"), &new);

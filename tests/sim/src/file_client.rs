@@ -182,17 +182,32 @@ impl FileClient {
             offset,
             data,
         };
+        let done = format!("wrote {name}: {size} bytes at {offset}");
+        self.change(fs, req, name, "write", done).await
+    }
+
+    /// Sends `req`, a change of file `name` (`what` it is, `done` what it did, for the
+    /// trace): acknowledged, the model's newest version is; otherwise its outcome is
+    /// unknown, the file is written no more, and this says false.
+    async fn change(
+        &mut self,
+        fs: &Arc<FsService>,
+        req: FsRequest,
+        name: &str,
+        what: &str,
+        done: String,
+    ) -> bool {
         match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
             Ok(FsResponse::Attr(_)) => {
                 self.model.file(name, true, |h, at| h.acked(at));
-                self.note(format_args!("wrote {name}: {size} bytes at {offset}"));
+                self.note(format_args!("{done}"));
                 true
             }
             answer => {
                 self.model.file(name, false, |h, _| h.settled = true);
                 match answer {
-                    Ok(other) => self.note(format_args!("write {name}: unknown ({other:?})")),
-                    Err(_) => self.note(format_args!("write {name}: unknown (timed out)")),
+                    Ok(other) => self.note(format_args!("{what} {name}: unknown ({other:?})")),
+                    Err(_) => self.note(format_args!("{what} {name}: unknown (timed out)")),
                 }
                 false
             }
@@ -222,21 +237,8 @@ impl FileClient {
                 ..SetAttr::default()
             },
         };
-        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
-            Ok(FsResponse::Attr(_)) => {
-                self.model.file(name, true, |h, at| h.acked(at));
-                self.note(format_args!("truncated {name} to {size} bytes"));
-                true
-            }
-            answer => {
-                self.model.file(name, false, |h, _| h.settled = true);
-                match answer {
-                    Ok(other) => self.note(format_args!("truncate {name}: unknown ({other:?})")),
-                    Err(_) => self.note(format_args!("truncate {name}: unknown (timed out)")),
-                }
-                false
-            }
-        }
+        let done = format!("truncated {name} to {size} bytes");
+        self.change(fs, req, name, "truncate", done).await
     }
 
     /// Reads file `name` back until a read succeeds or `deadline` passes (one try at

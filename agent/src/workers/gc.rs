@@ -363,9 +363,16 @@ impl Worker for OrphanPurge {
         if due.is_empty() {
             return Ok(Step::Idle);
         }
+        // Judge against everything committed, not a replica that lags (a leader cut off
+        // before the first layout reached it asked nobody and purged a file a mount held
+        // open: the simulator, seed 20081 of `gc`); and never without a layout, which
+        // names the nodes whose mounts may hold the file.
+        self.group.barrier().await?;
         let members = self.gossip.members().await?;
-        let layout = self.group.store().cluster_layout()?;
-        let peers = match holders_to_ask(layout.as_ref(), &members) {
+        let Some(layout) = self.group.store().cluster_layout()? else {
+            return Ok(Step::Idle);
+        };
+        let peers = match holders_to_ask(Some(&layout), &members) {
             Ok(peers) => peers,
             Err(node) => {
                 debug!(%node, inodes = due.len(), "not purging unlinked inodes: a node that may hold them open cannot be asked");

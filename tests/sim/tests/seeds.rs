@@ -20,10 +20,11 @@ fn seed_count() -> u64 {
 /// the only node that could take it; 289, two drains at once started from a lagging
 /// replica; 1054, a repair worker spinning on a budget wait that rounded to zero; 3018, a
 /// file purged under a mount whose node was in no layout; 3032, a repair round that
-/// failed at once planned again in a loop (see ARCHITECTURE.md, "The simulator"). A
+/// failed at once planned again in a loop; 20081 and 20215, a purge decided by a leader
+/// whose replica had no layout yet (see ARCHITECTURE.md, "The simulator"). A
 /// code change reshapes every seed's run, so they are kept as cheap extra seeds, not as
 /// proofs.
-const FOUND: [(u64, &str); 12] = [
+const FOUND: [(u64, &str); 14] = [
     (25, "power-loss"),
     (56, "partition"),
     (8, "drain"),
@@ -36,6 +37,8 @@ const FOUND: [(u64, &str); 12] = [
     (1054, "rebalance"),
     (3018, "partition"),
     (3032, "repair"),
+    (20081, "gc"),
+    (20215, "mixed"),
 ];
 
 #[test]

@@ -46,8 +46,9 @@ fn unexpected(outcome: Outcome) -> AgentError {
 ///   names this node by then, fencing the rest against a late relocation here: one
 ///   planned before the fence), and only the disowned ones are deleted; from before the
 ///   proposal until the deletes, this node refuses puts of those shards (a relocation
-///   planned after the fence may store its shard here once the old copy is gone). Shards of a cold stripe (its bytes are in the
-///   bucket) are leftovers after a short grace of their own (30 s).
+///   planned after the fence may store its shard here once the old copy is gone).
+///   Shards of a cold stripe (its bytes are in the bucket) are leftovers after a short
+///   grace of their own (30 s).
 pub struct OrphanShards {
     group: Arc<Group>,
     stripes: Arc<Stripes>,

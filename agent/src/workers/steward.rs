@@ -194,8 +194,7 @@ impl Worker for Steward {
         let meta = &self.meta;
         reconcile_members(meta, &alive, &mut self.down_since, now).await?;
         if self.started.elapsed() >= LAYOUT_SETTLE {
-            let absent = absent_group_members(meta, &views, &alive);
-            reconcile_layout(meta, &alive, &absent, &long_down).await?;
+            reconcile_layout(meta, &alive, &views, &long_down).await?;
         }
         record_generations(meta, &views).await?;
         Ok(Step::Idle)
@@ -455,7 +454,6 @@ fn desired_layout(
     nodes.into_values().collect()
 }
 
-/// `absent`: the group's members gossip does not see alive (see [`first_layout`]).
 /// The cluster's first layout: the alive members `Active`, and the metadata group's
 /// members gossip does not see alive (`absent`) `Down`. A node cut off before the first
 /// layout may still serve its mounts' open files, and the orphan purge asks only the
@@ -476,16 +474,18 @@ fn first_layout(alive: &[Member], absent: &[Member]) -> Vec<LayoutNode> {
     nodes
 }
 
+/// `views`: every member gossip knows (the first layout also takes the group's members
+/// it does not see alive; see [`first_layout`]).
 async fn reconcile_layout(
     meta: &Group,
     alive: &[Member],
-    absent: &[Member],
+    views: &[MemberView],
     long_down: &[u64],
 ) -> Result<(), AgentError> {
     let current = meta.store().cluster_layout()?;
     let nodes = match &current {
         Some(_) => desired_layout(current.as_ref(), alive, long_down),
-        None => first_layout(alive, absent),
+        None => first_layout(alive, &absent_group_members(meta, views, alive)),
     };
     if let Some(l) = &current {
         for n in &nodes {

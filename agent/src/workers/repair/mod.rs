@@ -265,8 +265,6 @@ pub struct Repair {
     /// The queue's commits say when it was planned (cluster clock); `None` while an
     /// alive member runs another release (it could not apply that command).
     queue_planned_at: Option<u64>,
-    /// Tasks that committed a move, since this worker started.
-    committed: u64,
     /// Shards per node as the last whole pass counted them (rebalance targets only nodes
     /// below their share).
     shards_per_node: Option<BTreeMap<NodeId, u64>>,
@@ -297,7 +295,6 @@ impl Repair {
             last_epoch: None,
             queue: VecDeque::new(),
             queue_planned_at: None,
-            committed: 0,
             shards_per_node: None,
             recent: VecDeque::new(),
             recent_moves: VecDeque::new(),
@@ -548,9 +545,6 @@ impl Repair {
     }
 
     fn repaired(&mut self, done: Done) {
-        if done.rebuilt_bytes + done.moved_shards + done.rebalanced_bytes > 0 {
-            self.committed += 1;
-        }
         let m = &self.shared.metrics;
         let now = Instant::now();
         let mut v = lock(&self.shared.view);
@@ -763,11 +757,13 @@ impl Worker for Repair {
             self.queue.clear();
             return Ok(Step::Idle);
         }
-        let before = lock(&self.shared.view).repaired_stripes;
-        let committed_before = self.committed;
+        // What this node committed so far: rebuilt stripes, moved shards, rebalanced bytes.
+        let committed = |v: &RepairView| (v.repaired_stripes, v.moved_shards, v.rebalanced_bytes);
+        let before = committed(&lock(&self.shared.view));
         self.repair_some().await?;
         if self.queue.is_empty() {
-            let done = lock(&self.shared.view).repaired_stripes - before;
+            let after = committed(&lock(&self.shared.view));
+            let done = after.0 - before.0;
             if done > 0 {
                 info!(stripes = done, "repair round done; scanning again");
             }
@@ -776,7 +772,7 @@ impl Worker for Repair {
             // for the next pass: at once, it would plan the same work and fail the same
             // way, in a loop (the simulator found one: seed 3032, a hot loop on a real
             // clock and a hang on its paused one).
-            if self.committed > committed_before {
+            if after != before {
                 self.last_pass_end = None;
             }
         }

@@ -1,6 +1,8 @@
-//! The two real stores, both through `object_store`: an S3-compatible bucket and a local
+//! The real stores, all through `object_store`: an S3-compatible bucket, a local
 //! directory (the embedded default: every node of a one-machine cluster points at the same
-//! folder; on real servers it must be a filesystem they all share).
+//! folder; on real servers it must be a filesystem they all share), and memory (the
+//! simulator's bucket: `object_store`'s own in-memory store, which never leaves the
+//! calling thread, so it runs on a paused clock).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use bytes::Bytes;
 use futures_util::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{
     BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
@@ -137,6 +140,16 @@ impl ObjectBackend {
             prefix: String::new(),
             what: format!("directory {}", PathBuf::from(path).display()),
         })
+    }
+
+    /// A bucket in this process's memory, shared by every clone of the `Arc` that holds
+    /// it: the simulator's cold store (its nodes share one, as a cluster shares a bucket).
+    pub fn memory() -> ObjectBackend {
+        ObjectBackend {
+            inner: Arc::new(InMemory::new()),
+            prefix: String::new(),
+            what: "memory".into(),
+        }
     }
 
     fn path(&self, key: &str) -> ObjectPath {

@@ -1,4 +1,4 @@
-//! The cold-store contract against the local directory and the fault-injecting wrapper,
+//! The cold-store contract against the local directory, memory and the fault-injecting wrapper,
 //! and the wrapper's faults themselves. (The same suite runs against a real S3 server in
 //! `tests/tests/tiering.rs`.)
 
@@ -19,6 +19,13 @@ async fn the_directory_store_keeps_the_contract() {
     let (_dir, store) = dir_store();
     contract::run(&store, "one").await;
     // Runs in other scopes see nothing of each other.
+    contract::run(&store, "two").await;
+}
+
+#[tokio::test]
+async fn the_memory_store_keeps_the_contract() {
+    let store = ObjectBackend::memory();
+    contract::run(&store, "one").await;
     contract::run(&store, "two").await;
 }
 

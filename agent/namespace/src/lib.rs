@@ -32,7 +32,7 @@ pub use query::{FileData, NamespaceStats};
 pub use revocations::RevokedName;
 pub use snapshot::snapshot_marker;
 pub use store::NamespaceStore;
-pub use tier::{TierFile, TierSummary};
+pub use tier::{ColdInventory, TierFile, TierSummary};
 pub use touched::Touched;
 
 #[cfg(test)]

@@ -247,6 +247,17 @@ pub struct TierSummary {
     pub garbage_bytes: u64,
 }
 
+/// What the metadata says of the bucket (see `cold_inventory`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ColdInventory {
+    /// Live cold stripes and where their bytes are.
+    pub stripes: Vec<(StripeId, ColdLocation)>,
+    /// Objects in use: id → size.
+    pub objects: BTreeMap<u128, u64>,
+    /// Objects no stripe uses, not deleted from the bucket yet.
+    pub garbage: Vec<u128>,
+}
+
 /// A file with data in stripes, as the mover and `tier status` see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TierFile {
@@ -303,6 +314,31 @@ impl NamespaceStore {
         s.hot_stripes = live.saturating_sub(s.cold_stripes);
         s.hot_bytes = live_bytes.saturating_sub(s.cold_bytes);
         Ok(s)
+    }
+
+    /// Everything the metadata says of the bucket, for an audit against what the bucket
+    /// holds: where each live cold stripe's bytes are, the objects in use (id → size) and
+    /// the garbage objects not deleted yet.
+    pub fn cold_inventory(&self) -> Result<ColdInventory, NamespaceError> {
+        let txn = self.read()?;
+        let mut inv = ColdInventory::default();
+        let live = txn.open_table(crate::record::STRIPES)?;
+        for item in txn.open_table(COLD)?.iter()? {
+            let (id, value) = item?;
+            if live.get(id.value())?.is_some() {
+                inv.stripes
+                    .push((StripeId(id.value()), decode(value.value(), "cold")?));
+            }
+        }
+        for item in txn.open_table(OBJECTS)?.iter()? {
+            let (id, value) = item?;
+            let obj: ObjectRecord = decode(value.value(), "object")?;
+            inv.objects.insert(id.value(), obj.size);
+        }
+        for item in txn.open_table(OBJECT_GARBAGE)?.iter()? {
+            inv.garbage.push(item?.0.value());
+        }
+        Ok(inv)
     }
 
     /// Up to `limit` garbage objects (id, size).
@@ -449,6 +485,8 @@ pub(crate) fn cold_of(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use shoal_agent_api::ROOT_INO;
     use shoal_placement::{NodeId, StripeId};
 
@@ -554,6 +592,10 @@ mod tests {
         });
         let s = kit.store.tier_summary().expect("summary");
         assert_eq!((s.cold_stripes, s.objects, s.garbage_objects), (1, 1, 0));
+        let inv = kit.store.cold_inventory().expect("inventory");
+        assert_eq!(inv.stripes, [(StripeId(1), loc(50, 16, 10))]);
+        assert_eq!(inv.objects, BTreeMap::from([(50, 1000)]));
+        assert!(inv.garbage.is_empty());
         // Overwriting f's first extent frees stripe 1: the object is garbage now.
         kit.write_extents(f, vec![extent(0, 10, 9)]);
         kit.run(Command::StripesFreed {
@@ -570,6 +612,9 @@ mod tests {
             (0, 0, 1, 1000)
         );
         assert_eq!(kit.store.object_garbage(10).expect("q"), [(50, 1000)]);
+        let inv = kit.store.cold_inventory().expect("inventory");
+        assert!(inv.stripes.is_empty() && inv.objects.is_empty());
+        assert_eq!(inv.garbage, [50]);
         assert!(kit.store.object_known(50).expect("q"));
         kit.run(Command::ObjectsDeleted { objects: vec![50] });
         assert!(kit.store.object_garbage(10).expect("q").is_empty());

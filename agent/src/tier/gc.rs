@@ -7,11 +7,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_tiering::pack::{object_id, object_key};
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::Tier;

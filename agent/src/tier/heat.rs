@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shoal_agent_api::Ino;
 use shoal_namespace::format::Timestamp;

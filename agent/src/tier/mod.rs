@@ -53,7 +53,7 @@ struct PrefetchState {
     files_done: u64,
     bytes_total: u64,
     bytes_done: u64,
-    started: std::time::Instant,
+    started: tokio::time::Instant,
 }
 
 /// The cold tier of this node: the store, the policy, and what the workers share.
@@ -93,6 +93,24 @@ impl Tier {
         metrics: TierMetrics,
     ) -> Result<Arc<Tier>, AgentError> {
         let store = config.open_store()?;
+        Tier::with_store(
+            config, store, ca_pem, group, stripes, resources, gossip, metrics,
+        )
+    }
+
+    /// The tier on a store opened elsewhere (the simulator's bucket in memory); `config`
+    /// gives the policy, and its store settings are not used.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_store(
+        config: TieringConfig,
+        store: Arc<dyn ColdStore>,
+        ca_pem: &[u8],
+        group: Arc<Group>,
+        stripes: Arc<Stripes>,
+        resources: Arc<Resources>,
+        gossip: GossipHandle,
+        metrics: TierMetrics,
+    ) -> Result<Arc<Tier>, AgentError> {
         let policy = config.policy()?;
         let object_size = config.object_size_bytes()?;
         let granularity = heat::granularity(policy.cold_after_ms);

@@ -6,7 +6,9 @@
 //! committed, so an outage costs time, never data.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shoal_agent_api::Ino;
 use shoal_namespace::format::Timestamp;
@@ -82,12 +84,59 @@ impl Tier {
     }
 }
 
+/// When the mover may try the store again after failures: the wait doubles with each
+/// failure in a row, up to [`BACKOFF_MAX`], and one success forgets them.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    retry_at: Option<Instant>,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            next: BACKOFF_FIRST,
+            retry_at: None,
+        }
+    }
+
+    /// Whether to try now. Once the wait is over the mover works on its scan interval
+    /// again: the time to retry is past, not a wake-up that is due forever after (the
+    /// mover spun on it, found by the simulator: seed 2 of `tiering`).
+    fn ready(&mut self, now: Instant) -> bool {
+        match self.retry_at {
+            Some(at) if now < at => false,
+            Some(_) => {
+                self.retry_at = None;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// A failure at `now`: how long until the next try.
+    fn failed(&mut self, now: Instant) -> Duration {
+        let wait = self.next;
+        self.retry_at = Some(now + wait);
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        wait
+    }
+
+    fn succeeded(&mut self) {
+        *self = Backoff::new();
+    }
+
+    /// When a failed try may be retried, while it waits.
+    fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
+}
+
 /// The `tier-mover` worker.
 pub struct TierMover {
     tier: Arc<Tier>,
     ticker: Ticker,
-    backoff: Duration,
-    retry_at: Option<Instant>,
+    backoff: Backoff,
 }
 
 impl TierMover {
@@ -96,8 +145,7 @@ impl TierMover {
         TierMover {
             tier,
             ticker: Ticker::every(every),
-            backoff: BACKOFF_FIRST,
-            retry_at: None,
+            backoff: Backoff::new(),
         }
     }
 }
@@ -112,7 +160,7 @@ impl Worker for TierMover {
             self.tier.set_mover("standby");
             return Ok(Step::Idle);
         }
-        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+        if !self.backoff.ready(Instant::now()) {
             return Ok(Step::Idle);
         }
         let chosen = self.tier.choose().await?;
@@ -136,17 +184,15 @@ impl Worker for TierMover {
         match self.tier.upload_files(&batch).await {
             Ok(moved) => {
                 debug!(files = moved.files, bytes = moved.bytes, "mover pass");
-                self.backoff = BACKOFF_FIRST;
-                self.retry_at = None;
+                self.backoff.succeeded();
                 self.tier.set_mover("idle");
                 Ok(if more { Step::Busy } else { Step::Idle })
             }
             Err(e) if e.is_retryable() => {
-                warn!(error = %e, retry_in = ?self.backoff, "cold-tier upload failed; backing off");
+                let retry_in = self.backoff.failed(Instant::now());
+                warn!(error = %e, ?retry_in, "cold-tier upload failed; backing off");
                 self.tier.failed(&e);
                 self.tier.set_mover("backing off");
-                self.retry_at = Some(Instant::now() + self.backoff);
-                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
                 Ok(Step::Idle)
             }
             Err(e) => {
@@ -158,8 +204,8 @@ impl Worker for TierMover {
     }
 
     async fn wait_for_work(&mut self) {
-        match self.retry_at {
-            Some(at) => tokio::time::sleep_until(at.into()).await,
+        match self.backoff.retry_at() {
+            Some(at) => tokio::time::sleep_until(at).await,
             None => self.ticker.tick().await,
         }
     }
@@ -172,5 +218,42 @@ impl Worker for TierMover {
                 s.moving_files, s.moving_bytes
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backoff_waits_longer_after_each_failure_and_forgets_them_on_success() {
+        let t0 = Instant::now();
+        let mut b = Backoff::new();
+        assert!(b.ready(t0));
+        assert_eq!(b.failed(t0), BACKOFF_FIRST);
+        assert!(!b.ready(t0 + BACKOFF_FIRST / 2));
+        assert_eq!(b.retry_at(), Some(t0 + BACKOFF_FIRST));
+        let t1 = t0 + BACKOFF_FIRST;
+        assert!(b.ready(t1));
+        assert_eq!(b.failed(t1), BACKOFF_FIRST * 2);
+        for _ in 0..20 {
+            b.failed(t1);
+        }
+        assert_eq!(b.failed(t1), BACKOFF_MAX);
+        b.succeeded();
+        assert_eq!(b.failed(t1), BACKOFF_FIRST);
+    }
+
+    #[test]
+    fn a_wait_that_is_over_is_not_a_wake_up_due_forever() {
+        let t0 = Instant::now();
+        let mut b = Backoff::new();
+        b.failed(t0);
+        // The next try comes after the wait and finds nothing to move (no success to
+        // reset the backoff): the worker must go back to its scan interval.
+        assert!(b.ready(t0 + BACKOFF_FIRST));
+        assert_eq!(b.retry_at(), None, "a past retry time is not kept");
+        // The doubling still holds for the next failure in a row.
+        assert_eq!(b.failed(t0 + BACKOFF_FIRST), BACKOFF_FIRST * 2);
     }
 }

@@ -8,7 +8,9 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use shoal_agent_api::{Ino, StripeRecord, TierMoved};

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shoal_agent_api::{Ino, TierMoved};
 use shoal_namespace::format::{ColdLocation, Timestamp};

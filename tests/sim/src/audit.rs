@@ -1,7 +1,10 @@
 //! [`Audit`]: what the nodes' shard stores hold against what the metadata says they
 //! should: shards a live stripe is missing on the nodes that run, shards no stripe names
 //! (orphans), freed stripes whose shards were not deleted yet, and inodes with no name
-//! left that were not purged. With the faults healed, all four must come to nothing:
+//! left that were not purged; with a cold tier, also what the bucket holds against what
+//! the metadata says it should: cold stripes whose object is missing or short, objects the
+//! metadata does not know (an upload whose commit was lost) and objects no stripe uses
+//! that were not deleted. With the faults healed, all of these must come to nothing:
 //! redundancy is full again and nothing is left behind.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,6 +32,14 @@ pub struct Audit {
     pub first_missing: Option<String>,
     /// The layout's nodes and their states.
     pub layout: String,
+    /// Cold stripes whose object is not in the bucket, or too short for their range.
+    pub cold_missing: Vec<StripeId>,
+    /// Objects in the bucket the metadata does not know.
+    pub stray_objects: usize,
+    /// Objects no stripe uses, not deleted from the bucket yet.
+    pub garbage_objects: usize,
+    /// Live cold stripes.
+    pub cold_stripes: usize,
 }
 
 impl Audit {
@@ -37,6 +48,9 @@ impl Audit {
             && self.orphans.is_empty()
             && self.garbage == 0
             && self.orphan_inodes == 0
+            && self.cold_missing.is_empty()
+            && self.stray_objects == 0
+            && self.garbage_objects == 0
     }
 
     /// What is wrong, in a line (a few examples of each).
@@ -49,7 +63,7 @@ impl Audit {
             )
         };
         format!(
-            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}",
+            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}; {} of {} cold stripes' objects missing or short ({}); {} objects the metadata does not know; {} garbage objects not deleted",
             self.missing.len(),
             self.stripes,
             few(self
@@ -66,16 +80,33 @@ impl Audit {
             self.garbage,
             self.orphan_inodes,
             self.first_missing.as_deref().unwrap_or("none"),
-            self.layout
+            self.layout,
+            self.cold_missing.len(),
+            self.cold_stripes,
+            few(self.cold_missing.iter().map(|s| s.to_string()).collect()),
+            self.stray_objects,
+            self.garbage_objects,
         )
     }
 }
 
 /// Audits the shards of `stores` (the running nodes') against the metadata as `group`'s
-/// replica holds it.
-pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Audit, String> {
+/// replica holds it, and the bucket's objects (id → size, listed before the replica was
+/// read) when the cluster has a cold tier.
+pub fn audit(
+    group: &Group,
+    stores: &BTreeMap<u64, Arc<NodeStore>>,
+    bucket: Option<&BTreeMap<u128, u64>>,
+) -> Result<Audit, String> {
     let ns = group.store();
     let mut audit = Audit::default();
+    if let Some(objects) = bucket {
+        audit_bucket(
+            &mut audit,
+            &ns.cold_inventory().map_err(|e| e.to_string())?,
+            objects,
+        );
+    }
     // Where each shard should be: (stripe, index) → node.
     let mut expected: BTreeMap<(u128, u8), u64> = BTreeMap::new();
     let mut records = Vec::new();
@@ -152,6 +183,28 @@ pub fn audit(group: &Group, stores: &BTreeMap<u64, Arc<NodeStore>>) -> Result<Au
         }
     }
     Ok(audit)
+}
+
+/// The bucket's `objects` against the metadata's `inventory`.
+fn audit_bucket(
+    audit: &mut Audit,
+    inventory: &shoal_namespace::ColdInventory,
+    objects: &BTreeMap<u128, u64>,
+) {
+    audit.cold_stripes = inventory.stripes.len();
+    for (stripe, loc) in &inventory.stripes {
+        let fits = objects
+            .get(&loc.object)
+            .is_some_and(|size| loc.offset + loc.len <= *size);
+        if !fits {
+            audit.cold_missing.push(*stripe);
+        }
+    }
+    audit.stray_objects = objects
+        .keys()
+        .filter(|id| !inventory.objects.contains_key(id) && !inventory.garbage.contains(id))
+        .count();
+    audit.garbage_objects = inventory.garbage.len();
 }
 
 /// The layout's nodes and their states, as "id:State" words.

@@ -24,6 +24,7 @@ use shoal_agent::consensus::metrics::MetaMetrics;
 use shoal_agent::consensus::{Group, MetaConfig};
 use shoal_agent::data::{ClusterView, StripeSettings, Stripes};
 use shoal_agent::fs::{FsService, OpenHandles};
+use shoal_agent::tier::{Tier, TierGc, TierHeat, TierMetrics, TierMover, TieringConfig};
 use shoal_agent::workers::repair::{Repair, RepairShared};
 use shoal_agent::workers::steward::Steward;
 use shoal_agent::workers::{Workers, gc};
@@ -36,6 +37,7 @@ use shoal_mesh::{
 };
 use shoal_placement::EcProfile;
 use shoal_store::{MemStore, NodeStore};
+use shoal_tiering::{ColdStore, Faulty, ObjectBackend};
 
 use crate::trace::Trace;
 
@@ -51,6 +53,32 @@ const STORE_BYTES: u64 = 1 << 30;
 /// default is 600 s; a run is shorter).
 pub const ORPHAN_SHARD_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
 
+/// The cold tier's bucket, shared by every node, with the faults a family injects.
+pub type Bucket = Arc<Faulty<ObjectBackend>>;
+
+/// The cold tier of a simulated cluster: files untouched for 30 s go cold (the agent's
+/// default is 7 days; a run is minutes), the mover looks every 5 s, and an object the
+/// metadata never heard of is deleted after the shortest grace the agent allows.
+fn tier_config() -> TieringConfig {
+    TieringConfig {
+        store: shoal_agent::tier::config::StoreKind::Dir,
+        dir: None,
+        s3: None,
+        cold_after: "30s".into(),
+        high_watermark: 0.85,
+        low_watermark: 0.70,
+        pinned: Vec::new(),
+        recall_timeout: std::time::Duration::from_secs(10),
+        object_size: "1MiB".into(),
+        scan_interval: std::time::Duration::from_secs(5),
+        orphan_object_grace: ORPHAN_OBJECT_GRACE,
+    }
+}
+
+/// How long an object the metadata does not know waits before the tier's collector
+/// fences it (the least `[tiering] orphan_object_grace` allows).
+pub const ORPHAN_OBJECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What a running node serves its clients through.
 #[derive(Clone)]
 pub struct Running {
@@ -61,6 +89,8 @@ pub struct Running {
     pub gossip: GossipHandle,
     /// What its repair worker found in its last passes.
     pub repair: Arc<RepairShared>,
+    /// Its cold tier, when the cluster runs one.
+    pub tier: Option<Arc<Tier>>,
 }
 
 /// The nodes that run now, shared with the workload's clients.
@@ -128,6 +158,11 @@ impl Live {
             }
         }
         false
+    }
+
+    /// Node `id`'s cold tier, when it runs and the cluster has one.
+    pub fn tier(&self, id: u64) -> Option<Arc<Tier>> {
+        self.map().get(&id).and_then(|r| r.tier.clone())
     }
 
     /// What node `id`'s repair worker found in its last passes.
@@ -206,6 +241,8 @@ pub struct Cluster {
     next_id: u64,
     /// Nodes that joined after the group formed.
     joined: usize,
+    /// The cold tier's bucket, when the nodes run a cold tier.
+    pub bucket: Option<Bucket>,
 }
 
 impl Up {
@@ -244,7 +281,15 @@ impl Cluster {
             expect: ids.len(),
             next_id: ids.iter().max().map_or(1, |m| m + 1),
             joined: 0,
+            bucket: None,
         }
+    }
+
+    /// The nodes run a cold tier (its mover, recall and collector) on one bucket in
+    /// memory.
+    pub fn with_cold_tier(mut self) -> Self {
+        self.bucket = Some(Arc::new(Faulty::new(ObjectBackend::memory())));
+        self
     }
 
     /// A new machine joins the running cluster (an empty disk and shard store); its id.
@@ -290,6 +335,7 @@ impl Cluster {
     /// open after any crash or power cut.
     pub async fn start(&mut self, id: u64) -> Result<(), String> {
         let seeds = self.nodes_addrs(gossip_addr);
+        let bucket = self.bucket.clone();
         let Some(node) = self.nodes.get_mut(&id) else {
             return Err(format!("no node {id}"));
         };
@@ -356,15 +402,33 @@ impl Cluster {
         stripes.serve_on(&transport);
         let handles = Arc::new(OpenHandles::default());
         handles.serve(&transport);
+        let resources = Resources::start(None, &BackgroundConfig::default(), &mut registry)
+            .map_err(|e| format!("node {id}: {e}"))?;
+        let tier = match &bucket {
+            Some(bucket) => {
+                let store: Arc<dyn ColdStore> = bucket.clone();
+                let tier = Tier::with_store(
+                    tier_config(),
+                    store,
+                    b"sim cluster",
+                    group.clone(),
+                    stripes.clone(),
+                    resources.clone(),
+                    gossip.clone(),
+                    TierMetrics::register(&mut registry),
+                )
+                .map_err(|e| format!("node {id}: {e}"))?;
+                Some(tier)
+            }
+            None => None,
+        };
         let fs = Arc::new(FsService::new(
             group.clone(),
             stripes.clone(),
             gossip.clone(),
             handles.clone(),
-            None,
+            tier.clone(),
         ));
-        let resources = Resources::start(None, &BackgroundConfig::default(), &mut registry)
-            .map_err(|e| format!("node {id}: {e}"))?;
         let workers = Workers::default();
         workers.spawn(workers_of_group.batcher);
         let gossip_handle = gossip.clone();
@@ -385,6 +449,14 @@ impl Cluster {
             transport.clone(),
             handles,
         ));
+        if let Some(tier) = &tier {
+            workers.spawn(TierHeat::new(tier.clone()));
+            workers.spawn(TierGc::new(
+                tier.clone(),
+                std::time::Duration::from_secs(node.config.gc_interval_s),
+            ));
+            workers.spawn(TierMover::new(tier.clone()));
+        }
         tokio::spawn(note_leaders(id, group.clone(), self.trace.clone()));
         self.live.map().insert(
             id,
@@ -393,6 +465,7 @@ impl Cluster {
                 fs,
                 gossip: gossip_handle,
                 repair,
+                tier,
             },
         );
         node.up = Some(Up {

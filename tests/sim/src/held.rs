@@ -31,10 +31,20 @@ pub struct Held {
 }
 
 /// A client's held files, shared with its keepalive.
-pub type HeldFiles = Arc<Mutex<Vec<Held>>>;
+pub type HeldFiles = Arc<HeldSet>;
+
+#[derive(Default)]
+pub struct HeldSet {
+    files: Mutex<Vec<Held>>,
+    /// Held while handles are announced, and by a release: as the mount holds its table
+    /// of handles throughout a re-open, so a handle released meanwhile is not announced
+    /// again after its `Release` (the model once did that, seed 198 of `tiering`, and
+    /// the agent kept the released file from the purge for good).
+    announcing: tokio::sync::Mutex<()>,
+}
 
 fn lock(held: &HeldFiles) -> std::sync::MutexGuard<'_, Vec<Held>> {
-    held.lock().unwrap_or_else(|p| p.into_inner())
+    held.files.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Who holds the files: what the keepalive and the checks need of the client.
@@ -63,6 +73,7 @@ impl Holder {
 
     /// Announces to `fs` the handles not announced to it yet.
     pub async fn announce(&self, fs: &Arc<FsService>) {
+        let _announcing = self.held.announcing.lock().await;
         let due: Vec<(u64, u64)> = lock(&self.held)
             .iter()
             .filter(|h| !Arc::ptr_eq(&h.on, fs))
@@ -188,11 +199,12 @@ impl FileClient {
             Ok(Err(_)) | Err(_) => return,
         }
         if release {
+            let _announcing = self.held.announcing.lock().await;
+            lock(&self.held).retain(|h| h.handle != handle);
             let session = self.session();
             let _ = fs
                 .handle(FsRequest::Release { session, handle }, None, PROTOCOL)
                 .await;
-            lock(&self.held).retain(|h| h.handle != handle);
         }
     }
 

@@ -32,7 +32,7 @@ use shoal_namespace::{Command, NamespaceError, Proposal};
 use shoal_placement::{NodeId, NodeState};
 
 use crate::audit::{audit, node_states};
-use crate::cluster::{Cluster, Live, ORPHAN_SHARD_GRACE, Stop, addr};
+use crate::cluster::{Bucket, Cluster, Live, ORPHAN_OBJECT_GRACE, ORPHAN_SHARD_GRACE, Stop, addr};
 use crate::file_client::FileClient;
 use crate::model::Model;
 use crate::trace::{Trace, digest};
@@ -64,17 +64,19 @@ pub enum Family {
     Drain,
     Rebalance,
     Gc,
+    Tiering,
     Mixed,
 }
 
 impl Family {
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::PowerLoss,
         Family::Partition,
         Family::Repair,
         Family::Drain,
         Family::Rebalance,
         Family::Gc,
+        Family::Tiering,
         Family::Mixed,
     ];
 
@@ -86,6 +88,7 @@ impl Family {
             Family::Drain => "drain",
             Family::Rebalance => "rebalance",
             Family::Gc => "gc",
+            Family::Tiering => "tiering",
             Family::Mixed => "mixed",
         }
     }
@@ -110,7 +113,12 @@ impl Family {
             Family::Gc => {
                 "files truncated and unlinked (some while held open) at a high rate, under kill -9, power cuts, an isolated node and a bad network: the collectors free what nothing needs, never what something does"
             }
-            Family::Mixed => "all of the above in one schedule",
+            Family::Tiering => {
+                "a cold tier: files untouched for 30 s go to the bucket, files released and warmed at random, under an unreachable bucket, failed and short uploads, kill -9, power cuts and a bad network: every acknowledged byte reads back, from NVMe or the bucket, and no object is left behind"
+            }
+            Family::Mixed => {
+                "all of the above but the cold tier in one schedule (its seeds stay the regression seeds they were)"
+            }
         }
     }
 
@@ -148,6 +156,9 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
     let mut net_rng = SplitMix64(rng.next_u64());
     let net = SimNet::new(Box::new(move || net_rng.next_u64()));
     let mut cluster = Cluster::new(&NODES, &mut rng, net.clone(), trace.clone());
+    if family == Family::Tiering {
+        cluster = cluster.with_cold_tier();
+    }
     let model = Model::default();
     if let Err(e) = cluster.form(LIVENESS).await {
         model.violation(e);
@@ -196,6 +207,7 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
         net: net.clone(),
         trace: trace.clone(),
         unsure_drain: false,
+        model: model.clone(),
     };
     for _ in 0..steps {
         // Most faults follow each other closely; some last long enough for an election
@@ -223,6 +235,11 @@ async fn run_here(seed: u64, family: Family, steps: usize) -> Outcome {
 async fn heal(cluster: &mut Cluster, net: &SimNet, trace: &Trace, model: &Model) {
     net.heal();
     net.set_faults(Faults::default());
+    if let Some(bucket) = &cluster.bucket {
+        bucket.set_outage(false);
+        bucket.fail_puts(0);
+        bucket.truncate_puts(0);
+    }
     trace.note("healed");
     for id in cluster.ids() {
         if let Err(e) = cluster.start(id).await {
@@ -363,15 +380,30 @@ async fn check_files(id: u64, live: &Live, trace: &Trace, model: &Model) {
 /// every live stripe's shards on running nodes (repair done), no orphan shards, no freed
 /// stripe's shards left (the collectors done).
 async fn check_stored(cluster: &Cluster, trace: &Trace, model: &Model) {
-    let bound = ORPHAN_SHARD_GRACE * 3;
+    // With a cold tier, an object the metadata never heard of waits out its grace, and
+    // files the last reads touched go cold again meanwhile.
+    let bound = match cluster.bucket {
+        Some(_) => ORPHAN_SHARD_GRACE * 3 + ORPHAN_OBJECT_GRACE * 2,
+        None => ORPHAN_SHARD_GRACE * 3,
+    };
     let started = tokio::time::Instant::now();
     loop {
         let stores = cluster.running_stores();
         let Some(group) = stores.keys().next().and_then(|id| cluster.live.get(*id)) else {
             return;
         };
+        let objects = match &cluster.bucket {
+            Some(bucket) => match bucket_objects(bucket).await {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    model.violation(format!("the bucket does not list after healing: {e}"));
+                    return;
+                }
+            },
+            None => None,
+        };
         let found = match group.barrier().await {
-            Ok(()) => audit(&group, &stores),
+            Ok(()) => audit(&group, &stores, objects.as_ref()),
             Err(e) => Err(e.to_string()),
         };
         match found {
@@ -380,6 +412,12 @@ async fn check_stored(cluster: &Cluster, trace: &Trace, model: &Model) {
                     "stored shards agree with the metadata: {} stripes",
                     a.stripes
                 ));
+                if cluster.bucket.is_some() {
+                    trace.note(format_args!(
+                        "the bucket agrees with the metadata: {} cold stripes",
+                        a.cold_stripes
+                    ));
+                }
                 return;
             }
             Ok(a) if started.elapsed() >= bound => {
@@ -400,6 +438,19 @@ async fn check_stored(cluster: &Cluster, trace: &Trace, model: &Model) {
             _ => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     }
+}
+
+/// The objects in the bucket: id → size.
+async fn bucket_objects(
+    bucket: &Bucket,
+) -> Result<std::collections::BTreeMap<u128, u64>, shoal_tiering::TierError> {
+    use shoal_tiering::ColdStore;
+    Ok(bucket
+        .list("objects")
+        .await?
+        .into_iter()
+        .filter_map(|(key, size)| Some((shoal_tiering::pack::object_id(&key)?, size)))
+        .collect())
 }
 
 /// A drain that can finish (the other nodes span enough failure domains for every
@@ -715,6 +766,8 @@ struct Schedule {
     /// A drain was asked for and its answer never came: it may still apply, so no other
     /// node is drained or lost until a caught-up replica shows it.
     unsure_drain: bool,
+    /// The files the clients made (what a release or a warm-up names).
+    model: Model,
 }
 
 impl Schedule {
@@ -792,6 +845,7 @@ impl Schedule {
             Family::Drain => &[10, 10, 11, 0, 1, 3],
             Family::Rebalance => &[12, 12, 10, 13, 0, 1, 3],
             Family::Gc => &[0, 1, 3, 4, 6, 7],
+            Family::Tiering => &[0, 1, 2, 3, 6, 7, 14, 14, 15, 16, 16, 17],
             Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
         };
         let choice = choices[self.rng.below(choices.len() as u64) as usize];
@@ -907,6 +961,68 @@ impl Schedule {
                 };
                 self.net.set_faults(faults);
                 self.trace.note(format_args!("network: {faults:?}"));
+            }
+            // The bucket fails: unreachable, or the next few uploads fail or keep only
+            // part of what they were sent while saying they succeeded.
+            14 => {
+                if let Some(bucket) = &cluster.bucket {
+                    let n = 1 + self.rng.below(3);
+                    let how = match self.rng.below(3) {
+                        0 => {
+                            bucket.set_outage(true);
+                            "unreachable".to_string()
+                        }
+                        1 => {
+                            bucket.fail_puts(n);
+                            format!("fails the next {n} uploads")
+                        }
+                        _ => {
+                            bucket.truncate_puts(n);
+                            format!("keeps half of the next {n} uploads")
+                        }
+                    };
+                    self.trace.note(format_args!("bucket {how}"));
+                }
+            }
+            15 => {
+                if let Some(bucket) = &cluster.bucket {
+                    bucket.set_outage(false);
+                    self.trace.note("bucket back");
+                }
+            }
+            // A file sent to the bucket now (`shoal tier release`), or warmed back onto
+            // NVMe (`shoal tier prefetch`), through some node; it runs on while the
+            // schedule goes on.
+            16 | 17 => {
+                let up = cluster.live.ids();
+                let Some(&through) = up.get(self.rng.below(up.len().max(1) as u64) as usize) else {
+                    return Ok(());
+                };
+                let rng = &mut self.rng;
+                let file = self.model.some_file(|n| rng.below(n.max(1)));
+                if let (Some(tier), Some((name, ino))) = (cluster.live.tier(through), file) {
+                    let trace = self.trace.clone();
+                    let release = choice == 16;
+                    tokio::spawn(async move {
+                        let what = if release { "release" } else { "prefetch" };
+                        let done = tokio::time::timeout(OP_WAIT * 6, async {
+                            if release {
+                                tier.release(&[ino]).await
+                            } else {
+                                tier.prefetch(&[ino]).await
+                            }
+                        })
+                        .await;
+                        let said = match done {
+                            Ok(Ok(moved)) => format!("{} stripes", moved.stripes),
+                            Ok(Err(e)) => format!("failed ({e})"),
+                            Err(_) => "timed out".into(),
+                        };
+                        trace.note(format_args!(
+                            "{what} of {name} through node {through}: {said}"
+                        ));
+                    });
+                }
             }
             // The partitions and the bad network end.
             7 | 8 => {

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 
@@ -9,16 +10,22 @@ use crate::header::HEADER_LEN;
 use crate::{ShardKey, ShardStore, StoreError, StoreUsage, slice};
 
 pub struct MemStore {
-    limit: u64,
+    limit: AtomicU64,
     shards: Mutex<BTreeMap<ShardKey, Bytes>>,
 }
 
 impl MemStore {
     pub fn new(limit: u64) -> Self {
         MemStore {
-            limit,
+            limit: AtomicU64::new(limit),
             shards: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Holds at most `limit` bytes from now on (a disk that fills: puts beyond it fail
+    /// with [`StoreError::Full`]; what it holds stays).
+    pub fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardKey, Bytes>> {
@@ -42,12 +49,9 @@ impl ShardStore for MemStore {
         }
         let used = Self::used(&map);
         let need = (HEADER_LEN + data.len()) as u64;
-        if used + need > self.limit {
-            return Err(StoreError::Full {
-                need,
-                used,
-                limit: self.limit,
-            });
+        let limit = self.limit.load(Ordering::Relaxed);
+        if used + need > limit {
+            return Err(StoreError::Full { need, used, limit });
         }
         map.insert(key, data);
         Ok(())
@@ -88,7 +92,7 @@ impl ShardStore for MemStore {
         StoreUsage {
             shards: map.len() as u64,
             used_bytes: Self::used(&map),
-            limit_bytes: self.limit,
+            limit_bytes: self.limit.load(Ordering::Relaxed),
         }
     }
 }

@@ -20,6 +20,23 @@ async fn mem_store_keeps_the_contract() {
 }
 
 #[tokio::test]
+async fn a_mem_store_whose_limit_drops_refuses_new_puts_and_keeps_what_it_holds() {
+    use shoal_store::{ShardKey, ShardStore, StoreError};
+    let store = MemStore::new(LIMIT);
+    let key = |stripe| ShardKey { stripe, index: 0 };
+    let data = bytes::Bytes::from(vec![3u8; 1000]);
+    store.put(key(1), data.clone()).await.expect("put");
+    store.set_limit(store.usage().used_bytes);
+    match store.put(key(2), data.clone()).await {
+        Err(StoreError::Full { .. }) => {}
+        other => panic!("a put into a full store answered {other:?}"),
+    }
+    assert_eq!(store.get(key(1), 0, None).await.expect("get"), data);
+    store.set_limit(LIMIT);
+    store.put(key(2), data).await.expect("room again");
+}
+
+#[tokio::test]
 async fn disk_store_with_direct_io_keeps_the_contract_and_reopens() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ring = Ring::start(64).expect("io_uring");

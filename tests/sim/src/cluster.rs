@@ -29,7 +29,7 @@ use shoal_agent::workers::repair::{Repair, RepairShared};
 use shoal_agent::workers::steward::Steward;
 use shoal_agent::workers::{Workers, gc};
 use shoal_agent::{BackgroundConfig, Resources};
-use shoal_disk::{Disk, SimDisk, SplitMix64};
+use shoal_disk::{Disk, SimDisk, SimFault, SplitMix64};
 use shoal_mesh::membership_sim::sim_facts;
 use shoal_mesh::{
     ClusterKey, GossipDriver, GossipHandle, MemberId, Membership, MembershipConfig, NodeFacts,
@@ -193,6 +193,8 @@ struct Node {
     up: Option<Up>,
     /// Lost for good (the machine is gone): it never starts again.
     lost: bool,
+    /// Its metadata disk fails or is full (it may not start until that ends).
+    disk_fault: Option<SimFault>,
 }
 
 impl Node {
@@ -219,6 +221,7 @@ impl Node {
             gossip_seed: rng.next_u64(),
             up: None,
             lost: false,
+            disk_fault: None,
         }
     }
 }
@@ -358,6 +361,15 @@ impl Cluster {
         .await;
         let (group, workers_of_group) = match started {
             Ok(g) => g,
+            // A disk that fails may well keep its member from starting: the node stays
+            // down until the fault ends, as an agent that exits does under systemd.
+            Err(e) if node.disk_fault.is_some() => {
+                transport.close().await;
+                self.trace.note(format_args!(
+                    "node {id} does not start on its failing disk: {e}"
+                ));
+                return Ok(());
+            }
             Err(e) => {
                 transport.close().await;
                 return Err(format!("node {id} does not start after a crash: {e}"));
@@ -431,6 +443,10 @@ impl Cluster {
         ));
         let workers = Workers::default();
         workers.spawn(workers_of_group.batcher);
+        workers.spawn(shoal_agent::consensus::CoreWatch::new(
+            group.clone(),
+            gossip.clone(),
+        ));
         let gossip_handle = gossip.clone();
         workers.spawn(Steward::new(group.clone(), gossip.clone(), DOWN_OUT_AFTER));
         workers.spawn(gc::OrphanShards::new(group.clone(), stripes.clone()));
@@ -492,6 +508,86 @@ impl Cluster {
             up.halt().await;
         }
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
+    }
+
+    /// Node `id`'s metadata disk fails (EIO), fills (ENOSPC on every write that grows
+    /// it) or, with `None`, works again.
+    pub fn disk_fault(&mut self, id: u64, fault: Option<SimFault>) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.disk.set_fault(fault);
+            node.disk_fault = fault;
+            self.trace.note(format_args!("node {id} disk: {fault:?}"));
+        }
+    }
+
+    /// Node `id`'s shard store is full (it takes no new shard) or, with `false`, has
+    /// room again.
+    pub fn store_full(&mut self, id: u64, full: bool) {
+        if let Some(node) = self.nodes.get(&id)
+            && let NodeStore::Mem(store) = &*node.store
+        {
+            let limit = if full {
+                shoal_store::ShardStore::usage(store).used_bytes
+            } else {
+                STORE_BYTES
+            };
+            store.set_limit(limit);
+            self.trace
+                .note(format_args!("node {id} shard store full: {full}"));
+        }
+    }
+
+    /// What systemd does for an agent that exits: a node whose metadata member stopped
+    /// on its own (a storage failure) is restarted (and stays down while its disk
+    /// fails). The agent goes on for a while after the failure before it exits; here it
+    /// is restarted at the schedule's next step.
+    pub async fn restart_failed(&mut self) -> Result<(), String> {
+        let failed: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.up.as_ref().is_some_and(|u| u.group.failure().is_some()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in failed {
+            self.trace.note(format_args!(
+                "node {id}: its metadata member failed; the agent exits"
+            ));
+            self.stop(id, Stop::Crash).await;
+            self.start(id).await?;
+        }
+        Ok(())
+    }
+
+    /// The nodes whose metadata disk fails or whose shard store is full.
+    pub fn failing_disks(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| {
+                let full = match &*n.store {
+                    NodeStore::Mem(m) => {
+                        shoal_store::ShardStore::usage(m).limit_bytes < STORE_BYTES
+                    }
+                    NodeStore::Disk(_) => false,
+                };
+                n.disk_fault.is_some() || full
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Node `id`'s disks work again (and it starts, if it was down).
+    pub async fn disk_heals(&mut self, id: u64) -> Result<(), String> {
+        self.disk_fault(id, None);
+        self.store_full(id, false);
+        self.start(id).await
+    }
+
+    /// Every disk fault ends.
+    pub fn disks_heal(&mut self) {
+        for id in self.failing_disks() {
+            self.disk_fault(id, None);
+            self.store_full(id, false);
+        }
     }
 
     /// Node `id`'s machine is gone for good: its power is cut and it never starts again.

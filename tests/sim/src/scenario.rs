@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shoal_agent_api::{FsError, ROOT_INO};
-use shoal_disk::SplitMix64;
+use shoal_disk::{SimFault, SplitMix64};
 use shoal_mesh::SimNet;
 use shoal_mesh::sim_net::Faults;
 use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
@@ -65,11 +65,12 @@ pub enum Family {
     Rebalance,
     Gc,
     Tiering,
+    Disk,
     Mixed,
 }
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::PowerLoss,
         Family::Partition,
         Family::Repair,
@@ -77,6 +78,7 @@ impl Family {
         Family::Rebalance,
         Family::Gc,
         Family::Tiering,
+        Family::Disk,
         Family::Mixed,
     ];
 
@@ -89,6 +91,7 @@ impl Family {
             Family::Rebalance => "rebalance",
             Family::Gc => "gc",
             Family::Tiering => "tiering",
+            Family::Disk => "disk",
             Family::Mixed => "mixed",
         }
     }
@@ -116,8 +119,11 @@ impl Family {
             Family::Tiering => {
                 "a cold tier: files untouched for 30 s go to the bucket, files released and warmed at random, under an unreachable bucket, failed and short uploads, kill -9, power cuts and a bad network: every acknowledged byte reads back, from NVMe or the bucket, and no object is left behind"
             }
+            Family::Disk => {
+                "metadata disks that fail (EIO) or fill (ENOSPC), shard stores that fill, under writes, kill -9, power cuts and a bad network; a node whose metadata member fails is restarted as systemd restarts its agent"
+            }
             Family::Mixed => {
-                "all of the above but the cold tier in one schedule (its seeds stay the regression seeds they were)"
+                "all of the above but the cold tier and failing disks in one schedule (its seeds stay the regression seeds they were)"
             }
         }
     }
@@ -240,7 +246,11 @@ async fn heal(cluster: &mut Cluster, net: &SimNet, trace: &Trace, model: &Model)
         bucket.fail_puts(0);
         bucket.truncate_puts(0);
     }
+    cluster.disks_heal();
     trace.note("healed");
+    if let Err(e) = cluster.restart_failed().await {
+        model.violation(e);
+    }
     for id in cluster.ids() {
         if let Err(e) = cluster.start(id).await {
             model.violation(e);
@@ -838,6 +848,7 @@ impl Schedule {
 
     /// One fault (or its end), drawn from the family's choices.
     async fn step(&mut self, cluster: &mut Cluster) -> Result<(), String> {
+        cluster.restart_failed().await?;
         let choices: &[u64] = match self.family {
             Family::PowerLoss => &[0, 1, 2, 3],
             Family::Partition => &[4, 5, 6, 7, 8, 3],
@@ -846,6 +857,7 @@ impl Schedule {
             Family::Rebalance => &[12, 12, 10, 13, 0, 1, 3],
             Family::Gc => &[0, 1, 3, 4, 6, 7],
             Family::Tiering => &[0, 1, 2, 3, 6, 7, 14, 14, 15, 16, 16, 17],
+            Family::Disk => &[0, 1, 3, 6, 7, 18, 18, 19, 19, 20, 20],
             Family::Mixed => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
         };
         let choice = choices[self.rng.below(choices.len() as u64) as usize];
@@ -1024,6 +1036,27 @@ impl Schedule {
                     });
                 }
             }
+            // A node's metadata disk fails or fills (never more than a minority at a
+            // time), or its shard store fills.
+            18 if down.len() < (ids.len() - 1) / 2 => {
+                let id = ids[self.rng.below(ids.len() as u64) as usize];
+                match self.rng.below(3) {
+                    0 => cluster.disk_fault(id, Some(SimFault::Eio)),
+                    1 => cluster.disk_fault(id, Some(SimFault::FullAt(0))),
+                    _ => cluster.store_full(id, true),
+                }
+            }
+            // A node's disk is replaced or freed: it works again (and starts, if it
+            // was down).
+            19 => {
+                let failing = cluster.failing_disks();
+                if let Some(&id) = failing.get(self.rng.below(failing.len().max(1) as u64) as usize)
+                {
+                    cluster.disk_heals(id).await?;
+                }
+            }
+            // Every disk works again.
+            20 => cluster.disks_heal(),
             // The partitions and the bad network end.
             7 | 8 => {
                 self.net.heal();

@@ -21,10 +21,12 @@ fn seed_count() -> u64 {
 /// replica; 1054, a repair worker spinning on a budget wait that rounded to zero; 3018, a
 /// file purged under a mount whose node was in no layout; 3032, a repair round that
 /// failed at once planned again in a loop; 20081 and 20215, a purge decided by a leader
-/// whose replica had no layout yet (see ARCHITECTURE.md, "The simulator"). A
+/// whose replica had no layout yet; 2 of `tiering`, the mover spinning on a retry time
+/// long past; 198 of `tiering`, the simulator's mount announcing a released handle again
+/// (see ARCHITECTURE.md, "The simulator"). A
 /// code change reshapes every seed's run, so they are kept as cheap extra seeds, not as
 /// proofs.
-const FOUND: [(u64, &str); 14] = [
+const FOUND: [(u64, &str); 16] = [
     (25, "power-loss"),
     (56, "partition"),
     (8, "drain"),
@@ -39,6 +41,8 @@ const FOUND: [(u64, &str); 14] = [
     (3032, "repair"),
     (20081, "gc"),
     (20215, "mixed"),
+    (2, "tiering"),
+    (198, "tiering"),
 ];
 
 #[test]

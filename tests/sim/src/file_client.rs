@@ -99,6 +99,7 @@ impl FileClient {
                     }
                 }
                 0..=13 => self.create(&fs).await,
+                14 if self.mine.len() >= 2 => self.rename_over(&fs).await,
                 _ => {
                     let rng = &mut self.rng;
                     if let Some((name, ino)) = self.model.some_file(|n| rng.below(n.max(1))) {
@@ -131,6 +132,33 @@ impl FileClient {
             }
             Ok(other) => self.note(format_args!("create {name}: unknown ({other:?})")),
             Err(_) => self.note(format_args!("create {name}: unknown (timed out)")),
+        }
+    }
+
+    /// Renames one of this client's files over another of them (`rename(2)` replacing
+    /// the target, as editors and checkpoint writers do): the target's old file is
+    /// unlinked, and the name now names the renamed file.
+    async fn rename_over(&mut self, fs: &Arc<FsService>) {
+        let i = self.rng.below(self.mine.len() as u64) as usize;
+        let from = self.mine.swap_remove(i);
+        let j = self.rng.below(self.mine.len() as u64) as usize;
+        let to = self.mine[j].clone();
+        let sure = self.model.renaming(&from, &to);
+        let req = FsRequest::Rename {
+            id: self.next_id(),
+            parent: ROOT_INO,
+            name: from.clone(),
+            new_parent: ROOT_INO,
+            new_name: to.clone(),
+            flags: Default::default(),
+        };
+        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+            Ok(FsResponse::Done) => {
+                self.model.renamed(&to, sure);
+                self.note(format_args!("renamed {from} over {to}"));
+            }
+            Ok(other) => self.note(format_args!("rename {from} over {to}: unknown ({other:?})")),
+            Err(_) => self.note(format_args!("rename {from} over {to}: unknown (timed out)")),
         }
     }
 
@@ -305,7 +333,10 @@ impl FileClient {
             Err(_) => return false,
         };
         self.note(format_args!("read {name}: {} bytes", bytes.len()));
-        if let Some(v) = self.model.check_file_read(name, began, &bytes, self.home) {
+        if let Some(v) = self
+            .model
+            .check_file_read(name, ino, began, &bytes, self.home)
+        {
             self.trace.note(format_args!("VIOLATION {v}"));
         }
         true

@@ -188,7 +188,10 @@ impl FileClient {
                     "read unlinked {name} held open: {} bytes",
                     bytes.len()
                 ));
-                if let Some(v) = self.model.check_file_read(&name, began, &bytes, self.home) {
+                if let Some(v) = self
+                    .model
+                    .check_file_read(&name, ino, began, &bytes, self.home)
+                {
                     self.trace.note(format_args!("VIOLATION {v}"));
                 }
             }

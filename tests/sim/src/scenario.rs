@@ -342,6 +342,16 @@ async fn check_all_acked(id: u64, group: &shoal_agent::consensus::Group, model: 
         .into_iter()
         .filter(|n| group.store().lookup(ROOT_INO, n).is_err())
         .collect();
+    // Every file's name (created, or renamed over another) names its inode.
+    for (name, ino) in model.sure_names() {
+        match group.store().lookup(ROOT_INO, &name) {
+            Ok(attr) if attr.ino == ino => {}
+            other => model.violation(format!(
+                "node {id}: {name} should name inode {ino} (its create or rename was acknowledged), and its lookup answers {:?}",
+                other.map(|a| a.ino)
+            )),
+        }
+    }
     if !lost.is_empty() {
         let shown: Vec<&str> = lost.iter().take(8).map(String::as_str).collect();
         model.violation(format!(

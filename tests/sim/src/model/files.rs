@@ -13,6 +13,8 @@ pub struct FileHistory {
     pub settled: bool,
     /// Its unlink was sent: no read picks it any more.
     pub unlinked: bool,
+    /// Its name surely names it: no rename onto it or from it has an unknown outcome.
+    pub name_sure: bool,
 }
 
 impl FileHistory {
@@ -24,6 +26,7 @@ impl FileHistory {
             acked: vec![(0, at)],
             settled: false,
             unlinked: false,
+            name_sure: true,
         }
     }
 

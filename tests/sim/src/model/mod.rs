@@ -138,12 +138,19 @@ impl Model {
     pub fn check_file_read(
         &self,
         name: &str,
+        ino: u64,
         began: u64,
         read: &[u8],
         node: u64,
     ) -> Option<String> {
         let mut s = self.state();
-        let checked = s.files.get(name).map(|h| h.check(read, began));
+        // The name may be another file's by now (renamed over): only its own history
+        // says what inode `ino` may hold.
+        let checked = s
+            .files
+            .get(name)
+            .filter(|h| h.ino == ino)
+            .map(|h| h.check(read, began));
         match checked {
             Some(Err(e)) => {
                 let v = format!("node {node}, file {name}: {e}");
@@ -152,6 +159,41 @@ impl Model {
             }
             _ => None,
         }
+    }
+
+    /// A rename of file `from` over file `to` is sent: from now on `to` names `from`'s
+    /// file (`to`'s own is replaced: no read picks it any more). Until the rename is
+    /// acknowledged ([`Self::renamed`]) neither name is sure.
+    /// Says whether `from` surely named its file (else `to` is not sure either, however
+    /// the rename ends).
+    pub fn renaming(&self, from: &str, to: &str) -> bool {
+        let mut s = self.state();
+        let Some(mut h) = s.files.remove(from) else {
+            return false;
+        };
+        let sure = h.name_sure;
+        h.name_sure = false;
+        s.files.insert(to.to_owned(), h);
+        sure
+    }
+
+    /// The rename onto `to` was acknowledged: `to` names the file now, surely if its old
+    /// name did (`sure`, from [`Self::renaming`]).
+    pub fn renamed(&self, to: &str, sure: bool) {
+        if let Some(h) = self.state().files.get_mut(to) {
+            h.name_sure = sure;
+        }
+    }
+
+    /// The files whose name is sure (no rename onto or from it has an unknown outcome):
+    /// name and inode.
+    pub fn sure_names(&self) -> Vec<(String, u64)> {
+        self.state()
+            .files
+            .iter()
+            .filter(|(_, h)| h.name_sure && !h.unlinked)
+            .map(|(n, h)| (n.clone(), h.ino))
+            .collect()
     }
 
     /// Some replica's layout has node `id` out now.

@@ -203,3 +203,87 @@ impl Tier {
         Ok(bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize, fill: u8) -> Bytes {
+        Bytes::from(vec![fill; n])
+    }
+
+    #[test]
+    fn the_cache_keeps_the_most_recently_used_stripes_within_its_bytes() {
+        let cache = RecallCache::new(300);
+        cache.insert(StripeId(1), bytes(100, 1));
+        cache.insert(StripeId(2), bytes(100, 2));
+        cache.insert(StripeId(3), bytes(100, 3));
+        // A hit makes stripe 1 the most recently used: 2 is the one to go.
+        assert_eq!(cache.get(StripeId(1)), Some(bytes(100, 1)));
+        cache.insert(StripeId(4), bytes(100, 4));
+        assert_eq!(cache.get(StripeId(2)), None);
+        for (id, fill) in [(1, 1), (3, 3), (4, 4)] {
+            assert_eq!(
+                cache.get(StripeId(id)),
+                Some(bytes(100, fill)),
+                "stripe {id}"
+            );
+        }
+        // A stripe already there keeps its bytes (a second fetch of it is the same).
+        cache.insert(StripeId(4), bytes(100, 9));
+        assert_eq!(cache.get(StripeId(4)), Some(bytes(100, 4)));
+        // One stripe larger than the whole cache is not kept at all.
+        cache.insert(StripeId(5), bytes(301, 5));
+        assert_eq!(cache.get(StripeId(5)), None);
+        assert!(lock(&cache.inner).bytes <= 300);
+    }
+
+    #[test]
+    fn a_forgotten_stripe_is_read_from_its_new_home_next() {
+        let cache = RecallCache::new(1000);
+        cache.insert(StripeId(1), bytes(100, 1));
+        cache.forget(StripeId(1));
+        assert_eq!(cache.get(StripeId(1)), None);
+        assert_eq!(lock(&cache.inner).bytes, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stripe_fetched_twice_within_the_window_counts_as_read_repeatedly() {
+        let cache = RecallCache::new(1000);
+        let window = Duration::from_secs(600);
+        assert!(!cache.fetched_again(StripeId(1), window), "first fetch");
+        tokio::time::advance(Duration::from_secs(599)).await;
+        assert!(
+            cache.fetched_again(StripeId(1), window),
+            "again within the window"
+        );
+        tokio::time::advance(Duration::from_secs(601)).await;
+        assert!(
+            !cache.fetched_again(StripeId(1), window),
+            "the last fetch is too old"
+        );
+        // Warming it forgets its fetches too.
+        cache.forget(StripeId(1));
+        assert!(!cache.fetched_again(StripeId(1), window));
+    }
+
+    #[tokio::test]
+    async fn one_fetch_lock_per_stripe_while_any_waits_on_it() {
+        let cache = RecallCache::new(1000);
+        let a = cache.fetch_lock(StripeId(1));
+        let b = cache.fetch_lock(StripeId(1));
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the second reader waits on the first's fetch"
+        );
+        drop(a);
+        cache.fetch_done(StripeId(1));
+        assert!(
+            lock(&cache.inner).fetching.contains_key(&StripeId(1)),
+            "b still holds it"
+        );
+        drop(b);
+        cache.fetch_done(StripeId(1));
+        assert!(lock(&cache.inner).fetching.is_empty());
+    }
+}

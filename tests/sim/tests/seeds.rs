@@ -22,11 +22,12 @@ fn seed_count() -> u64 {
 /// file purged under a mount whose node was in no layout; 3032, a repair round that
 /// failed at once planned again in a loop; 20081 and 20215, a purge decided by a leader
 /// whose replica had no layout yet; 2 of `tiering`, the mover spinning on a retry time
-/// long past; 198 of `tiering`, the simulator's mount announcing a released handle again
+/// long past; 198 of `tiering`, the simulator's mount announcing a released handle again;
+/// 103 of `gc`, a leader sending entries past a hole a purge left in what it read
 /// (see ARCHITECTURE.md, "The simulator"). A
 /// code change reshapes every seed's run, so they are kept as cheap extra seeds, not as
 /// proofs.
-const FOUND: [(u64, &str); 16] = [
+const FOUND: [(u64, &str); 17] = [
     (25, "power-loss"),
     (56, "partition"),
     (8, "drain"),
@@ -43,6 +44,7 @@ const FOUND: [(u64, &str); 16] = [
     (20215, "mixed"),
     (2, "tiering"),
     (198, "tiering"),
+    (103, "gc"),
 ];
 
 /// Threads the fixed seeds run on (each run is one thread's own runtime and clock).

@@ -47,6 +47,16 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Silent unless RUST_LOG asks (e.g. RUST_LOG=openraft=debug with --seed S: what each
+    // member's Raft core did, which found seed 103 of `gc`).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_writer(std::io::stderr)
+        .without_time()
+        .init();
     if args.list_scenarios {
         for f in Family::ALL {
             println!("{:<12} {}", f.name(), f.about());

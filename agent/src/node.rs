@@ -193,6 +193,7 @@ impl Node {
                     })?;
                 let tier = Tier::new(
                     t.clone(),
+                    t.open_store()?,
                     &ca_pem,
                     group.clone(),
                     stripes.clone(),

@@ -82,26 +82,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Tier {
-    /// `ca_pem`: the cluster CA certificate, which names the cluster in the store's claim.
-    pub fn new(
-        config: TieringConfig,
-        ca_pem: &[u8],
-        group: Arc<Group>,
-        stripes: Arc<Stripes>,
-        resources: Arc<Resources>,
-        gossip: GossipHandle,
-        metrics: TierMetrics,
-    ) -> Result<Arc<Tier>, AgentError> {
-        let store = config.open_store()?;
-        Tier::with_store(
-            config, store, ca_pem, group, stripes, resources, gossip, metrics,
-        )
-    }
-
-    /// The tier on a store opened elsewhere (the simulator's bucket in memory); `config`
-    /// gives the policy, and its store settings are not used.
+    /// The tier on `store` (opened from `config` by the agent, the simulator's bucket in
+    /// memory there); `config` gives the policy. `ca_pem`: the cluster CA certificate,
+    /// which names the cluster in the store's claim.
     #[allow(clippy::too_many_arguments)]
-    pub fn with_store(
+    pub fn new(
         config: TieringConfig,
         store: Arc<dyn ColdStore>,
         ca_pem: &[u8],

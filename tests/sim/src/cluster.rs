@@ -419,7 +419,7 @@ impl Cluster {
         let tier = match &bucket {
             Some(bucket) => {
                 let store: Arc<dyn ColdStore> = bucket.clone();
-                let tier = Tier::with_store(
+                let tier = Tier::new(
                     tier_config(),
                     store,
                     b"sim cluster",

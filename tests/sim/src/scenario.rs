@@ -1046,8 +1046,9 @@ impl Schedule {
                     });
                 }
             }
-            // A node's metadata disk fails or fills (never more than a minority at a
-            // time), or its shard store fills.
+            // A node's metadata disk fails or fills, or its shard store fills (while
+            // fewer than a minority of nodes are down; nodes whose disks fail already
+            // are not counted, so a step may take a majority's disks before they heal).
             18 if down.len() < (ids.len() - 1) / 2 => {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
                 match self.rng.below(3) {

@@ -301,7 +301,7 @@ impl GossipDriver {
             }
             self.timers.pop();
             if let Some(timer) = self.pending.remove(&id) {
-                let res = self.membership.handle_timer(timer);
+                let res = self.membership.handle_timer(timer, now.into_std());
                 self.apply(res);
             }
         }

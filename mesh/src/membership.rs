@@ -57,6 +57,10 @@ impl MembershipConfig {
         cfg.probe_period = self.probe_period;
         cfg.probe_rtt = self.probe_rtt;
         cfg.suspect_to_down_after = self.suspect_to_down;
+        cfg.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+            frequency: self.probe_period * 5,
+            num_members: NonZeroUsize::MIN.saturating_add(1),
+        });
         cfg.max_packet_size = NonZeroUsize::new(self.max_packet_size)
             .ok_or_else(|| MeshError::Membership("max_packet_size must be > 0".into()))?;
         Ok(cfg)
@@ -120,6 +124,10 @@ pub struct Membership {
     /// Newest identity seen per node, kept after foca forgets a down member.
     known: BTreeMap<NodeId, MemberId>,
     last_heard: HashMap<SocketAddr, Instant>,
+    /// Since when each member has been suspect at its incarnation (see `expire_suspicions`).
+    suspect_since: HashMap<MemberId, (u16, Instant)>,
+    /// How long a suspicion may stand before this node declares the member down itself.
+    suspicion_limit: Duration,
 }
 
 impl Membership {
@@ -147,6 +155,8 @@ impl Membership {
             own_facts: facts,
             known: BTreeMap::new(),
             last_heard: HashMap::new(),
+            suspect_since: HashMap::new(),
+            suspicion_limit: config.detection_bound() * 2,
         };
         let published = m.own_facts.clone();
         m.foca
@@ -188,8 +198,51 @@ impl Membership {
     }
 
     /// Feeds a timer that a previous [`Effect::Schedule`] asked for.
-    pub fn handle_timer(&mut self, timer: Timer<MemberId>) -> Result<Vec<Effect>, MeshError> {
+    pub fn handle_timer(
+        &mut self,
+        timer: Timer<MemberId>,
+        now: Instant,
+    ) -> Result<Vec<Effect>, MeshError> {
         let res = self.foca.handle_timer(timer, &mut self.runtime);
+        let mut effects = self.finish(res)?;
+        effects.extend(self.expire_suspicions(now)?);
+        Ok(effects)
+    }
+
+    /// Declares down, here, each member suspect at one incarnation for longer than twice
+    /// the detection bound. foca ends a suspicion with a timer it forgets whenever this
+    /// node goes idle or is declared down itself (cut off from everyone): it comes back
+    /// suspecting members that were never told, so they never refute, and it would keep
+    /// them suspect (and a member that died meanwhile never down here). Down is what the
+    /// lost timer would have said; a member that is alive hears it (foca tells a member
+    /// it holds down when it hears from it, and announces to down members) and rejoins
+    /// under a new generation.
+    fn expire_suspicions(&mut self, now: Instant) -> Result<Vec<Effect>, MeshError> {
+        let mut still = HashMap::new();
+        let mut expired = Vec::new();
+        for m in self.foca.iter_membership_state() {
+            if m.state() != foca::State::Suspect {
+                continue;
+            }
+            let key = (*m.id(), m.incarnation());
+            let since = match self.suspect_since.get(m.id()) {
+                Some(&(inc, since)) if inc == key.1 => since,
+                _ => now,
+            };
+            if now.saturating_duration_since(since) > self.suspicion_limit {
+                expired.push(key);
+            } else {
+                still.insert(key.0, (key.1, since));
+            }
+        }
+        self.suspect_since = still;
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let down = expired
+            .into_iter()
+            .map(|(id, incarnation)| foca::Member::new(id, incarnation, foca::State::Down));
+        let res = self.foca.apply_many(down, true, &mut self.runtime);
         self.finish(res)
     }
 

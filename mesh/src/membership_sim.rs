@@ -257,7 +257,7 @@ impl MembershipSim {
                     timer,
                 }) if life == self.lives[member] => {
                     if let Some(m) = self.members[member].as_mut() {
-                        let effects = m.handle_timer(timer)?;
+                        let effects = m.handle_timer(timer, self.now)?;
                         self.apply(member, effects);
                     }
                 }

@@ -45,6 +45,15 @@ struct Args {
     scale: Option<usize>,
 }
 
+/// Log lines stamped like the trace's: virtual milliseconds since the run began.
+struct VirtualMs;
+
+impl tracing_subscriber::fmt::time::FormatTime for VirtualMs {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{:>8} ms", shoal_sim::trace::run_ms())
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // Silent unless RUST_LOG asks (e.g. RUST_LOG=openraft=debug with --seed S: what each
@@ -55,7 +64,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
         )
         .with_writer(std::io::stderr)
-        .without_time()
+        .with_timer(VirtualMs)
         .init();
     if args.list_scenarios {
         for f in Family::ALL {

@@ -32,7 +32,9 @@ use shoal_namespace::{Command, NamespaceError, Proposal};
 use shoal_placement::{NodeId, NodeState};
 
 use crate::audit::{audit, node_states};
-use crate::cluster::{Bucket, Cluster, Live, ORPHAN_OBJECT_GRACE, ORPHAN_SHARD_GRACE, Stop, addr};
+use crate::cluster::{
+    Bucket, Cluster, EC, Live, ORPHAN_OBJECT_GRACE, ORPHAN_SHARD_GRACE, Stop, addr,
+};
 use crate::file_client::FileClient;
 use crate::model::Model;
 use crate::trace::{Trace, digest};
@@ -887,9 +889,14 @@ impl Schedule {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
                 cluster.lose(id).await;
             }
-            // A drain of one node, while no other is draining or drained and none is lost
-            // (as `shoal drain` refuses a drain that cannot finish); or its end.
-            10 if !ids.iter().any(|i| cluster.is_lost(*i)) && self.none_draining(cluster).await => {
+            // A drain of one node, while no other is draining or drained, none is lost and
+            // the others are enough for a stripe's slots (as `shoal drain` refuses a drain
+            // that cannot finish; seed 50165 of `mixed` drained one of four nodes left
+            // after a removal); or its end.
+            10 if ids.len() > usize::from(EC.k + EC.m)
+                && !ids.iter().any(|i| cluster.is_lost(*i))
+                && self.none_draining(cluster).await =>
+            {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
                 let change = NodeChange::Drain {
                     stripes: 0,

@@ -1,10 +1,22 @@
 //! [`Trace`]: what happened in one run, in order, stamped with virtual time. Its digest
 //! names the run: the same seed gives the same digest on every run and machine.
 
+use std::cell::Cell;
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
+
+thread_local! {
+    /// When this thread's run began, for the logs' timestamps.
+    static RUN_START: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Virtual milliseconds since this thread's run began (0 before one begins): the trace's
+/// own clock, so the real code's logs (`RUST_LOG`) line up with the trace.
+pub fn run_ms() -> u128 {
+    RUN_START.with(|s| s.get().map_or(0, |start| start.elapsed().as_millis()))
+}
 
 #[derive(Clone)]
 pub struct Trace {
@@ -15,9 +27,11 @@ pub struct Trace {
 impl Trace {
     /// A trace whose clock starts now (virtual time).
     pub fn begin() -> Trace {
+        let start = Instant::now();
+        RUN_START.with(|s| s.set(Some(start)));
         Trace {
             lines: Arc::default(),
-            start: Instant::now(),
+            start,
         }
     }
 

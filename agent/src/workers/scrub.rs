@@ -211,7 +211,7 @@ impl Scrub {
         if p.saved.pass_started_unix_ms.is_some() {
             return true;
         }
-        let now = unix_ms(SystemTime::now());
+        let now = unix_ms(shoal_agent_api::wall_clock::now());
         let due = p
             .saved
             .last_pass_unix_ms
@@ -345,7 +345,7 @@ impl Scrub {
             p.saved.passes += 1;
             p.saved.pass_started_unix_ms = None;
             p.saved.after = None;
-            p.saved.last_pass_unix_ms = Some(unix_ms(SystemTime::now()));
+            p.saved.last_pass_unix_ms = Some(unix_ms(shoal_agent_api::wall_clock::now()));
             let (n, bytes) = (p.shards_checked, p.bytes_checked);
             drop(p);
             info!(shards = n, bytes, "scrub pass done");

@@ -28,6 +28,30 @@ impl MemStore {
         self.limit.store(limit, Ordering::Relaxed);
     }
 
+    /// One byte of a stored shard changes where it lies (bit rot, a misdirected write):
+    /// the byte at `at` (modulo the shard's length) flips its lowest bit, and reads
+    /// return the changed bytes without an error, as a disk whose rot its block
+    /// checksums miss would. Says whether the shard was there.
+    pub fn rot(&self, key: ShardKey, at: usize) -> bool {
+        let mut map = self.lock();
+        let Some(data) = map.get_mut(&key) else {
+            return false;
+        };
+        if data.is_empty() {
+            return false;
+        }
+        let mut bytes = data.to_vec();
+        let at = at % bytes.len();
+        bytes[at] ^= 1;
+        *data = Bytes::from(bytes);
+        true
+    }
+
+    /// A stored shard's bytes, for checks that look at a store from outside.
+    pub fn peek(&self, key: ShardKey) -> Option<Bytes> {
+        self.lock().get(&key).cloned()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardKey, Bytes>> {
         self.shards.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -94,5 +118,32 @@ impl ShardStore for MemStore {
             used_bytes: Self::used(&map),
             limit_bytes: self.limit.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_rotten_shard_reads_back_changed_without_an_error() {
+        let store = MemStore::new(1 << 20);
+        let key = ShardKey {
+            stripe: 7,
+            index: 1,
+        };
+        store
+            .put(key, Bytes::from_static(b"abcd"))
+            .await
+            .expect("put");
+        assert!(store.rot(key, 6), "the shard is there");
+        let got = store.get(key, 0, None).await.expect("read");
+        assert_eq!(&got[..], b"abbd", "byte 6 mod 4 flipped its lowest bit");
+        assert_eq!(store.peek(key).as_deref(), Some(&b"abbd"[..]));
+        let other = ShardKey {
+            stripe: 8,
+            index: 0,
+        };
+        assert!(!store.rot(other, 0), "nothing to rot");
     }
 }

@@ -1,7 +1,8 @@
 //! [`Audit`]: what the nodes' shard stores hold against what the metadata says they
 //! should: shards a live stripe is missing on the nodes that run, shards no stripe names
-//! (orphans), freed stripes whose shards were not deleted yet, and inodes with no name
-//! left that were not purged; with a cold tier, also what the bucket holds against what
+//! (orphans), shards whose bytes no longer match their record's checksum (rotten), freed
+//! stripes whose shards were not deleted yet, and inodes with no name left that were not
+//! purged; with a cold tier, also what the bucket holds against what
 //! the metadata says it should: cold stripes whose object is missing or short, objects the
 //! metadata does not know (an upload whose commit was lost) and objects no stripe uses
 //! that were not deleted. With the faults healed, all of these must come to nothing:
@@ -21,6 +22,9 @@ pub struct Audit {
     pub missing: Vec<(StripeId, u8, NodeId)>,
     /// Shards a running node holds that no stripe names there: (node, shard).
     pub orphans: Vec<(u64, ShardKey)>,
+    /// Shards a live stripe names on a running node whose bytes there do not match the
+    /// record's checksum: (node, shard).
+    pub rotten: Vec<(u64, ShardKey)>,
     /// Stripes freed (no extent names them) whose shards wait to be deleted.
     pub garbage: usize,
     /// Inodes with no name left (unlinked), not purged yet.
@@ -46,6 +50,7 @@ impl Audit {
     pub fn clean(&self) -> bool {
         self.missing.is_empty()
             && self.orphans.is_empty()
+            && self.rotten.is_empty()
             && self.garbage == 0
             && self.orphan_inodes == 0
             && self.cold_missing.is_empty()
@@ -63,7 +68,7 @@ impl Audit {
             )
         };
         format!(
-            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}; {} of {} cold stripes' objects missing or short ({}); {} objects the metadata does not know; {} garbage objects not deleted",
+            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} rotten shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}; {} of {} cold stripes' objects missing or short ({}); {} objects the metadata does not know; {} garbage objects not deleted",
             self.missing.len(),
             self.stripes,
             few(self
@@ -74,6 +79,12 @@ impl Audit {
             self.orphans.len(),
             few(self
                 .orphans
+                .iter()
+                .map(|(n, k)| format!("{k} on node {n}"))
+                .collect()),
+            self.rotten.len(),
+            few(self
+                .rotten
                 .iter()
                 .map(|(n, k)| format!("{k} on node {n}"))
                 .collect()),
@@ -148,6 +159,21 @@ pub fn audit(
     for (&(stripe, index), &node) in &expected {
         if !held.contains(&(stripe, index, node)) {
             audit.missing.push((StripeId(stripe), index, NodeId(node)));
+        }
+    }
+    for record in &records {
+        for s in &record.shards {
+            let key = ShardKey {
+                stripe: record.id.0,
+                index: s.index,
+            };
+            let bytes = match stores.get(&s.node.0).map(|st| &**st) {
+                Some(NodeStore::Mem(store)) => store.peek(key),
+                _ => None,
+            };
+            if bytes.is_some_and(|b| crc32c::crc32c(&b) != s.crc32c) {
+                audit.rotten.push((s.node.0, key));
+            }
         }
     }
     audit.first_missing = audit.missing.first().and_then(|(id, _, _)| {

@@ -24,11 +24,12 @@ fn seed_count() -> u64 {
 /// whose replica had no layout yet; 2 of `tiering`, the mover spinning on a retry time
 /// long past; 198 of `tiering`, the simulator's mount announcing a released handle again;
 /// 103 of `gc`, a leader sending entries past a hole a purge left in what it read; 90 of
-/// `gc`, a node cut off coming back into the others' views only after 60 to 85 s
-/// (see ARCHITECTURE.md, "The simulator"). A
+/// `gc`, a node cut off coming back into the others' views only after 60 to 85 s; 51
+/// and 55 of `repair`, a scrub that missed rotten shards and a reader that returned them
+/// (planted) (see ARCHITECTURE.md, "The simulator"). A
 /// code change reshapes every seed's run, so they are kept as cheap extra seeds, not as
 /// proofs.
-const FOUND: [(u64, &str); 18] = [
+const FOUND: [(u64, &str); 20] = [
     (25, "power-loss"),
     (56, "partition"),
     (8, "drain"),
@@ -47,6 +48,8 @@ const FOUND: [(u64, &str); 18] = [
     (198, "tiering"),
     (103, "gc"),
     (90, "gc"),
+    (51, "repair"),
+    (55, "repair"),
 ];
 
 /// Threads the fixed seeds run on (each run is one thread's own runtime and clock).

@@ -79,6 +79,15 @@ pub struct ClusterView {
     pub book: AddressBook,
 }
 
+/// Whether a store error says the shard itself is damaged (corrupt, or its read failed
+/// with an I/O error) rather than the store or the request: scrub checks such a shard.
+fn is_damage(e: &shoal_store::StoreError) -> bool {
+    matches!(
+        e,
+        shoal_store::StoreError::Corrupt { .. } | shoal_store::StoreError::Io { .. }
+    )
+}
+
 /// A node's last known RPC address, from outside gossip (see [`Stripes`]).
 pub type AddressBook = Arc<dyn Fn(NodeId) -> Option<std::net::SocketAddr> + Send + Sync>;
 
@@ -356,8 +365,8 @@ impl Stripes {
                 {
                     Ok(b) => ShardResponse::Data(b),
                     Err(e) => {
-                        if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
-                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node; scrub gives it up for repair");
+                        if is_damage(&e) {
+                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt or unreadable shard on this node; scrub checks it and gives it up for repair");
                             self.corrupt.report(ShardKey { stripe, index });
                         }
                         failure(&e)
@@ -380,8 +389,8 @@ impl Stripes {
                         table: r.table,
                     },
                     Err(e) => {
-                        if matches!(e, shoal_store::StoreError::Corrupt { .. }) {
-                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt shard on this node; scrub gives it up for repair");
+                        if is_damage(&e) {
+                            warn!(stripe = %StripeId(stripe), shard = index, error = %e, "corrupt or unreadable shard on this node; scrub checks it and gives it up for repair");
                             self.corrupt.report(key);
                         }
                         failure(&e)

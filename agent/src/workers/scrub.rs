@@ -1,8 +1,9 @@
 //! The `scrub` worker: re-reads every shard of this node's store in the background, a
 //! pass every `[scrub] interval` at most `[scrub] max_rate` (and the governor's scrub
 //! budget, which shrinks while the GPUs are busy). Each shard is checked against the
-//! store's block checksums and the checksum its stripe record holds. A corrupt shard —
-//! found by scrub, or by a read the shard server answered — is given up: its slot is
+//! store's block checksums and the checksum its stripe record holds. A corrupt shard, or
+//! one whose reads fail twice with an I/O error — found by scrub, or by a read the shard
+//! server answered and scrub checked again — is given up: its slot is
 //! set to no node through Raft (compare-and-set: only while it still names this node),
 //! then the local copy is deleted, and the repair worker rewrites it from the others.
 //!
@@ -34,6 +35,8 @@ use crate::{AgentError, Resources};
 
 /// Shards checked per unit of work.
 const PAGE: usize = 8;
+/// How long to wait before reading a shard again after an I/O error.
+const REREAD_AFTER: Duration = Duration::from_secs(1);
 /// The pass position is saved at most this often.
 const SAVE_EVERY: Duration = Duration::from_secs(10);
 const STATE_FILE: &str = "scrub.state";
@@ -239,9 +242,21 @@ impl Scrub {
         }
     }
 
-    /// Checks one shard; true when it is corrupt.
+    /// Checks one shard; true when it is corrupt or cannot be read. A read that fails
+    /// with an I/O error is tried once more a second later; failing twice, the shard is
+    /// unreadable (a latent sector error) and given up like a corrupt one. (Returning the
+    /// error stopped the pass at that shard for good: every later unit read it again.)
     async fn check(&self, key: ShardKey) -> Result<bool, AgentError> {
-        match self.store.get(key, 0, None).await {
+        let mut read = self.store.get(key, 0, None).await;
+        if matches!(read, Err(StoreError::Io { .. })) {
+            tokio::time::sleep(REREAD_AFTER).await;
+            read = self.store.get(key, 0, None).await;
+            if let Err(e @ StoreError::Io { .. }) = &read {
+                warn!(stripe = %StripeId(key.stripe), shard = key.index, error = %e, "shard cannot be read, twice");
+                return Ok(true);
+            }
+        }
+        match read {
             Ok(data) => {
                 let Some(record) = self.group.store().live_stripe(StripeId(key.stripe))? else {
                     return Ok(false);
@@ -292,6 +307,10 @@ impl Scrub {
             debug!(%stripe, shard = key.index, "corrupt shard the records do not name here");
             return Ok(());
         }
+        // From before the proposal until the delete, this node refuses puts of the shard:
+        // once the slot names no node, repair may rebuild it here, and the delete below
+        // would take the new copy while the record names this node (seed 1014 of `disk`).
+        let _refusing = self.stripes.refuse_puts(&[(stripe, key.index)]);
         let outcome = self
             .group
             .propose_one(Proposal {
@@ -365,8 +384,12 @@ impl Worker for Scrub {
     }
 
     async fn work(&mut self) -> Result<Step, AgentError> {
+        // Reads this node's shard server answered with a corrupt or unreadable shard:
+        // checked here first (an I/O error may have passed).
         for key in self.stripes.corrupt_reports().take() {
-            self.found(key);
+            if self.check(key).await? {
+                self.found(key);
+            }
         }
         self.give_up_found().await?;
         if !self.shared.enabled || !self.start_pass_if_due() {

@@ -1,6 +1,6 @@
 //! An in-memory shard store with the same contract, for unit tests of callers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,7 +11,16 @@ use crate::{ShardKey, ShardStore, StoreError, StoreUsage, slice};
 
 pub struct MemStore {
     limit: AtomicU64,
-    shards: Mutex<BTreeMap<ShardKey, Bytes>>,
+    shards: Mutex<BTreeMap<ShardKey, Stored>>,
+    /// Shards whose reads fail (see [`MemStore::make_unreadable`]).
+    unreadable: Mutex<BTreeSet<ShardKey>>,
+}
+
+/// A shard as stored: its bytes, and the checksum of the bytes it was put with (what the
+/// disk store's index keeps: a put of the same shard again is answered from it).
+struct Stored {
+    data: Bytes,
+    crc: u32,
 }
 
 impl MemStore {
@@ -19,6 +28,7 @@ impl MemStore {
         MemStore {
             limit: AtomicU64::new(limit),
             shards: Mutex::new(BTreeMap::new()),
+            unreadable: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -34,38 +44,68 @@ impl MemStore {
     /// checksums miss would. Says whether the shard was there.
     pub fn rot(&self, key: ShardKey, at: usize) -> bool {
         let mut map = self.lock();
-        let Some(data) = map.get_mut(&key) else {
+        let Some(stored) = map.get_mut(&key) else {
             return false;
         };
-        if data.is_empty() {
+        if stored.data.is_empty() {
             return false;
         }
-        let mut bytes = data.to_vec();
+        let mut bytes = stored.data.to_vec();
         let at = at % bytes.len();
         bytes[at] ^= 1;
-        *data = Bytes::from(bytes);
+        stored.data = Bytes::from(bytes);
         true
     }
 
-    /// A stored shard's bytes, for checks that look at a store from outside.
-    pub fn peek(&self, key: ShardKey) -> Option<Bytes> {
-        self.lock().get(&key).cloned()
+    /// Reads of a stored shard fail with EIO from now on (a latent sector error) until
+    /// it is deleted. Says whether the shard was there.
+    pub fn make_unreadable(&self, key: ShardKey) -> bool {
+        let there = self.lock().contains_key(&key);
+        if there {
+            lock(&self.unreadable).insert(key);
+        }
+        there
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardKey, Bytes>> {
-        self.shards.lock().unwrap_or_else(|p| p.into_inner())
+    /// A shard's bytes, read at once as `get` reads them (for checks that look at a store
+    /// from outside a runtime).
+    pub fn read_now(&self, key: ShardKey) -> Result<Bytes, StoreError> {
+        if lock(&self.unreadable).contains(&key) {
+            return Err(StoreError::Io {
+                op: "read",
+                path: format!("memory/{key}").into(),
+                source: std::io::Error::from_raw_os_error(5),
+            });
+        }
+        self.lock()
+            .get(&key)
+            .map(|s| s.data.clone())
+            .ok_or(StoreError::NotFound(key))
     }
 
-    fn used(map: &BTreeMap<ShardKey, Bytes>) -> u64 {
-        map.values().map(|d| (HEADER_LEN + d.len()) as u64).sum()
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardKey, Stored>> {
+        lock(&self.shards)
     }
+
+    fn used(map: &BTreeMap<ShardKey, Stored>) -> u64 {
+        map.values()
+            .map(|s| (HEADER_LEN + s.data.len()) as u64)
+            .sum()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ShardStore for MemStore {
     async fn put(&self, key: ShardKey, data: Bytes) -> Result<(), StoreError> {
         let mut map = self.lock();
+        let crc = crc32c::crc32c(&data);
         if let Some(existing) = map.get(&key) {
-            return if *existing == data {
+            // As the disk store answers: from what was put, not from what lies there now
+            // (a copy that rotted since stays).
+            return if existing.data.len() == data.len() && existing.crc == crc {
                 Ok(())
             } else {
                 Err(StoreError::Conflict(key))
@@ -77,27 +117,23 @@ impl ShardStore for MemStore {
         if used + need > limit {
             return Err(StoreError::Full { need, used, limit });
         }
-        map.insert(key, data);
+        map.insert(key, Stored { data, crc });
         Ok(())
     }
 
     async fn get(&self, key: ShardKey, offset: u64, len: Option<u64>) -> Result<Bytes, StoreError> {
-        let data = self
-            .lock()
-            .get(&key)
-            .cloned()
-            .ok_or(StoreError::NotFound(key))?;
-        slice(key, data, offset, len)
+        slice(key, self.read_now(key)?, offset, len)
     }
 
     async fn delete(&self, key: ShardKey) -> Result<bool, StoreError> {
+        lock(&self.unreadable).remove(&key);
         Ok(self.lock().remove(&key).is_some())
     }
 
     fn list(&self) -> Vec<(ShardKey, u64)> {
         self.lock()
             .iter()
-            .map(|(k, d)| (*k, d.len() as u64))
+            .map(|(k, s)| (*k, s.data.len() as u64))
             .collect()
     }
 
@@ -107,7 +143,7 @@ impl ShardStore for MemStore {
         self.lock()
             .range((start, Bound::Unbounded))
             .take(limit)
-            .map(|(k, d)| (*k, d.len() as u64))
+            .map(|(k, s)| (*k, s.data.len() as u64))
             .collect()
     }
 
@@ -139,11 +175,40 @@ mod tests {
         assert!(store.rot(key, 6), "the shard is there");
         let got = store.get(key, 0, None).await.expect("read");
         assert_eq!(&got[..], b"abbd", "byte 6 mod 4 flipped its lowest bit");
-        assert_eq!(store.peek(key).as_deref(), Some(&b"abbd"[..]));
+        assert_eq!(store.read_now(key).ok().as_deref(), Some(&b"abbd"[..]));
         let other = ShardKey {
             stripe: 8,
             index: 0,
         };
+        assert!(
+            store.put(key, Bytes::from_static(b"abcd")).await.is_ok(),
+            "a put again is answered from what was put, as on disk: the rotten copy stays"
+        );
+        assert_eq!(store.read_now(key).ok().as_deref(), Some(&b"abbd"[..]));
         assert!(!store.rot(other, 0), "nothing to rot");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_shard_fails_its_reads_until_it_is_deleted() {
+        let store = MemStore::new(1 << 20);
+        let key = ShardKey {
+            stripe: 7,
+            index: 1,
+        };
+        let data = Bytes::from_static(b"abcd");
+        store.put(key, data.clone()).await.expect("put");
+        assert!(store.make_unreadable(key));
+        assert!(matches!(
+            store.get(key, 1, Some(2)).await,
+            Err(StoreError::Io { .. })
+        ));
+        assert!(matches!(
+            store.get_checked(key, 0, 4).await,
+            Err(StoreError::Io { .. })
+        ));
+        assert_eq!(store.list().len(), 1, "still listed");
+        assert!(store.delete(key).await.expect("delete"));
+        store.put(key, data.clone()).await.expect("put again");
+        assert_eq!(store.get(key, 0, None).await.expect("read"), data);
     }
 }

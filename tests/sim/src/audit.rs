@@ -1,6 +1,6 @@
 //! [`Audit`]: what the nodes' shard stores hold against what the metadata says they
 //! should: shards a live stripe is missing on the nodes that run, shards no stripe names
-//! (orphans), shards whose bytes no longer match their record's checksum (rotten), freed
+//! (orphans), shards that no longer read back or match their record's checksum (damaged), freed
 //! stripes whose shards were not deleted yet, and inodes with no name left that were not
 //! purged; with a cold tier, also what the bucket holds against what
 //! the metadata says it should: cold stripes whose object is missing or short, objects the
@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use shoal_agent::consensus::Group;
 use shoal_placement::{NodeId, StripeId};
-use shoal_store::{NodeStore, ShardKey, ShardStore};
+use shoal_store::{NodeStore, ShardKey, ShardStore, StoreError};
 
 /// One look at the cluster's shards.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -22,9 +22,9 @@ pub struct Audit {
     pub missing: Vec<(StripeId, u8, NodeId)>,
     /// Shards a running node holds that no stripe names there: (node, shard).
     pub orphans: Vec<(u64, ShardKey)>,
-    /// Shards a live stripe names on a running node whose bytes there do not match the
-    /// record's checksum: (node, shard).
-    pub rotten: Vec<(u64, ShardKey)>,
+    /// Shards a live stripe names on a running node that fail to read there or do not
+    /// match the record's checksum: (node, shard).
+    pub damaged: Vec<(u64, ShardKey)>,
     /// Stripes freed (no extent names them) whose shards wait to be deleted.
     pub garbage: usize,
     /// Inodes with no name left (unlinked), not purged yet.
@@ -50,7 +50,7 @@ impl Audit {
     pub fn clean(&self) -> bool {
         self.missing.is_empty()
             && self.orphans.is_empty()
-            && self.rotten.is_empty()
+            && self.damaged.is_empty()
             && self.garbage == 0
             && self.orphan_inodes == 0
             && self.cold_missing.is_empty()
@@ -68,7 +68,7 @@ impl Audit {
             )
         };
         format!(
-            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} rotten shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}; {} of {} cold stripes' objects missing or short ({}); {} objects the metadata does not know; {} garbage objects not deleted",
+            "{} of {} stripes' shards missing ({}); {} orphan shards ({}); {} damaged shards ({}); {} freed stripes not deleted; {} unlinked inodes not purged; first stripe missing shards: {}; layout: {}; {} of {} cold stripes' objects missing or short ({}); {} objects the metadata does not know; {} garbage objects not deleted",
             self.missing.len(),
             self.stripes,
             few(self
@@ -82,9 +82,9 @@ impl Audit {
                 .iter()
                 .map(|(n, k)| format!("{k} on node {n}"))
                 .collect()),
-            self.rotten.len(),
+            self.damaged.len(),
             few(self
-                .rotten
+                .damaged
                 .iter()
                 .map(|(n, k)| format!("{k} on node {n}"))
                 .collect()),
@@ -167,12 +167,16 @@ pub fn audit(
                 stripe: record.id.0,
                 index: s.index,
             };
-            let bytes = match stores.get(&s.node.0).map(|st| &**st) {
-                Some(NodeStore::Mem(store)) => store.peek(key),
-                _ => None,
+            let Some(NodeStore::Mem(store)) = stores.get(&s.node.0).map(|st| &**st) else {
+                continue;
             };
-            if bytes.is_some_and(|b| crc32c::crc32c(&b) != s.crc32c) {
-                audit.rotten.push((s.node.0, key));
+            let damaged = match store.read_now(key) {
+                Ok(bytes) => crc32c::crc32c(&bytes) != s.crc32c,
+                Err(StoreError::NotFound(_)) => false,
+                Err(_) => true,
+            };
+            if damaged {
+                audit.damaged.push((s.node.0, key));
             }
         }
     }

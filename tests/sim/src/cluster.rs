@@ -250,8 +250,8 @@ pub struct Cluster {
     joined: usize,
     /// The cold tier's bucket, when the nodes run a cold tier.
     pub bucket: Option<Bucket>,
-    /// Stripes one of whose shards rotted (one shard per stripe in a run).
-    rotted: std::collections::BTreeSet<u128>,
+    /// Stripes one of whose shards was damaged (one shard per stripe in a run).
+    damaged: std::collections::BTreeSet<u128>,
     /// Where the nodes' scrub workers keep their pass position (`<dir>/<id>`).
     scratch: tempfile::TempDir,
 }
@@ -293,7 +293,7 @@ impl Cluster {
             next_id: ids.iter().max().map_or(1, |m| m + 1),
             joined: 0,
             bucket: None,
-            rotted: Default::default(),
+            damaged: Default::default(),
             scratch: tempfile::tempdir().expect("a scratch directory for the scrub state"),
         }
     }
@@ -558,14 +558,15 @@ impl Cluster {
         }
     }
 
-    /// A byte of one shard on node `id` changes where it lies (bit rot, a misdirected
-    /// write; `pick` chooses which shard and byte): its reads return the changed bytes
-    /// without an error. Only a shard of a stripe with every slot named, none on a lost
-    /// node (as a running node's replica says) and none rotted before in the run: such a
-    /// stripe loses at most this shard and, later, a lost node's (2+2 keeps two). A
-    /// stripe written degraded, then rotted, then on a lost node is lost for real (seed
-    /// 198 of `repair` did that once: three faults, not a bug).
-    pub fn rot(&mut self, id: u64, pick: u64) {
+    /// One shard on node `id` is damaged where it lies (`pick` chooses which shard, how and
+    /// where): a byte changes (bit rot, a misdirected write: reads return it without an
+    /// error) or its reads fail with EIO (a latent sector error). Only a shard of a
+    /// stripe with every slot named, none on a lost node (as a running node's replica
+    /// says) and none damaged before in the run: such a stripe loses at most this shard
+    /// and, later, a lost node's (2+2 keeps two). A stripe written degraded, then
+    /// damaged, then on a lost node is lost for real (seed 198 of `repair` did that
+    /// once: three faults, not a bug).
+    pub fn damage(&mut self, id: u64, pick: u64) {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
@@ -590,15 +591,21 @@ impl Cluster {
             .list()
             .into_iter()
             .map(|(k, _)| k)
-            .filter(|k| !self.rotted.contains(&k.stripe) && whole(k.stripe))
+            .filter(|k| !self.damaged.contains(&k.stripe) && whole(k.stripe))
             .collect();
         if fresh.is_empty() {
             return;
         }
         let key = fresh[(pick % fresh.len() as u64) as usize];
-        if store.rot(key, (pick >> 32) as usize) {
-            self.rotted.insert(key.stripe);
-            self.trace.note(format_args!("node {id}: shard {key} rots"));
+        let (done, how) = if pick & (1 << 31) == 0 {
+            (store.rot(key, (pick >> 32) as usize), "rots")
+        } else {
+            (store.make_unreadable(key), "cannot be read (EIO)")
+        };
+        if done {
+            self.damaged.insert(key.stripe);
+            self.trace
+                .note(format_args!("node {id}: shard {key} {how}"));
         }
     }
 

@@ -107,7 +107,7 @@ impl Family {
                 "one-way and two-way partitions, a node isolated, lost, duplicated and slow messages, under creates and reads"
             }
             Family::Repair => {
-                "a node lost for good under writes (repair restores full redundancy), shards that rot on disk (reads never return them; scrub and repair rewrite them), with kill -9 and power cuts of the others"
+                "a node lost for good under writes (repair restores full redundancy), shards that rot or cannot be read (reads never return them; scrub and repair rewrite them), with kill -9 and power cuts of the others"
             }
             Family::Drain => {
                 "a node drained and undrained under writes (its shards move away; the drain must finish once faults heal), with kill -9 and power cuts of the others"
@@ -122,7 +122,7 @@ impl Family {
                 "a cold tier: files untouched for 30 s go to the bucket, files released and warmed at random, under an unreachable bucket, failed and short uploads, kill -9, power cuts and a bad network: every acknowledged byte reads back, from NVMe or the bucket, and no object is left behind"
             }
             Family::Disk => {
-                "metadata disks that fail (EIO) or fill (ENOSPC), shard stores that fill, shards that rot, under writes, kill -9, power cuts and a bad network; a node whose metadata member fails is restarted as systemd restarts its agent"
+                "metadata disks that fail (EIO) or fill (ENOSPC), shard stores that fill, shards that rot or cannot be read, under writes, kill -9, power cuts and a bad network; a node whose metadata member fails is restarted as systemd restarts its agent"
             }
             Family::Mixed => {
                 "all of the above but the cold tier and failing disks in one schedule (its seeds stay the regression seeds they were)"
@@ -1075,11 +1075,12 @@ impl Schedule {
             }
             // Every disk works again.
             20 => cluster.disks_heal(),
-            // A shard rots on some node's disk (up or down): reads must not return its
-            // bytes, and scrub or a read that finds it has it rewritten.
+            // A shard rots or becomes unreadable on some node's disk (up or down): reads
+            // must not return its bytes, and scrub or a read that finds it has it
+            // rewritten.
             21 => {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
-                cluster.rot(id, self.rng.next_u64());
+                cluster.damage(id, self.rng.next_u64());
             }
             // The partitions and the bad network end.
             7 | 8 => {

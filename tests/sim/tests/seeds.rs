@@ -26,10 +26,12 @@ fn seed_count() -> u64 {
 /// 103 of `gc`, a leader sending entries past a hole a purge left in what it read; 90 of
 /// `gc`, a node cut off coming back into the others' views only after 60 to 85 s; 51
 /// and 55 of `repair`, a scrub that missed rotten shards and a reader that returned them
-/// (planted) (see ARCHITECTURE.md, "The simulator"). A
+/// (planted); 25 of `repair`, a scrub stopped for good at an unreadable shard; 1014 of
+/// `disk`, a give-up's delete taking the shard repair had just rebuilt on the same node
+/// (see ARCHITECTURE.md, "The simulator"). A
 /// code change reshapes every seed's run, so they are kept as cheap extra seeds, not as
 /// proofs.
-const FOUND: [(u64, &str); 20] = [
+const FOUND: [(u64, &str); 22] = [
     (25, "power-loss"),
     (56, "partition"),
     (8, "drain"),
@@ -50,6 +52,8 @@ const FOUND: [(u64, &str); 20] = [
     (90, "gc"),
     (51, "repair"),
     (55, "repair"),
+    (25, "repair"),
+    (1014, "disk"),
 ];
 
 /// Threads the fixed seeds run on (each run is one thread's own runtime and clock).

@@ -89,6 +89,8 @@ pub struct Running {
     pub group: Arc<Group>,
     /// What the node's mount calls.
     pub fs: Arc<FsService>,
+    /// Its stripe coordinator.
+    pub stripes: Arc<Stripes>,
     /// Its membership.
     pub gossip: GossipHandle,
     /// What its repair worker found in its last passes.
@@ -112,6 +114,10 @@ impl Live {
 
     pub fn fs(&self, id: u64) -> Option<Arc<FsService>> {
         self.map().get(&id).map(|r| r.fs.clone())
+    }
+
+    pub fn stripes(&self, id: u64) -> Option<Arc<Stripes>> {
+        self.map().get(&id).map(|r| r.stripes.clone())
     }
 
     /// The cluster layout as the lowest running node's replica holds it.
@@ -500,6 +506,7 @@ impl Cluster {
             Running {
                 group: group.clone(),
                 fs,
+                stripes: stripes.clone(),
                 gossip: gossip_handle,
                 repair,
                 tier,

@@ -31,31 +31,52 @@ impl Tier {
             return Ok(());
         }
         let want = self.claim.as_bytes();
-        match self
+        let found = match self
             .timed(CLAIM_TIMEOUT, self.store.size(CLAIM_KEY))
             .await?
         {
-            Some(n) => {
-                let got = self
-                    .timed(CLAIM_TIMEOUT, self.store.get_range(CLAIM_KEY, 0..n))
-                    .await?;
-                if &got[..] != want {
-                    return Err(AgentError::ConfigValue {
-                        key: "tiering".into(),
-                        reason: format!(
-                            "{} belongs to another shoal cluster (its `{CLAIM_KEY}` object names \
-                             another CA); give this cluster its own bucket or prefix",
-                            self.store.describe()
-                        ),
-                    });
-                }
+            Some(n) => Some(
+                self.timed(CLAIM_TIMEOUT, self.store.get_range(CLAIM_KEY, 0..n))
+                    .await?,
+            ),
+            None => None,
+        };
+        match found {
+            Some(got) if &got[..] == want => {}
+            Some(got) if is_claim(&got) => {
+                return Err(AgentError::ConfigValue {
+                    key: "tiering".into(),
+                    reason: format!(
+                        "{} belongs to another shoal cluster (its `{CLAIM_KEY}` object names \
+                         another CA); give this cluster its own bucket or prefix",
+                        self.store.describe()
+                    ),
+                });
             }
-            None => {
+            // None, or not a whole claim (a put the store kept short): ours is written,
+            // and read back, since the claim decides whose objects the collector may
+            // delete.
+            _ => {
                 self.timed(
                     CLAIM_TIMEOUT,
                     self.store.put(CLAIM_KEY, Bytes::copy_from_slice(want)),
                 )
                 .await?;
+                let back = self
+                    .timed(
+                        CLAIM_TIMEOUT,
+                        self.store.get_range(CLAIM_KEY, 0..want.len() as u64),
+                    )
+                    .await?;
+                let size = self
+                    .timed(CLAIM_TIMEOUT, self.store.size(CLAIM_KEY))
+                    .await?;
+                if &back[..] != want || size != Some(want.len() as u64) {
+                    return Err(AgentError::NotYet(format!(
+                        "{} did not keep this cluster's claim as written; trying again later",
+                        self.store.describe()
+                    )));
+                }
             }
         }
         self.claimed.store(true, Ordering::Release);
@@ -63,9 +84,21 @@ impl Tier {
     }
 }
 
+/// Whether `bytes` are a whole claim (of any cluster): `claim_text`'s shape.
+fn is_claim(bytes: &[u8]) -> bool {
+    let Some(hex) = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|t| t.strip_prefix("shoal cluster ca-sha256 "))
+        .and_then(|t| t.strip_suffix('\n'))
+    else {
+        return false;
+    };
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::claim_text;
+    use super::{claim_text, is_claim};
 
     #[test]
     fn a_claim_names_the_ca_by_digest() {
@@ -73,5 +106,18 @@ mod tests {
         assert!(a.starts_with("shoal cluster ca-sha256 "), "{a}");
         assert_eq!(a.len(), "shoal cluster ca-sha256 \n".len() + 64);
         assert_ne!(a, claim_text(b"-----BEGIN CERTIFICATE-----\nB\n"));
+    }
+
+    /// A claim the store kept short is no claim: the agent writes its own over it rather
+    /// than refusing the bucket as another cluster's for good.
+    #[test]
+    fn only_a_whole_claim_names_a_cluster() {
+        let a = claim_text(b"A");
+        assert!(is_claim(a.as_bytes()));
+        assert!(is_claim(claim_text(b"B").as_bytes()));
+        assert!(!is_claim(&a.as_bytes()[..a.len() / 2]), "kept short");
+        assert!(!is_claim(&a.as_bytes()[..a.len() - 1]), "no newline");
+        assert!(!is_claim(b""));
+        assert!(!is_claim(b"some other object\n"));
     }
 }

@@ -88,6 +88,9 @@ impl Tier {
         self: &Arc<Self>,
         inos: &[Ino],
     ) -> Result<shoal_agent_api::TierMoved, AgentError> {
+        // Everything committed so far: a file closed through another node a moment ago
+        // may not be on this replica yet, and would be skipped as if it had no data.
+        self.group.barrier().await?;
         let files = self.group.store().files_below(inos)?;
         self.upload_files(&files).await
     }

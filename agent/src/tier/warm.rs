@@ -95,6 +95,8 @@ impl Tier {
     /// `shoal tier prefetch`: every cold stripe of these files (and of every file below
     /// these directories) back on NVMe. Status shows the progress meanwhile.
     pub async fn prefetch(self: &Arc<Self>, inos: &[Ino]) -> Result<TierMoved, AgentError> {
+        // As `release`: judged against everything committed so far.
+        self.group.barrier().await?;
         let started = Instant::now();
         let mut work = Vec::new();
         let (mut files_total, mut bytes_total) = (0u64, 0u64);

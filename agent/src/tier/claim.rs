@@ -31,17 +31,7 @@ impl Tier {
             return Ok(());
         }
         let want = self.claim.as_bytes();
-        let found = match self
-            .timed(CLAIM_TIMEOUT, self.store.size(CLAIM_KEY))
-            .await?
-        {
-            Some(n) => Some(
-                self.timed(CLAIM_TIMEOUT, self.store.get_range(CLAIM_KEY, 0..n))
-                    .await?,
-            ),
-            None => None,
-        };
-        match found {
+        match self.read_claim().await? {
             Some(got) if &got[..] == want => {}
             Some(got) if is_claim(&got) => {
                 return Err(AgentError::ConfigValue {
@@ -62,16 +52,7 @@ impl Tier {
                     self.store.put(CLAIM_KEY, Bytes::copy_from_slice(want)),
                 )
                 .await?;
-                let back = self
-                    .timed(
-                        CLAIM_TIMEOUT,
-                        self.store.get_range(CLAIM_KEY, 0..want.len() as u64),
-                    )
-                    .await?;
-                let size = self
-                    .timed(CLAIM_TIMEOUT, self.store.size(CLAIM_KEY))
-                    .await?;
-                if &back[..] != want || size != Some(want.len() as u64) {
+                if self.read_claim().await?.as_deref() != Some(want) {
                     return Err(AgentError::NotYet(format!(
                         "{} did not keep this cluster's claim as written; trying again later",
                         self.store.describe()
@@ -81,6 +62,20 @@ impl Tier {
         }
         self.claimed.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// The claim object as the store holds it, whole; `None` when there is none.
+    async fn read_claim(&self) -> Result<Option<Bytes>, AgentError> {
+        match self
+            .timed(CLAIM_TIMEOUT, self.store.size(CLAIM_KEY))
+            .await?
+        {
+            Some(n) => Ok(Some(
+                self.timed(CLAIM_TIMEOUT, self.store.get_range(CLAIM_KEY, 0..n))
+                    .await?,
+            )),
+            None => Ok(None),
+        }
     }
 }
 

@@ -4,8 +4,10 @@
 # 3 chunkservers, goal 2) on the same machine, side by side in one run (one system up at a
 # time). Prints one table:
 # fio (seq 1M write with end_fsync and read, 1 and 4 jobs; 4K random read, libaio qd16, O_DIRECT)
-# and metadata (create / stat / delete of N empty files in one directory, T workers, with
-# p50/p99 per operation).
+# metadata (create / stat / delete of N empty files in one directory, T workers, with
+# p50/p99 per operation), a small-file tree (`cp -a` of /usr/share/doc and `rm -rf` of the
+# copy, seconds) and, for shoal, two nodes' mounts creating at once in one directory and each
+# in its own.
 #
 #   tests/bench/suite.sh [options]
 #
@@ -17,6 +19,8 @@
 #   --runtime SECS   fio cap per test and directory (default 20)
 #   --files N        metadata files (default 10000)
 #   --threads T      metadata workers (default 4)
+#   --tree DIR       the tree `cp -a` copies and `rm -rf` removes (default /usr/share/doc)
+#   --two-files N    files each of two mounts creates in the two-node rows (default 1000)
 #   --moosefs        also measure MooseFS (Debian packages, installed when missing; root)
 #   --bulk MODE      how shard payloads travel between shoal's agents: secure (TLS, the
 #                    default) or crc (authenticated and checksummed, not encrypted; MooseFS
@@ -38,6 +42,8 @@ size=1G
 runtime=20
 files=10000
 threads=4
+tree_source=/usr/share/doc
+two_files=1000
 moosefs=no
 bulk=secure
 keep=no
@@ -51,13 +57,13 @@ die() { echo "suite.sh: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --bin|--dir|--local|--size|--runtime|--files|--threads|--out|--bulk)
+    --bin|--dir|--local|--size|--runtime|--files|--threads|--out|--bulk|--tree|--two-files)
       [ $# -ge 2 ] || usage
       opt="${1#--}"; val="$2"; shift 2
       case "$opt" in
         bin) bin="$val" ;; dir) dir="$val" ;; local) local_dir="$val" ;; size) size="$val" ;;
         runtime) runtime="$val" ;; files) files="$val" ;; threads) threads="$val" ;; out) out="$val" ;;
-        bulk) bulk="$val" ;;
+        bulk) bulk="$val" ;; tree) tree_source="$val" ;; two-files) two_files="$val" ;;
       esac ;;
     --moosefs) moosefs=yes; shift ;;
     --keep) keep=yes; shift ;;
@@ -120,6 +126,9 @@ measure() {
   echo "== metadata: $name beside local" >&2
   "$here/metadata.sh" --one-dir --files "$files" --threads "$threads" \
     --out "$out/metadata-$name.json" "$path/suite" "$local_dir" >/dev/null
+  echo "== tree: cp -a $tree_source and rm -rf, $name beside local" >&2
+  "$here/tree.sh" --source "$tree_source" --name "$name" --out "$out/tree-$name.json" \
+    "$path/suite" "$local_dir" >/dev/null
 }
 
 # One system runs at a time: on a small machine the idle one's processes would take CPU
@@ -127,6 +136,9 @@ measure() {
 leader_before="$(leader_name)"
 measure shoal "$mnt"
 echo "$leader_before $(leader_name)" >"$out/leader.txt"
+echo "== two mounts: nodes 1 and 2 creating in one directory, then each in its own" >&2
+python3 "$here/two_mounts.py" --files "$two_files" --out "$out/two-mounts-shoal.json" \
+  "$mnt" "$dir/node2/mnt" >/dev/null
 if [ "$moosefs" = yes ]; then
   [ "$keep" = yes ] || "$bin/shoal" dev-cluster down --dir "$dir" >/dev/null 2>&1 || true
   "$here/moosefs.sh" up "$mfs_dir" "$mfs_mnt" || die "MooseFS did not start"
@@ -198,6 +210,33 @@ for op in ("create", "stat", "delete"):
     cell = lambda r: f"{r['p50_us']:,.0f} / {r['p99_us']:,.0f}"
     cells = [cell(meta["shoal"]["local"][op])] + [cell(meta[n]["shoal"][op]) for n in names[::-1]]
     lines.append(f"| {op} | " + " | ".join(cells) + " |")
+tree = {n: json.load(open(os.path.join(out, f"tree-{n}.json"))) for n in names}
+first = tree["shoal"]
+lines += ["", f"small-file tree: `cp -a {first['source']}` ({first['entries']:,} entries, "
+          f"{first['bytes'] / 2**20:.0f} MiB) and `rm -rf` of the copy, seconds (lower is better):", "",
+          "| step | local | " + ("MooseFS 3 | " if len(names) > 1 else "") + "shoal | shoal/local |"
+          + (" shoal/MooseFS |" if len(names) > 1 else ""),
+          "|---|" + "---:|" * (len(names) + 2 + (len(names) > 1))]
+summary["tree"] = {}
+for step, key in (("cp -a", "cp_s"), ("rm -rf", "rm_s")):
+    local = first["results"]["local"][key]
+    shoal = first["results"]["shoal"][key]
+    cells = [f"{local:.2f}"]
+    entry = {"local": local, "shoal": shoal}
+    if len(names) > 1:
+        entry["moosefs"] = tree["moosefs"]["results"]["moosefs"][key]
+        cells.append(f"{entry['moosefs']:.2f}")
+    cells += [f"{shoal:.2f}", f"{shoal / local:.1f}x" if local else "-"]
+    if len(names) > 1:
+        cells.append(f"{shoal / entry['moosefs']:.1f}x" if entry["moosefs"] else "-")
+    lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    summary["tree"][step] = entry
+two = json.load(open(os.path.join(out, "two-mounts-shoal.json")))
+lines += ["", f"two nodes creating: {two['files_per_mount']:,} empty files per mount (shoal, nodes 1 "
+          "and 2), creates/s of all mounts together:", "", "| case | creates/s |", "|---|---:|"]
+for label, rate in two["creates_per_s"].items():
+    lines.append(f"| {label} | {rate:,.0f} |")
+summary["two_mounts"] = two["creates_per_s"]
 table = "\n".join(lines)
 with open(os.path.join(out, "suite.json"), "w") as f:
     json.dump(summary, f, indent=2)

@@ -311,6 +311,16 @@ impl Cluster {
         self
     }
 
+    /// Every node's `orphan_shard_grace_s` (before any starts): a write retries its
+    /// stripes for a quarter of it at most, which the simulator's short grace keeps
+    /// below one timed-out put and a retry.
+    pub fn with_orphan_grace(mut self, grace: std::time::Duration) -> Self {
+        for node in self.nodes.values_mut() {
+            node.config.orphan_shard_grace_s = grace.as_secs();
+        }
+        self
+    }
+
     /// A new machine joins the running cluster (an empty disk and shard store); its id.
     pub async fn join(&mut self, rng: &mut SplitMix64) -> Result<u64, String> {
         let id = self.next_id;

@@ -1,0 +1,345 @@
+//! The file write path (`fs/write.rs`: inline data, stripes, the extent commit and its
+//! retries) on five simulated nodes, through each node's `FsService` as a mount calls it:
+//! a file that outgrows inline, a write whose inline bytes change under it, a write
+//! through a node that is cut off mid-way, and one that cannot find enough nodes. After
+//! each, the shard stores hold exactly the shards the committed extents name: a write
+//! deletes what it will never commit itself (the orphan collector, 40 s away, is not
+//! waited for).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_agent::fs::FsService;
+use shoal_agent_api::{FileKind, FsRequest, FsResponse, Ino, Owner, ROOT_INO, RequestId};
+use shoal_disk::SplitMix64;
+use shoal_mesh::SimNet;
+use shoal_namespace::FileData;
+use shoal_sim::cluster::{Cluster, Stop, addr};
+use shoal_sim::trace::Trace;
+use shoal_store::{ShardKey, ShardStore};
+
+const NODES: [u64; 5] = [1, 2, 3, 4, 5];
+/// The sim's protocol: the mount's own.
+const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
+/// Bytes of file data in one stripe of the sim's 2+2 profile.
+const STRIPE: usize = 2 << 20;
+
+/// Runs `test` on a formed five-node cluster (2+2 stripes) of `seed`, with the
+/// production's orphan grace (the simulator's own is short, and a write's patience with
+/// stripes is a quarter of it: its first timed-out put would use it all up).
+fn on_five_nodes<T>(seed: u64, test: impl AsyncFnOnce(&mut Cluster) -> T) -> T {
+    shoal_sim::runtime::block_on(seed, async move {
+        let mut rng = SplitMix64(seed);
+        let mut net_rng = SplitMix64(rng.next_u64());
+        let net = SimNet::new(Box::new(move || net_rng.next_u64()));
+        let mut cluster = Cluster::new(&NODES, &mut rng, net, Trace::begin())
+            .with_orphan_grace(Duration::from_secs(600));
+        cluster.form(Duration::from_secs(60)).await.expect("formed");
+        test(&mut cluster).await
+    })
+}
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = SplitMix64(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+fn fs(cluster: &Cluster, id: u64) -> Arc<FsService> {
+    cluster.live.fs(id).expect("node runs")
+}
+
+/// A request id of mount session `client`, distinct per call.
+fn id(client: u64) -> RequestId {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    RequestId {
+        client,
+        seq: SEQ.fetch_add(1, Ordering::Relaxed),
+    }
+}
+
+async fn create(fs: &Arc<FsService>, name: &str) -> Ino {
+    let req = FsRequest::MkNode {
+        id: id(7),
+        parent: ROOT_INO,
+        name: name.into(),
+        kind: FileKind::File,
+        perm: 0o644,
+        owner: Owner { uid: 0, gid: 0 },
+        rdev: 0,
+        target: None,
+    };
+    match fs.handle(req, None, PROTOCOL).await {
+        FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
+        other => panic!("create {name}: {other:?}"),
+    }
+}
+
+async fn write(fs: &Arc<FsService>, client: u64, ino: Ino, offset: u64, data: &[u8]) -> FsResponse {
+    let req = FsRequest::Write {
+        id: id(client),
+        ino,
+        offset,
+        data: data.to_vec(),
+    };
+    fs.handle(req, None, PROTOCOL).await
+}
+
+/// File `ino` as node `id`'s replica has it after a read barrier (once the node is in
+/// the group: the steward adds the learners a little after the group forms).
+async fn file(cluster: &Cluster, id: u64, ino: Ino) -> FileData {
+    let group = cluster.live.get(id).expect("node runs");
+    let mut tries = 0;
+    while let Err(e) = group.barrier().await {
+        tries += 1;
+        assert!(tries < 600, "node {id}: no read barrier in 60 s: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    group.store().file_data(ino).expect("the file is there")
+}
+
+/// File `ino` read whole through node `id`.
+async fn read_all(cluster: &Cluster, id: u64, ino: Ino) -> Vec<u8> {
+    let size = file(cluster, id, ino).await.attr.size;
+    let parts = fs(cluster, id)
+        .read(ino, 0, u32::try_from(size.max(1)).expect("small"))
+        .await
+        .expect("read");
+    parts.iter().flat_map(|p| p.iter().copied()).collect()
+}
+
+/// The shards the committed extents of `files` name, and the shards each running node
+/// in `nodes` holds: they must be the same on those nodes.
+async fn stores_hold_only_committed(cluster: &Cluster, files: &[Ino], nodes: &[u64]) {
+    let group = cluster.live.get(nodes[0]).expect("node runs");
+    group.barrier().await.expect("barrier");
+    let mut named = BTreeSet::new();
+    for &ino in files {
+        let file = group.store().file_data(ino).expect("file");
+        for e in file.extents {
+            for (index, slot) in e.stripe.shards.iter().enumerate() {
+                if nodes.contains(&slot.node.0) {
+                    named.insert((
+                        slot.node.0,
+                        ShardKey {
+                            stripe: e.stripe.id.0,
+                            index: index as u8,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    let stores = cluster.running_stores();
+    let held: BTreeSet<(u64, ShardKey)> = nodes
+        .iter()
+        .flat_map(|n| {
+            let store = stores.get(n).expect("node runs");
+            store.list().into_iter().map(move |(k, _)| (*n, k))
+        })
+        .collect();
+    assert_eq!(
+        held, named,
+        "the stores hold the shards the committed extents name, no others"
+    );
+}
+
+/// The metadata group's three voters, the leader first (the other two nodes are
+/// learners).
+fn voters(cluster: &Cluster) -> Vec<u64> {
+    let leader = cluster.leader().expect("leader");
+    let group = cluster.live.get(leader).expect("leader runs");
+    let mut voters: Vec<u64> = group
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    voters.sort_by_key(|&v| v != leader);
+    assert_eq!(voters.len(), 3);
+    voters
+}
+
+fn ip(id: u64) -> IpAddr {
+    addr(id).ip()
+}
+
+#[test]
+fn a_file_that_outgrows_inline_keeps_its_inline_bytes_ahead_of_its_stripes() {
+    on_five_nodes(11, async |c| {
+        let node1 = fs(c, 1);
+        let ino = create(&node1, "grows").await;
+        let head = data(1000, 1);
+        assert!(matches!(
+            write(&node1, 1, ino, 0, &head).await,
+            FsResponse::Attr(a) if a.size == 1000
+        ));
+        let stored = file(c, 1, ino).await;
+        assert_eq!(
+            (stored.inline.len(), stored.extents.len()),
+            (1000, 0),
+            "inline while small"
+        );
+        // Past a stripe's worth, at an offset that leaves a hole before it.
+        let tail = data(STRIPE + 300_000, 2);
+        let at = 5000;
+        match write(&node1, 1, ino, at, &tail).await {
+            FsResponse::Attr(a) => assert_eq!(a.size, at + tail.len() as u64),
+            other => panic!("write: {other:?}"),
+        }
+        let mut expected = head.clone();
+        expected.resize(at as usize, 0);
+        expected.extend_from_slice(&tail);
+        for reader in NODES {
+            let got = read_all(c, reader, ino).await;
+            assert!(got == expected, "the whole file through node {reader}");
+        }
+        let stored = file(c, 1, ino).await;
+        assert!(
+            stored.inline.is_empty(),
+            "no inline bytes once it has extents"
+        );
+        let spans: Vec<(u64, u64)> = stored.extents.iter().map(|e| (e.offset, e.len)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0, 1000),
+                (at, STRIPE as u64),
+                (at + STRIPE as u64, 300_000)
+            ],
+            "the inline bytes in a stripe of their own first, then the write's"
+        );
+        stores_hold_only_committed(c, &[ino], &NODES).await;
+    });
+}
+
+#[test]
+fn a_write_whose_inline_bytes_change_under_it_carries_the_new_ones() {
+    on_five_nodes(12, async |c| {
+        let node1 = fs(c, 1);
+        let node2 = fs(c, 2);
+        let ino = create(&node1, "raced").await;
+        let a = vec![b'a'; 100];
+        assert!(matches!(
+            write(&node1, 1, ino, 0, &a).await,
+            FsResponse::Attr(_)
+        ));
+        // A striped write (it carries the 100 inline bytes over) and, while its shards
+        // are being stored, an inline overwrite of the start through another node.
+        let big = data(STRIPE / 2, 3);
+        let striped = tokio::spawn({
+            let node1 = node1.clone();
+            let big = big.clone();
+            async move { write(&node1, 1, ino, 100, &big).await }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let b = vec![b'b'; 50];
+        assert!(matches!(
+            write(&node2, 2, ino, 0, &b).await,
+            FsResponse::Attr(_)
+        ));
+        assert!(matches!(
+            striped.await.expect("joined"),
+            FsResponse::Attr(_)
+        ));
+        // Whichever committed first, both writes are in the file, each whole.
+        let mut expected = b.clone();
+        expected.extend_from_slice(&a[50..]);
+        expected.extend_from_slice(&big);
+        for reader in NODES {
+            let got = read_all(c, reader, ino).await;
+            assert!(got == expected, "both writes through node {reader}");
+        }
+        let conflicts = file(c, 1, ino).await;
+        assert!(conflicts.inline.is_empty());
+        stores_hold_only_committed(c, &[ino], &NODES).await;
+    });
+}
+
+#[test]
+fn a_write_through_two_cut_off_nodes_stalls_then_lands_and_leaves_no_stray_shards() {
+    on_five_nodes(13, async |c| {
+        let voters = voters(c);
+        let writer = voters[0];
+        let node = fs(c, writer);
+        let ino = create(&node, "stalled").await;
+        // The two learners hear nothing and say nothing: still in the layout until
+        // membership declares them down. A stripe placed on both stores two shards, too
+        // few (k+1 = 3); one placed on one of them is stored degraded. So a write of
+        // several stripes fails with some of its stripes stored, and is retried.
+        let learners: Vec<u64> = NODES.into_iter().filter(|n| !voters.contains(n)).collect();
+        for &l in &learners {
+            for &v in &voters {
+                c.net.cut(ip(v), ip(l));
+                c.net.cut(ip(l), ip(v));
+            }
+        }
+        let bytes = data(4 * STRIPE, 4);
+        match write(&node, 1, ino, 0, &bytes).await {
+            FsResponse::Attr(a) => assert_eq!(a.size, bytes.len() as u64),
+            other => panic!("the write stalls, then lands: {other:?}"),
+        }
+        let stored = file(c, writer, ino).await;
+        assert!(
+            stored.extents.iter().all(|e| e
+                .stripe
+                .shards
+                .iter()
+                .all(|s| !learners.contains(&s.node.0))),
+            "no committed shard on the nodes cut off"
+        );
+        assert!(read_all(c, voters[2], ino).await == bytes);
+        // The stripes the failed attempts stored on the reachable nodes are gone already.
+        stores_hold_only_committed(c, &[ino], &voters).await;
+        c.net.heal();
+    });
+}
+
+#[test]
+fn a_write_without_enough_nodes_fails_and_leaves_nothing_behind() {
+    on_five_nodes(14, async |c| {
+        // The two learners stop: the three voters store a 2+2 stripe degraded (k+1).
+        let leader = c.leader().expect("leader");
+        let voters = voters(c);
+        for n in NODES.into_iter().filter(|n| !voters.contains(n)) {
+            c.stop(n, Stop::Crash).await;
+        }
+        let node = fs(c, leader);
+        let ino = create(&node, "fails").await;
+        let acked = data(STRIPE / 4, 5);
+        assert!(
+            matches!(write(&node, 1, ino, 0, &acked).await, FsResponse::Attr(_)),
+            "with three nodes a stripe is written degraded"
+        );
+        // One more voter cut off: the metadata keeps its quorum, the stripes have two
+        // nodes for k+1 = 3 shards.
+        let cut = *voters.iter().find(|&&n| n != leader).expect("a voter");
+        for &n in &voters {
+            if n != cut {
+                c.net.cut(ip(n), ip(cut));
+                c.net.cut(ip(cut), ip(n));
+            }
+        }
+        let bytes = data(2 * STRIPE, 6);
+        let answer =
+            tokio::time::timeout(Duration::from_secs(120), write(&node, 1, ino, 0, &bytes))
+                .await
+                .expect("the write gives up within its patience");
+        assert!(
+            matches!(answer, FsResponse::Error(_)),
+            "no write with two nodes for a 2+2 stripe: {answer:?}"
+        );
+        let left: Vec<u64> = voters.iter().copied().filter(|&n| n != cut).collect();
+        // The file still holds what was acknowledged before.
+        assert!(
+            read_all(c, leader, ino).await == acked,
+            "the acknowledged bytes are the file's"
+        );
+        stores_hold_only_committed(c, &[ino], &left).await;
+        c.net.heal();
+    });
+}

@@ -3,47 +3,22 @@
 //! refuses and one it keeps short while saying it succeeded. The real mount requests,
 //! stripes, metadata and tier workers, on virtual time.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use shoal_agent::fs::FsService;
-use shoal_agent_api::{FileKind, FsRequest, FsResponse, Ino, Owner, ROOT_INO, RequestId};
-use shoal_disk::SplitMix64;
-use shoal_mesh::SimNet;
+use shoal_agent_api::{FsRequest, FsResponse, Ino};
 use shoal_sim::cluster::{Bucket, Cluster};
-use shoal_sim::trace::Trace;
 use shoal_store::ShardStore;
 use shoal_tiering::ColdStore;
 
-const NODES: [u64; 5] = [1, 2, 3, 4, 5];
-const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
+use common::{NODES, PROTOCOL, create, data, fs, write};
+
 /// Bytes of the test file: several stripes' worth would do, one is enough.
 const SIZE: usize = 600_000;
 
 fn on_five_nodes_with_a_bucket<T>(seed: u64, test: impl AsyncFnOnce(&mut Cluster) -> T) -> T {
-    shoal_sim::runtime::block_on(seed, async move {
-        let mut rng = SplitMix64(seed);
-        let mut net_rng = SplitMix64(rng.next_u64());
-        let net = SimNet::new(Box::new(move || net_rng.next_u64()));
-        let mut cluster = Cluster::new(&NODES, &mut rng, net, Trace::begin()).with_cold_tier();
-        cluster.form(Duration::from_secs(60)).await.expect("formed");
-        // Every node a member (the learners join after the group formed).
-        for id in NODES {
-            let group = cluster.live.get(id).expect("node runs");
-            let joined = tokio::time::timeout(Duration::from_secs(60), async {
-                while group.barrier().await.is_err() {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            })
-            .await;
-            joined.expect("every node in the metadata group within 60 s");
-        }
-        test(&mut cluster).await
-    })
-}
-
-fn fs(c: &Cluster, id: u64) -> Arc<FsService> {
-    c.live.fs(id).expect("node runs")
+    common::on_five_nodes(seed, Cluster::with_cold_tier, test)
 }
 
 fn bucket(c: &Cluster) -> Bucket {
@@ -54,41 +29,9 @@ fn bucket(c: &Cluster) -> Bucket {
 /// and bytes.
 async fn file_with_data(c: &Cluster, name: &str) -> (Ino, Vec<u8>) {
     let fs = fs(c, 1);
-    let id = |seq| RequestId { client: 77, seq };
-    let made = fs
-        .handle(
-            FsRequest::MkNode {
-                id: id(1),
-                parent: ROOT_INO,
-                name: name.into(),
-                kind: FileKind::File,
-                perm: 0o644,
-                owner: Owner { uid: 0, gid: 0 },
-                rdev: 0,
-                target: None,
-            },
-            None,
-            PROTOCOL,
-        )
-        .await;
-    let ino = match made {
-        FsResponse::Entry(attr) | FsResponse::EntryAt { attr, .. } => attr.ino,
-        other => panic!("create: {other:?}"),
-    };
-    let mut rng = SplitMix64(ino);
-    let data: Vec<u8> = (0..SIZE).map(|_| rng.next_u64() as u8).collect();
-    let wrote = fs
-        .handle(
-            FsRequest::Write {
-                id: id(2),
-                ino,
-                offset: 0,
-                data: data.clone(),
-            },
-            None,
-            PROTOCOL,
-        )
-        .await;
+    let ino = create(&fs, name).await;
+    let data = data(SIZE, ino);
+    let wrote = write(&fs, 77, ino, 0, &data).await;
     assert!(matches!(wrote, FsResponse::Attr(_)), "write: {wrote:?}");
     (ino, data)
 }

@@ -6,108 +6,27 @@
 //! deletes what it will never commit itself (the orphan collector, 40 s away, is not
 //! waited for).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_agent::fs::FsService;
-use shoal_agent_api::{FileKind, FsRequest, FsResponse, Ino, Owner, ROOT_INO, RequestId};
-use shoal_disk::SplitMix64;
-use shoal_mesh::SimNet;
-use shoal_namespace::FileData;
+use shoal_agent_api::{FsResponse, Ino};
 use shoal_sim::cluster::{Cluster, Stop, addr};
-use shoal_sim::trace::Trace;
 use shoal_store::{ShardKey, ShardStore};
 
-const NODES: [u64; 5] = [1, 2, 3, 4, 5];
-/// The sim's protocol: the mount's own.
-const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
-/// Bytes of file data in one stripe of the sim's 2+2 profile.
-const STRIPE: usize = 2 << 20;
+use common::{NODES, STRIPE, create, data, file, fs, read_all, voters, write};
 
-/// Runs `test` on a formed five-node cluster (2+2 stripes) of `seed`, with the
-/// production's orphan grace (the simulator's own is short, and a write's patience with
-/// stripes is a quarter of it: its first timed-out put would use it all up).
+/// Runs `test` on five formed nodes with the production's orphan grace (the simulator's
+/// own is short, and a write's patience with stripes is a quarter of it: its first
+/// timed-out put would use it all up).
 fn on_five_nodes<T>(seed: u64, test: impl AsyncFnOnce(&mut Cluster) -> T) -> T {
-    shoal_sim::runtime::block_on(seed, async move {
-        let mut rng = SplitMix64(seed);
-        let mut net_rng = SplitMix64(rng.next_u64());
-        let net = SimNet::new(Box::new(move || net_rng.next_u64()));
-        let mut cluster = Cluster::new(&NODES, &mut rng, net, Trace::begin())
-            .with_orphan_grace(Duration::from_secs(600));
-        cluster.form(Duration::from_secs(60)).await.expect("formed");
-        test(&mut cluster).await
-    })
-}
-
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut rng = SplitMix64(seed);
-    (0..len).map(|_| rng.next_u64() as u8).collect()
-}
-
-fn fs(cluster: &Cluster, id: u64) -> Arc<FsService> {
-    cluster.live.fs(id).expect("node runs")
-}
-
-/// A request id of mount session `client`, distinct per call.
-fn id(client: u64) -> RequestId {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static SEQ: AtomicU64 = AtomicU64::new(1);
-    RequestId {
-        client,
-        seq: SEQ.fetch_add(1, Ordering::Relaxed),
-    }
-}
-
-async fn create(fs: &Arc<FsService>, name: &str) -> Ino {
-    let req = FsRequest::MkNode {
-        id: id(7),
-        parent: ROOT_INO,
-        name: name.into(),
-        kind: FileKind::File,
-        perm: 0o644,
-        owner: Owner { uid: 0, gid: 0 },
-        rdev: 0,
-        target: None,
-    };
-    match fs.handle(req, None, PROTOCOL).await {
-        FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
-        other => panic!("create {name}: {other:?}"),
-    }
-}
-
-async fn write(fs: &Arc<FsService>, client: u64, ino: Ino, offset: u64, data: &[u8]) -> FsResponse {
-    let req = FsRequest::Write {
-        id: id(client),
-        ino,
-        offset,
-        data: data.to_vec(),
-    };
-    fs.handle(req, None, PROTOCOL).await
-}
-
-/// File `ino` as node `id`'s replica has it after a read barrier (once the node is in
-/// the group: the steward adds the learners a little after the group forms).
-async fn file(cluster: &Cluster, id: u64, ino: Ino) -> FileData {
-    let group = cluster.live.get(id).expect("node runs");
-    let mut tries = 0;
-    while let Err(e) = group.barrier().await {
-        tries += 1;
-        assert!(tries < 600, "node {id}: no read barrier in 60 s: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    group.store().file_data(ino).expect("the file is there")
-}
-
-/// File `ino` read whole through node `id`.
-async fn read_all(cluster: &Cluster, id: u64, ino: Ino) -> Vec<u8> {
-    let size = file(cluster, id, ino).await.attr.size;
-    let parts = fs(cluster, id)
-        .read(ino, 0, u32::try_from(size.max(1)).expect("small"))
-        .await
-        .expect("read");
-    parts.iter().flat_map(|p| p.iter().copied()).collect()
+    common::on_five_nodes(
+        seed,
+        |c| c.with_orphan_grace(Duration::from_secs(600)),
+        test,
+    )
 }
 
 /// The shards the committed extents of `files` name, and the shards each running node
@@ -144,24 +63,6 @@ async fn stores_hold_only_committed(cluster: &Cluster, files: &[Ino], nodes: &[u
         held, named,
         "the stores hold the shards the committed extents name, no others"
     );
-}
-
-/// The metadata group's three voters, the leader first (the other two nodes are
-/// learners).
-fn voters(cluster: &Cluster) -> Vec<u64> {
-    let leader = cluster.leader().expect("leader");
-    let group = cluster.live.get(leader).expect("leader runs");
-    let mut voters: Vec<u64> = group
-        .raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect();
-    voters.sort_by_key(|&v| v != leader);
-    assert_eq!(voters.len(), 3);
-    voters
 }
 
 fn ip(id: u64) -> IpAddr {

@@ -1,0 +1,215 @@
+//! The repair worker (`workers/repair/mod.rs`: its scan, the planner's queue, rebuild and
+//! copy, and the compare-and-set commit) on five simulated nodes: a node lost for good
+//! (its shards rebuilt onto the others and committed), and a node drained (its shards
+//! copied away as they are, then the node marked drained). The real steward, membership,
+//! placement and stripes, on virtual time.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use shoal_agent_api::{FsResponse, Ino};
+use shoal_namespace::format::Timestamp;
+use shoal_namespace::nodes::NodeChange;
+use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_placement::{NodeId, NodeState};
+use shoal_sim::cluster::Cluster;
+use shoal_store::{ShardKey, ShardStore};
+
+use common::{NODES, STRIPE, create, data, file, fs, read_all, voters, write};
+
+/// Three files of one, two and three stripes through node `through`; their inodes and
+/// bytes.
+async fn three_files(c: &Cluster, through: u64) -> Vec<(Ino, Vec<u8>)> {
+    let fs = fs(c, through);
+    let mut files = Vec::new();
+    for n in 1..=3 {
+        let ino = create(&fs, &format!("f{n}")).await;
+        let bytes = data(n * STRIPE - 1000, n as u64);
+        assert!(matches!(
+            write(&fs, 1, ino, 0, &bytes).await,
+            FsResponse::Attr(_)
+        ));
+        files.push((ino, bytes));
+    }
+    files
+}
+
+/// (node, shard) of every slot the files' extents name, as node `id` sees them.
+async fn slots(c: &Cluster, id: u64, files: &[(Ino, Vec<u8>)]) -> BTreeSet<(u64, ShardKey)> {
+    let mut named = BTreeSet::new();
+    for (ino, _) in files {
+        for e in file(c, id, *ino).await.extents {
+            for (index, slot) in e.stripe.shards.iter().enumerate() {
+                named.insert((
+                    slot.node.0,
+                    ShardKey {
+                        stripe: e.stripe.id.0,
+                        index: index as u8,
+                    },
+                ));
+            }
+        }
+    }
+    named
+}
+
+/// Waits up to `within` until every slot the files name is on a node of `on` (none
+/// empty), as node `id` sees it; the slots then.
+async fn until_all_slots_on(
+    c: &Cluster,
+    id: u64,
+    files: &[(Ino, Vec<u8>)],
+    on: &[u64],
+    within: Duration,
+) -> BTreeSet<(u64, ShardKey)> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let named = slots(c, id, files).await;
+        if named.iter().all(|(n, _)| on.contains(n)) {
+            return named;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slots still off {on:?} after {within:?}: {:?}",
+            named
+                .iter()
+                .filter(|(n, _)| !on.contains(n))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Every named slot's shard is in its node's store, and every file reads back whole.
+async fn stored_and_readable(
+    c: &Cluster,
+    files: &[(Ino, Vec<u8>)],
+    named: &BTreeSet<(u64, ShardKey)>,
+) {
+    let stores = c.running_stores();
+    for (node, key) in named {
+        let store = stores.get(node).expect("a running node");
+        assert!(
+            store.list().iter().any(|(k, _)| k == key),
+            "node {node} holds the shard {key:?} the record names"
+        );
+    }
+    for reader in c.live.ids() {
+        for (ino, bytes) in files {
+            assert!(
+                read_all(c, reader, *ino).await == *bytes,
+                "file {ino} through node {reader}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_lost_node_s_shards_are_rebuilt_on_the_others_and_committed() {
+    common::on_five_nodes(
+        21,
+        |c| c,
+        async |c| {
+            let leader = voters(c)[0];
+            let files = three_files(c, leader).await;
+            let before = slots(c, leader, &files).await;
+            // A node that holds shards, not the leader (its repair worker does the work).
+            let lost = before
+                .iter()
+                .map(|(n, _)| *n)
+                .find(|&n| n != leader)
+                .expect("shards beyond the leader");
+            let on_lost = before.iter().filter(|(n, _)| *n == lost).count();
+            c.lose(lost).await;
+            let left: Vec<u64> = NODES.into_iter().filter(|&n| n != lost).collect();
+            // Declared down (seconds), out of the layout after 20 s, then rebuilt.
+            let after =
+                until_all_slots_on(c, leader, &files, &left, Duration::from_secs(180)).await;
+            assert_eq!(after.len(), before.len(), "every slot filled again");
+            let moved: Vec<_> = after.difference(&before).collect();
+            assert_eq!(moved.len(), on_lost, "only the lost node's slots moved");
+            stored_and_readable(c, &files, &after).await;
+            let repair = c.live.repair(leader).expect("leader runs");
+            assert_eq!(
+                repair.repaired_stripes as usize, on_lost,
+                "one stripe a slot here"
+            );
+            let summary = repair.summary.expect("a pass");
+            assert_eq!(summary.unreadable, 0);
+        },
+    );
+}
+
+#[test]
+fn a_drained_node_s_shards_are_copied_away_and_it_is_marked_drained() {
+    common::on_five_nodes(
+        22,
+        |c| c,
+        async |c| {
+            let leader = voters(c)[0];
+            let files = three_files(c, leader).await;
+            let before = slots(c, leader, &files).await;
+            let drained = before
+                .iter()
+                .map(|(n, _)| *n)
+                .find(|&n| n != leader)
+                .expect("shards beyond the leader");
+            let group = c.live.get(leader).expect("leader runs");
+            // The steward installs the layout in the metadata a little after forming.
+            let mut tries = 0;
+            loop {
+                let outcome = group
+                    .propose_one(Proposal {
+                        id: None,
+                        now: Timestamp::now(),
+                        command: Command::ChangeNode {
+                            node: NodeId(drained),
+                            change: NodeChange::Drain {
+                                stripes: 0,
+                                bytes: 0,
+                            },
+                        },
+                    })
+                    .await
+                    .expect("committed");
+                if outcome == Outcome::Done {
+                    break;
+                }
+                tries += 1;
+                assert!(tries < 60, "the drain is refused: {outcome:?}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let others: Vec<u64> = NODES.into_iter().filter(|&n| n != drained).collect();
+            let after =
+                until_all_slots_on(c, leader, &files, &others, Duration::from_secs(120)).await;
+            assert_eq!(after.len(), before.len());
+            stored_and_readable(c, &files, &after).await;
+            // The next pass finds nothing left on it: drained.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let layout = c.live.layout().expect("a layout");
+                let state = layout
+                    .nodes()
+                    .iter()
+                    .find(|n| n.id == NodeId(drained))
+                    .map(|n| n.state);
+                if state == Some(NodeState::Drained) {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "node {drained} still {state:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let repair = c.live.repair(leader).expect("leader runs");
+            assert!(repair.moved_shards > 0, "copied, not rebuilt: {repair:?}");
+            assert_eq!(
+                repair.repaired_stripes, 0,
+                "nothing to rebuild: the node is up"
+            );
+        },
+    );
+}

@@ -1,14 +1,22 @@
 //! Background work of the agent, in one shape: a [`Worker`] does one unit of work at a
 //! time and says whether more is waiting; [`Workers`] runs each on its own task with a
 //! cancellation token, keeps its state for `shoal status`, and stops them all, newest
-//! first, before the subsystems they use shut down.
+//! first, before the subsystems they use shut down. A unit in progress when they stop is
+//! given [`UNIT_DEADLINE`] to finish (a rebuilt shard gets its commit instead of being
+//! left for the orphan sweep); waits between units end at once.
 //!
-//! The workers: `batcher` (the leader's proposal batcher), `facts` (this node's gossiped
-//! facts), `gpu` (GPU readings for the governor), `metrics` (gauges), `steward` (the metadata group's membership and the cluster
-//! layout), `stripe-gc` (shards of unreferenced stripes), `orphan-purge` (unlinked inodes
-//! no mount holds), `orphan-shards` (shards no stripe record names). What to do is decided
-//! by pure code beside each (`steward` uses `consensus::voters`, `gc` its
-//! `holders_to_ask`); the worker only carries it out.
+//! The workers of an agent (names as `shoal status` shows them): `batcher` (the leader's
+//! proposal batcher) and `meta-core-watch` (a metadata member that failed) in
+//! `consensus`; `steward` (the group's membership and the cluster layout); `facts` (this
+//! node's gossiped facts); `gpu` (GPU readings for the governor); `metrics` (gauges);
+//! `repair` (redundancy summary; on the leader rebuild, drain and rebalance moves);
+//! `scrub` (reads every local shard back against its checksum); `stripe-gc` (shards of
+//! unreferenced stripes), `orphan-purge` (unlinked inodes no mount holds) and
+//! `orphan-shards` (shards no stripe record names) in `gc`; `revocations` (the revoked
+//! names, in `revoke`); `tier-heat`, `tier-mover` and `tier-gc` (the cold tier, in
+//! `tier`). What to do is decided by pure code beside each (`steward` uses
+//! `consensus::voters`, `repair` its `plan`, `gc` its `holders_to_ask`); the worker only
+//! carries it out.
 
 pub mod facts;
 pub mod gc;
@@ -54,10 +62,38 @@ pub trait Worker: Send + 'static {
     }
 }
 
+/// Where a worker is, as `shoal status` shows it (`workers[].state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Waiting for work.
+    Idle,
+    /// In a unit of work.
+    Busy,
+    /// Its last unit failed; it tries again when there is work.
+    Error,
+    /// Finished for good.
+    Done,
+    /// Stopped with the agent.
+    Stopped,
+}
+
+impl WorkerState {
+    /// The name status and its JSON use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Idle => "idle",
+            WorkerState::Busy => "busy",
+            WorkerState::Error => "error",
+            WorkerState::Done => "done",
+            WorkerState::Stopped => "stopped",
+        }
+    }
+}
+
 /// The state of one worker as status shows it.
 #[derive(Clone, Debug)]
 struct Shared {
-    state: &'static str,
+    state: WorkerState,
     progress: Option<String>,
     last_error: Option<(String, SystemTime)>,
 }
@@ -70,25 +106,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Running {
     name: &'static str,
     shared: Arc<Mutex<Shared>>,
+    /// Cancelled when this worker is to stop (a child of [`Workers`]' own token).
+    cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
 
 /// Every worker of this node: started through [`Workers::spawn`], stopped together.
 #[derive(Default)]
 pub struct Workers {
-    /// Cancelled by [`Workers::stop`], or when the `Workers` is dropped.
+    /// Cancelled by [`Workers::abort`] (every worker's token is a child of it).
     stop: CancellationToken,
     running: Mutex<Vec<Running>>,
 }
 
 impl Drop for Workers {
-    /// Workers left running stop as well: they must not outlive what they work on.
+    /// Workers left running end at once, in the middle of a unit too: they must not
+    /// outlive what they work on (a stop that lets units finish is [`Workers::stop`]).
     fn drop(&mut self) {
-        self.stop.cancel();
+        self.abort();
     }
 }
 
-/// How long a worker may take to notice it should stop before it is aborted.
+/// How long a unit of work in progress when the workers stop may go on.
+pub const UNIT_DEADLINE: Duration = Duration::from_secs(4);
+/// How long a worker may take to stop (its unit's deadline and a margin) before its task
+/// is aborted.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 impl Workers {
@@ -96,14 +138,16 @@ impl Workers {
     pub fn spawn<W: Worker>(&self, worker: W) {
         let name = worker.name();
         let shared = Arc::new(Mutex::new(Shared {
-            state: "idle",
+            state: WorkerState::Idle,
             progress: None,
             last_error: None,
         }));
-        let task = tokio::spawn(run(worker, self.stop.clone(), shared.clone()));
+        let cancel = self.stop.child_token();
+        let task = tokio::spawn(run(worker, cancel.clone(), shared.clone()));
         lock(&self.running).push(Running {
             name,
             shared,
+            cancel,
             task: Some(task),
         });
     }
@@ -116,7 +160,7 @@ impl Workers {
                 let s = lock(&r.shared).clone();
                 WorkerStatus {
                     name: r.name.to_owned(),
-                    state: s.state.to_owned(),
+                    state: s.state.as_str().to_owned(),
                     progress: s.progress,
                     last_error: s.last_error.as_ref().map(|(e, _)| e.clone()),
                     last_error_unix_ms: s.last_error.as_ref().map(|(_, at)| {
@@ -128,16 +172,35 @@ impl Workers {
             .collect()
     }
 
-    /// Stops every worker, the last started first, each given [`STOP_WAIT`] to finish its
-    /// unit of work before it is aborted.
-    pub async fn stop(&self) {
+    /// Ends every worker at once, a unit in progress too, as a crash would (the
+    /// simulator's kill -9 and power cut).
+    pub fn abort(&self) {
         self.stop.cancel();
-        let tasks: Vec<(&'static str, JoinHandle<()>)> = lock(&self.running)
+        for r in lock(&self.running).iter_mut() {
+            if let Some(task) = r.task.take() {
+                task.abort();
+            }
+            let mut s = lock(&r.shared);
+            if s.state != WorkerState::Done {
+                s.state = WorkerState::Stopped;
+            }
+        }
+    }
+
+    /// Stops every worker, the last started first: a unit in progress is given
+    /// [`UNIT_DEADLINE`] to finish, and a task not ended [`STOP_WAIT`] after it was told
+    /// is aborted.
+    ///
+    /// One after another, so the units of later workers can still use the earlier ones
+    /// (the batcher, started first, commits the last unit of repair, started after it).
+    pub async fn stop(&self) {
+        let tasks: Vec<(&'static str, CancellationToken, JoinHandle<()>)> = lock(&self.running)
             .iter_mut()
             .rev()
-            .filter_map(|r| r.task.take().map(|t| (r.name, t)))
+            .filter_map(|r| r.task.take().map(|t| (r.name, r.cancel.clone(), t)))
             .collect();
-        for (name, mut task) in tasks {
+        for (name, cancel, mut task) in tasks {
+            cancel.cancel();
             if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
                 warn!(worker = name, "worker did not stop in time; aborted");
                 task.abort();
@@ -152,19 +215,31 @@ async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mu
     loop {
         {
             let mut s = lock(&shared);
-            s.state = "busy";
+            s.state = WorkerState::Busy;
             s.progress = worker.progress();
         }
-        let step = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            step = worker.work() => step,
+        let step = {
+            let unit = worker.work();
+            tokio::pin!(unit);
+            tokio::select! {
+                step = &mut unit => step,
+                _ = cancel.cancelled() => {
+                    // The unit in progress finishes (its effects committed, not half
+                    // done), within a deadline.
+                    match tokio::time::timeout(UNIT_DEADLINE, &mut unit).await {
+                        Ok(Err(e)) => warn!(worker = name, error = %e, "last unit of work failed"),
+                        Ok(Ok(_)) => {}
+                        Err(_) => warn!(worker = name, "unit of work not finished within the stop deadline; dropped"),
+                    }
+                    break;
+                }
+            }
         };
         let wait = match step {
             Ok(Step::Busy) => false,
             Ok(Step::Idle) => true,
             Ok(Step::Done) => {
-                lock(&shared).state = "done";
+                lock(&shared).state = WorkerState::Done;
                 info!(worker = name, "worker done");
                 return;
             }
@@ -172,7 +247,7 @@ async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mu
                 // Handled here: the worker tries again when there is work.
                 warn!(worker = name, error = %e, retryable = e.is_retryable(), "background work failed");
                 let mut s = lock(&shared);
-                s.state = "error";
+                s.state = WorkerState::Error;
                 s.last_error = Some((e.to_string(), SystemTime::now()));
                 drop(s);
                 true
@@ -181,8 +256,8 @@ async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mu
         if wait {
             {
                 let mut s = lock(&shared);
-                if s.state == "busy" {
-                    s.state = "idle";
+                if s.state == WorkerState::Busy {
+                    s.state = WorkerState::Idle;
                 }
                 s.progress = worker.progress();
             }
@@ -192,8 +267,11 @@ async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mu
                 _ = worker.wait_for_work() => {}
             }
         }
+        if cancel.is_cancelled() {
+            break;
+        }
     }
-    lock(&shared).state = "stopped";
+    lock(&shared).state = WorkerState::Stopped;
 }
 
 /// A worker's pace: waits out `period` between units (the first unit at once), and never
@@ -309,15 +387,74 @@ mod tests {
         workers.stop().await;
     }
 
-    #[tokio::test]
-    async fn stop_cancels_a_worker_in_the_middle_of_its_unit() {
+    /// Its unit takes a second; says when one finished.
+    struct Slow(Arc<AtomicU32>);
+
+    impl Worker for Slow {
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+        async fn work(&mut self) -> Result<Step, AgentError> {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Step::Busy)
+        }
+        async fn wait_for_work(&mut self) {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stop_lets_the_unit_in_progress_finish_and_starts_no_other() {
+        let workers = Workers::default();
+        let finished = Arc::new(AtomicU32::new(0));
+        workers.spawn(Slow(finished.clone()));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            1,
+            "one unit done, one begun"
+        );
+        assert_eq!(workers.status()[0].state, "busy");
+        let asked = tokio::time::Instant::now();
+        workers.stop().await;
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            2,
+            "the unit in progress finished"
+        );
+        assert!(
+            asked.elapsed() <= Duration::from_millis(600),
+            "and no other began"
+        );
+        assert_eq!(workers.status()[0].state, "stopped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stop_drops_a_unit_that_outlasts_its_deadline() {
         let workers = Workers::default();
         workers.spawn(Stuck);
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(workers.status()[0].state, "busy");
-        tokio::time::timeout(Duration::from_secs(2), workers.stop())
+        let asked = tokio::time::Instant::now();
+        workers.stop().await;
+        let took = asked.elapsed();
+        assert!(
+            took >= UNIT_DEADLINE && took < STOP_WAIT,
+            "dropped at the deadline: {took:?}"
+        );
+        assert_eq!(workers.status()[0].state, "stopped");
+    }
+
+    #[tokio::test]
+    async fn abort_ends_a_unit_at_once() {
+        let workers = Workers::default();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        workers.spawn(StuckUntilDropped(Some(tx)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        workers.abort();
+        tokio::time::timeout(Duration::from_secs(2), rx)
             .await
-            .expect("stopped at once");
+            .expect("the unit was let go at once")
+            .expect("sent");
         assert_eq!(workers.status()[0].state, "stopped");
     }
 

@@ -263,12 +263,22 @@ pub struct Cluster {
 }
 
 impl Up {
-    /// Everything the node runs stops at once, as at kill -9 (its disk is fenced first).
+    /// Everything the node runs stops at once, as at kill -9 (its disk is fenced first):
+    /// a unit of work in progress too.
     async fn halt(self) {
+        self.workers.abort();
         self.gossip.abort();
         self.transport.close().await;
         let _ = self.group.raft.shutdown().await;
+    }
+
+    /// The agent's own shutdown: its workers stop first (a unit in progress finishes,
+    /// within its deadline), then the network and the metadata member.
+    async fn shut_down(self) {
         self.workers.stop().await;
+        self.transport.close().await;
+        let _ = self.group.raft.shutdown().await;
+        self.gossip.abort();
     }
 }
 
@@ -546,6 +556,21 @@ impl Cluster {
             up.halt().await;
         }
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
+    }
+
+    /// Stops node `id` as the agent does on SIGTERM: its workers first, each unit in
+    /// progress finishing within its deadline; then the rest. What it wrote stays on its
+    /// disk (as at kill -9: nothing more is written after).
+    pub async fn shut_down(&mut self, id: u64) {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        self.live.map().remove(&id);
+        if let Some(up) = node.up.take() {
+            up.shut_down().await;
+        }
+        node.disk.crash();
+        self.trace.note(format_args!("node {id} shut down"));
     }
 
     /// Node `id`'s metadata disk fails (EIO), fills (ENOSPC on every write that grows

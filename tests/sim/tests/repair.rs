@@ -6,26 +6,33 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
+use shoal_agent::consensus::Group;
 use shoal_agent_api::{FsResponse, Ino};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::nodes::NodeChange;
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{NodeId, NodeState};
 use shoal_sim::cluster::Cluster;
-use shoal_store::{ShardKey, ShardStore};
+use shoal_store::{NodeStore, ShardKey, ShardStore};
 
 use common::{NODES, STRIPE, create, data, file, fs, read_all, voters, write};
 
 /// Three files of one, two and three stripes through node `through`; their inodes and
 /// bytes.
 async fn three_files(c: &Cluster, through: u64) -> Vec<(Ino, Vec<u8>)> {
+    three_files_named(c, through, "f").await
+}
+
+/// The same, named `{prefix}1` to `{prefix}3`.
+async fn three_files_named(c: &Cluster, through: u64, prefix: &str) -> Vec<(Ino, Vec<u8>)> {
     let fs = fs(c, through);
     let mut files = Vec::new();
     for n in 1..=3 {
-        let ino = create(&fs, &format!("f{n}")).await;
+        let ino = create(&fs, &format!("{prefix}{n}")).await;
         let bytes = data(n * STRIPE - 1000, n as u64);
         assert!(matches!(
             write(&fs, 1, ino, 0, &bytes).await,
@@ -209,6 +216,87 @@ fn a_drained_node_s_shards_are_copied_away_and_it_is_marked_drained() {
             assert_eq!(
                 repair.repaired_stripes, 0,
                 "nothing to rebuild: the node is up"
+            );
+        },
+    );
+}
+
+/// (node, shard) of every shard the stores of `nodes` hold.
+fn held(stores: &BTreeMap<u64, Arc<NodeStore>>) -> BTreeSet<(u64, ShardKey)> {
+    stores
+        .iter()
+        .flat_map(|(n, s)| s.list().into_iter().map(move |(k, _)| (*n, k)))
+        .collect()
+}
+
+/// (node, shard) of every slot the files' extents name in `group`'s replica as it is
+/// (no barrier: the leader's own replica has applied every commit it made).
+fn named_in(group: &Group, files: &[(Ino, Vec<u8>)]) -> BTreeSet<(u64, ShardKey)> {
+    let mut named = BTreeSet::new();
+    for (ino, _) in files {
+        let data = group.store().file_data(*ino).expect("file");
+        for e in data.extents {
+            for (index, slot) in e.stripe.shards.iter().enumerate() {
+                named.insert((
+                    slot.node.0,
+                    ShardKey {
+                        stripe: e.stripe.id.0,
+                        index: index as u8,
+                    },
+                ));
+            }
+        }
+    }
+    named
+}
+
+#[test]
+fn a_leader_shut_down_in_the_middle_of_a_repair_commits_what_it_rebuilt() {
+    common::on_five_nodes(
+        23,
+        |c| c,
+        async |c| {
+            let leader = voters(c)[0];
+            let mut files = three_files(c, leader).await;
+            files.extend(three_files_named(c, leader, "g").await);
+            let before = slots(c, leader, &files).await;
+            let lost = before
+                .iter()
+                .map(|(n, _)| *n)
+                .find(|&n| n != leader)
+                .expect("shards beyond the leader");
+            c.lose(lost).await;
+            let group = c.live.get(leader).expect("leader runs");
+            let stores: BTreeMap<u64, Arc<NodeStore>> = c
+                .running_stores()
+                .into_iter()
+                .filter(|(n, _)| *n != lost)
+                .collect();
+            // The moment a rebuilt shard is stored and not yet committed: the repair worker
+            // is in the middle of a unit.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let stray: Vec<_> = held(&stores)
+                    .difference(&named_in(&group, &files))
+                    .cloned()
+                    .collect();
+                if !stray.is_empty() {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no repair began within 120 s"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            c.shut_down(leader).await;
+            let stray: Vec<_> = held(&stores)
+                .difference(&named_in(&group, &files))
+                .cloned()
+                .collect();
+            assert!(
+                stray.is_empty(),
+                "the unit in progress committed what it stored before the leader stopped: {stray:?}"
             );
         },
     );

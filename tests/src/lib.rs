@@ -660,6 +660,37 @@ impl DevCluster {
         (!r.is_null()).then_some(r)
     }
 
+    /// Waits until node `observer`'s repair worker has ended `scans` whole passes that
+    /// began after this call (one ends every few seconds); its redundancy summary then.
+    pub fn wait_for_scans(&self, observer: u8, scans: usize, limit: Duration) -> Value {
+        let started = Instant::now();
+        // When each pass seen ended, as time since `started`; the first may have begun
+        // before the call.
+        let mut ends: Vec<Duration> = Vec::new();
+        loop {
+            if let Some(r) = self.redundancy(observer)
+                && let Some(ago) = r["scanned_ms_ago"].as_u64()
+                && let Some(end) = started.elapsed().checked_sub(Duration::from_millis(ago))
+            {
+                if ends
+                    .last()
+                    .is_none_or(|last| end > *last + Duration::from_millis(500))
+                {
+                    ends.push(end);
+                }
+                if ends.len() > scans {
+                    return r;
+                }
+            }
+            assert!(
+                started.elapsed() < limit,
+                "node {observer}: {} repair passes ended within {limit:?}, not {scans}",
+                ends.len().saturating_sub(1)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Waits until node `observer` reports every stripe healthy (at least `min_stripes`
     /// of them) in a scan that ended after this call began; returns the redundancy object.
     pub fn wait_until_healthy(&self, observer: u8, min_stripes: u64, limit: Duration) -> Value {

@@ -394,9 +394,11 @@ fn a_maintenance_window_keeps_a_stopped_node_from_going_out_until_it_ends() {
         Some("maintenance")
     );
     c.stop_agent(node);
-    // Down well past down_out_after, inside the window: not out, nothing rebuilt.
-    std::thread::sleep(Duration::from_secs(9));
-    let m = c.member(observer, &id).expect("member");
+    // Down well past down_out_after (3 s), inside the window: not out, nothing rebuilt.
+    let (m, _) = wait_for(Duration::from_secs(30), "the node down for 9 s", || {
+        let m = c.member(observer, &id)?;
+        (m["down_for_ms"].as_u64()? >= 9_000).then_some(m)
+    });
     assert_eq!(m["layout_state"], "maintenance", "{m}");
     assert!(m["maintenance_ends_in_ms"].as_i64() > Some(0), "{m}");
     assert_eq!(c.metric_everywhere("shoal_repair_stripes_total"), 0.0);

@@ -44,6 +44,7 @@ async fn a_node_restored_from_an_old_backup_rejoins_with_fresh_state() {
             (1..=4).find(|&i| i != leader && v.contains(&c.node_id(i)))
         },
     );
+    let stale_id = c.node_id(stale);
     let writer = (1..=4).find(|&i| i != stale).expect("another node");
     let mut fs = Fs::connect(&c, writer).await;
     let dir = fs.mknod(ROOT_INO, "d", FileKind::Dir).await;
@@ -58,10 +59,20 @@ async fn a_node_restored_from_an_old_backup_rejoins_with_fresh_state() {
     let backup = c.path().join("backup");
     cp_a(&c.node_dir(stale).join("data"), &backup);
     // It runs on: a later life the cluster records, votes and acknowledgements.
+    let recorded = || {
+        (1..=4)
+            .map(|i| {
+                c.log(i)
+                    .lines()
+                    .filter(|l| l.contains("generation recorded") && l.contains(&stale_id))
+                    .count()
+            })
+            .sum::<usize>()
+    };
+    let before = recorded();
     c.start();
     wait_for(Duration::from_secs(30), "the later life recorded", || {
-        std::thread::sleep(Duration::from_secs(3));
-        Some(())
+        (recorded() > before).then_some(())
     });
     for i in 0..20u8 {
         let ino = fs.mknod(dir, &format!("after{i}"), FileKind::File).await;

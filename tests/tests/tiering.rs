@@ -375,9 +375,8 @@ fn repair_and_drain_leave_tiered_stripes_to_the_bucket() {
     wait_for(Duration::from_secs(60), "node 4 seen down", || {
         (c.member(1, &id4)?["state"] != "alive").then_some(())
     });
-    // Two repair scans after the loss.
-    std::thread::sleep(Duration::from_secs(4));
-    let r = c.redundancy(1).expect("redundancy");
+    // Two repair passes after the loss.
+    let r = c.wait_for_scans(1, 2, Duration::from_secs(60));
     assert_eq!(
         (
             &r["stripes_degraded"],

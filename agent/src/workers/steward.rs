@@ -264,9 +264,14 @@ async fn record_generations(meta: &Group, views: &[MemberView]) -> Result<(), Ag
     meta.propose_one(Proposal {
         id: None,
         now: Timestamp::now(),
-        command: Command::RecordGenerations { generations: newer },
+        command: Command::RecordGenerations {
+            generations: newer.clone(),
+        },
     })
     .await?;
+    for (node, generation) in newer {
+        info!(%node, generation, "generation recorded: an older copy of the node's data dir is stale from now on");
+    }
     Ok(())
 }
 

@@ -228,6 +228,8 @@ impl Node {
             failure_domain = %config.node.failure_domain,
             "agent started"
         );
+        let workers = Workers::default();
+        workers.register_metrics(&mut registry);
         let node = Arc::new(Node {
             admin_socket: config.admin.socket.clone(),
             config,
@@ -246,7 +248,7 @@ impl Node {
             tier,
             started_at: std::time::Instant::now(),
             registry: Arc::new(registry),
-            workers: Workers::default(),
+            workers,
             services: Mutex::new(Vec::new()),
         });
         node.start_workers(group_workers);

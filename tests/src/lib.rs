@@ -660,6 +660,36 @@ impl DevCluster {
         (!r.is_null()).then_some(r)
     }
 
+    /// How often worker `worker` of node `i` finished its waiting work and went idle
+    /// (`shoal_worker_rounds_total`; whole passes for the scanning workers).
+    pub fn worker_rounds(&self, i: u8, worker: &str) -> f64 {
+        metric_sum(
+            &self.metrics(i),
+            "shoal_worker_rounds_total",
+            &format!("worker=\"{worker}\""),
+        )
+    }
+
+    /// Waits until worker `worker` of each of `nodes` has gone idle `rounds` more times
+    /// than when this was called (for the collectors and movers: whole passes).
+    pub fn wait_for_rounds(&self, nodes: &[u8], worker: &str, rounds: u32, limit: Duration) {
+        let before: Vec<f64> = nodes
+            .iter()
+            .map(|&i| self.worker_rounds(i, worker))
+            .collect();
+        wait_for(
+            limit,
+            &format!("{rounds} more rounds of {worker} on {nodes:?}"),
+            || {
+                nodes
+                    .iter()
+                    .zip(&before)
+                    .all(|(&i, b)| self.worker_rounds(i, worker) >= b + f64::from(rounds))
+                    .then_some(())
+            },
+        );
+    }
+
     /// Waits until node `observer`'s repair worker has ended `scans` whole passes that
     /// began after this call (one ends every few seconds); its redundancy summary then.
     pub fn wait_for_scans(&self, observer: u8, scans: usize, limit: Duration) -> Value {

@@ -63,8 +63,8 @@ async fn an_open_unlinked_file_survives_its_node_being_cut_off() {
                 .any(|n| n["name"] == format!("node{holder}") && n["state"] == "down")
                 .then_some(())
         });
-        // Far past the orphan grace, many GC passes.
-        std::thread::sleep(Duration::from_secs(12));
+        // Far past the orphan grace (1 s), many passes of the leader's collector.
+        c.wait_for_rounds(&[leader], "orphan-purge", 8, Duration::from_secs(60));
     }
     wait_for(Duration::from_secs(60), "the partition healed", || {
         all_alive(&c).then_some(())

@@ -296,7 +296,7 @@ fn prefetch_warms_pins_hold_under_pressure_and_garbage_objects_go() {
         (n(&t, "cold_files") == 3).then_some(())
     });
     // The pinned file stays hot under the pressure, several passes later.
-    std::thread::sleep(Duration::from_secs(3));
+    c.wait_for_rounds(&[1, 2, 3], "tier-mover", 3, Duration::from_secs(60));
     let t = tier(&c, 1);
     assert_eq!((n(&t, "cold_files"), n(&t, "hot_files")), (3, 1), "{t}");
 

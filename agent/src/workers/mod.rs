@@ -30,6 +30,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use shoal_agent_api::WorkerStatus;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -111,12 +115,19 @@ struct Running {
     task: Option<JoinHandle<()>>,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: &'static str,
+}
+
 /// Every worker of this node: started through [`Workers::spawn`], stopped together.
 #[derive(Default)]
 pub struct Workers {
     /// Cancelled by [`Workers::abort`] (every worker's token is a child of it).
     stop: CancellationToken,
     running: Mutex<Vec<Running>>,
+    /// Per worker, how often it finished what was waiting and went idle.
+    rounds: Family<WorkerLabel, Counter>,
 }
 
 impl Drop for Workers {
@@ -134,6 +145,15 @@ pub const UNIT_DEADLINE: Duration = Duration::from_secs(4);
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 impl Workers {
+    /// Shows the workers' counters on `registry` (the agent's `/metrics`).
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "shoal_worker_rounds",
+            "Times each worker finished the work waiting for it and went idle (for the scanning workers, repair, scrub, the collectors and the tier mover: whole passes)",
+            self.rounds.clone(),
+        );
+    }
+
     /// Starts `worker` on a task of its own.
     pub fn spawn<W: Worker>(&self, worker: W) {
         let name = worker.name();
@@ -143,7 +163,11 @@ impl Workers {
             last_error: None,
         }));
         let cancel = self.stop.child_token();
-        let task = tokio::spawn(run(worker, cancel.clone(), shared.clone()));
+        let rounds = self
+            .rounds
+            .get_or_create(&WorkerLabel { worker: name })
+            .clone();
+        let task = tokio::spawn(run(worker, cancel.clone(), shared.clone(), rounds));
         lock(&self.running).push(Running {
             name,
             shared,
@@ -210,7 +234,12 @@ impl Workers {
 }
 
 /// Runs one worker until it is done or cancelled.
-async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mutex<Shared>>) {
+async fn run<W: Worker>(
+    mut worker: W,
+    cancel: CancellationToken,
+    shared: Arc<Mutex<Shared>>,
+    rounds: Counter,
+) {
     let name = worker.name();
     loop {
         {
@@ -237,7 +266,10 @@ async fn run<W: Worker>(mut worker: W, cancel: CancellationToken, shared: Arc<Mu
         };
         let wait = match step {
             Ok(Step::Busy) => false,
-            Ok(Step::Idle) => true,
+            Ok(Step::Idle) => {
+                rounds.inc();
+                true
+            }
             Ok(Step::Done) => {
                 lock(&shared).state = WorkerState::Done;
                 info!(worker = name, "worker done");

@@ -6,6 +6,9 @@
 //! serves the local admin socket and the metrics endpoint.
 //!
 //! It must never be depended on by the CLI: clients speak `shoal-agent-api` only.
+//!
+//! Background work (repair, scrub, the collectors, the tier, the steward, the batcher…)
+//! runs as [`workers::Worker`]s; `workers` lists every one of them and how they stop.
 
 mod admin;
 mod config;

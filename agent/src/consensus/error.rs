@@ -155,4 +155,37 @@ mod tests {
         assert!(!count.is_retryable());
         assert_eq!(count.kind(), FailureKind::Internal);
     }
+
+    #[test]
+    fn outside_the_group_or_with_a_failed_member_is_retried() {
+        // The group forms, or the leader adds this node, a little later.
+        let outside = ConsensusError::NotMember {
+            why: "not in a metadata group yet".into(),
+        };
+        assert!(outside.is_retryable());
+        assert_eq!(outside.kind(), FailureKind::Unavailable);
+        // The agent restarts a member that stopped on a storage failure.
+        let failed = ConsensusError::MemberFailed("log write failed".into());
+        assert!(failed.is_retryable());
+        assert_eq!(failed.kind(), FailureKind::Unavailable);
+        // A membership change refused now (another one under way) may pass later.
+        let busy = ConsensusError::membership("add learner", std::io::Error::other("in progress"));
+        assert!(busy.is_retryable());
+        assert_eq!(busy.kind(), FailureKind::Unavailable);
+    }
+
+    #[test]
+    fn a_broken_log_a_bad_marker_or_an_unexpected_answer_is_not_retried() {
+        let log = ConsensusError::Log {
+            path: "/data/meta/log".into(),
+            source: std::io::Error::other("EIO"),
+        };
+        let raft = ConsensusError::raft("client_write", std::io::Error::other("stopped"));
+        let marker = ConsensusError::Marker(postcard::Error::DeserializeUnexpectedEnd);
+        let odd = ConsensusError::UnexpectedOutcome(Box::new(shoal_namespace::Outcome::Done));
+        for e in [log, raft, marker, odd] {
+            assert!(!e.is_retryable(), "{e}");
+            assert_eq!(e.kind(), FailureKind::Internal, "{e}");
+        }
+    }
 }

@@ -256,10 +256,11 @@ impl Node {
         Ok(node)
     }
 
-    /// Starts every worker; they stop in reverse order.
+    /// Starts every worker; the batcher stops after the others (their last units may
+    /// commit through it).
     fn start_workers(&self, group: GroupWorkers) {
         let w = &self.workers;
-        w.spawn(group.batcher);
+        w.spawn_last(group.batcher);
         w.spawn(crate::consensus::CoreWatch::new(
             self.group.clone(),
             self.gossip.clone(),

@@ -1,9 +1,10 @@
 //! Background work of the agent, in one shape: a [`Worker`] does one unit of work at a
 //! time and says whether more is waiting; [`Workers`] runs each on its own task with a
-//! cancellation token, keeps its state for `shoal status`, and stops them all, newest
-//! first, before the subsystems they use shut down. A unit in progress when they stop is
-//! given [`UNIT_DEADLINE`] to finish (a rebuilt shard gets its commit instead of being
-//! left for the orphan sweep); waits between units end at once.
+//! cancellation token, keeps its state for `shoal status`, and stops them all before the
+//! subsystems they use shut down. A unit in progress when they stop is given
+//! [`UNIT_DEADLINE`] to finish (a rebuilt shard gets its commit instead of being left
+//! for the orphan sweep), the workers others need (the batcher) stopping last; waits
+//! between units end at once.
 //!
 //! The workers of an agent (names as `shoal status` shows them): `batcher` (the leader's
 //! proposal batcher) and `meta-core-watch` (a metadata member that failed) in
@@ -112,6 +113,8 @@ struct Running {
     shared: Arc<Mutex<Shared>>,
     /// Cancelled when this worker is to stop (a child of [`Workers`]' own token).
     cancel: CancellationToken,
+    /// Stopped after the others (their last units may need it).
+    last: bool,
     task: Option<JoinHandle<()>>,
 }
 
@@ -119,6 +122,9 @@ struct Running {
 struct WorkerLabel {
     worker: &'static str,
 }
+
+/// A worker told to stop: its name, its state, its task.
+type Told = (&'static str, Arc<Mutex<Shared>>, JoinHandle<()>);
 
 /// Every worker of this node: started through [`Workers::spawn`], stopped together.
 #[derive(Default)]
@@ -156,6 +162,16 @@ impl Workers {
 
     /// Starts `worker` on a task of its own.
     pub fn spawn<W: Worker>(&self, worker: W) {
+        self.start(worker, false);
+    }
+
+    /// Starts `worker`, which the others' units may need to finish (the leader's
+    /// batcher commits them): [`Workers::stop`] stops it after all the others.
+    pub fn spawn_last<W: Worker>(&self, worker: W) {
+        self.start(worker, true);
+    }
+
+    fn start<W: Worker>(&self, worker: W, last: bool) {
         let name = worker.name();
         let shared = Arc::new(Mutex::new(Shared {
             state: WorkerState::Idle,
@@ -172,6 +188,7 @@ impl Workers {
             name,
             shared,
             cancel,
+            last,
             task: Some(task),
         });
     }
@@ -211,23 +228,30 @@ impl Workers {
         }
     }
 
-    /// Stops every worker, the last started first: a unit in progress is given
-    /// [`UNIT_DEADLINE`] to finish, and a task not ended [`STOP_WAIT`] after it was told
-    /// is aborted.
-    ///
-    /// One after another, so the units of later workers can still use the earlier ones
-    /// (the batcher, started first, commits the last unit of repair, started after it).
+    /// Stops every worker: a unit in progress is given [`UNIT_DEADLINE`] to finish, a wait
+    /// between units ends at once. First all the workers started with
+    /// [`Workers::spawn`], told together (so a stop takes one deadline, not one per
+    /// worker), then those started with [`Workers::spawn_last`], whose work the others'
+    /// last units may need. A task not ended [`STOP_WAIT`] after it was told is aborted.
     pub async fn stop(&self) {
-        let tasks: Vec<(&'static str, CancellationToken, JoinHandle<()>)> = lock(&self.running)
-            .iter_mut()
-            .rev()
-            .filter_map(|r| r.task.take().map(|t| (r.name, r.cancel.clone(), t)))
-            .collect();
-        for (name, cancel, mut task) in tasks {
-            cancel.cancel();
-            if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
-                warn!(worker = name, "worker did not stop in time; aborted");
-                task.abort();
+        for last in [false, true] {
+            let told: Vec<Told> = lock(&self.running)
+                .iter_mut()
+                .rev()
+                .filter(|r| r.last == last)
+                .filter_map(|r| {
+                    let task = r.task.take()?;
+                    r.cancel.cancel();
+                    Some((r.name, r.shared.clone(), task))
+                })
+                .collect();
+            let deadline = tokio::time::Instant::now() + STOP_WAIT;
+            for (name, shared, mut task) in told {
+                if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                    warn!(worker = name, "worker did not stop in time; aborted");
+                    task.abort();
+                    lock(&shared).state = WorkerState::Stopped;
+                }
             }
         }
     }
@@ -242,6 +266,10 @@ async fn run<W: Worker>(
 ) {
     let name = worker.name();
     loop {
+        // Told to stop between units: no new one starts.
+        if cancel.is_cancelled() {
+            break;
+        }
         {
             let mut s = lock(&shared);
             s.state = WorkerState::Busy;
@@ -256,7 +284,8 @@ async fn run<W: Worker>(
                     // The unit in progress finishes (its effects committed, not half
                     // done), within a deadline.
                     match tokio::time::timeout(UNIT_DEADLINE, &mut unit).await {
-                        Ok(Err(e)) => warn!(worker = name, error = %e, "last unit of work failed"),
+                        // What it needed may be stopping too (membership has left).
+                        Ok(Err(e)) => info!(worker = name, error = %e, "last unit of work failed while stopping"),
                         Ok(Ok(_)) => {}
                         Err(_) => warn!(worker = name, "unit of work not finished within the stop deadline; dropped"),
                     }
@@ -298,9 +327,6 @@ async fn run<W: Worker>(
                 _ = cancel.cancelled() => break,
                 _ = worker.wait_for_work() => {}
             }
-        }
-        if cancel.is_cancelled() {
-            break;
         }
     }
     lock(&shared).state = WorkerState::Stopped;
@@ -474,6 +500,29 @@ mod tests {
             "dropped at the deadline: {took:?}"
         );
         assert_eq!(workers.status()[0].state, "stopped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_workers_stop_together_and_a_last_one_after_them() {
+        let workers = Workers::default();
+        let committed = Arc::new(AtomicU32::new(0));
+        // Like the batcher: what the others' last units may need.
+        workers.spawn_last(Slow(committed.clone()));
+        workers.spawn(Stuck);
+        workers.spawn(Stuck);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let asked = tokio::time::Instant::now();
+        workers.stop().await;
+        let took = asked.elapsed();
+        assert!(
+            took >= UNIT_DEADLINE && took < UNIT_DEADLINE + Duration::from_secs(2),
+            "one deadline for both stuck workers, then the last one's unit: {took:?}"
+        );
+        assert!(
+            committed.load(Ordering::SeqCst) >= 4,
+            "the last worker went on while the others' units had their deadline"
+        );
+        assert!(workers.status().iter().all(|s| s.state == "stopped"));
     }
 
     #[tokio::test]

@@ -272,13 +272,14 @@ impl Up {
         let _ = self.group.raft.shutdown().await;
     }
 
-    /// The agent's own shutdown: its workers stop first (a unit in progress finishes,
-    /// within its deadline), then the network and the metadata member.
+    /// The agent's own shutdown, in its order (`Node::shutdown`): membership ends, the
+    /// workers stop (a unit in progress finishes within its deadline, the batcher last),
+    /// then the metadata member and the network.
     async fn shut_down(self) {
-        self.workers.stop().await;
-        self.transport.close().await;
-        let _ = self.group.raft.shutdown().await;
         self.gossip.abort();
+        self.workers.stop().await;
+        let _ = self.group.raft.shutdown().await;
+        self.transport.close().await;
     }
 }
 
@@ -478,7 +479,7 @@ impl Cluster {
             tier.clone(),
         ));
         let workers = Workers::default();
-        workers.spawn(workers_of_group.batcher);
+        workers.spawn_last(workers_of_group.batcher);
         workers.spawn(shoal_agent::consensus::CoreWatch::new(
             group.clone(),
             gossip.clone(),

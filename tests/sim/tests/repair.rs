@@ -14,7 +14,7 @@ use shoal_agent::consensus::Group;
 use shoal_agent_api::{FsResponse, Ino};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::nodes::NodeChange;
-use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_namespace::{Command, FileData, Outcome, Proposal};
 use shoal_placement::{NodeId, NodeState};
 use shoal_sim::cluster::Cluster;
 use shoal_store::{NodeStore, ShardKey, ShardStore};
@@ -43,23 +43,38 @@ async fn three_files_named(c: &Cluster, through: u64, prefix: &str) -> Vec<(Ino,
     files
 }
 
+/// (node, shard) of every slot the extents of `file` name.
+fn slots_of(file: FileData) -> impl Iterator<Item = (u64, ShardKey)> {
+    file.extents.into_iter().flat_map(|e| {
+        let stripe = e.stripe.id.0;
+        e.stripe
+            .shards
+            .into_iter()
+            .enumerate()
+            .map(move |(index, slot)| {
+                let index = index as u8;
+                (slot.node.0, ShardKey { stripe, index })
+            })
+    })
+}
+
 /// (node, shard) of every slot the files' extents name, as node `id` sees them.
 async fn slots(c: &Cluster, id: u64, files: &[(Ino, Vec<u8>)]) -> BTreeSet<(u64, ShardKey)> {
     let mut named = BTreeSet::new();
     for (ino, _) in files {
-        for e in file(c, id, *ino).await.extents {
-            for (index, slot) in e.stripe.shards.iter().enumerate() {
-                named.insert((
-                    slot.node.0,
-                    ShardKey {
-                        stripe: e.stripe.id.0,
-                        index: index as u8,
-                    },
-                ));
-            }
-        }
+        named.extend(slots_of(file(c, id, *ino).await));
     }
     named
+}
+
+/// A node besides `leader` that holds one of `slots` (the leader's repair worker does
+/// the work).
+fn holder_besides(slots: &BTreeSet<(u64, ShardKey)>, leader: u64) -> u64 {
+    slots
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|&n| n != leader)
+        .expect("shards beyond the leader")
 }
 
 /// Waits up to `within` until every slot the files name is on a node of `on` (none
@@ -122,12 +137,7 @@ fn a_lost_node_s_shards_are_rebuilt_on_the_others_and_committed() {
             let leader = voters(c)[0];
             let files = three_files(c, leader).await;
             let before = slots(c, leader, &files).await;
-            // A node that holds shards, not the leader (its repair worker does the work).
-            let lost = before
-                .iter()
-                .map(|(n, _)| *n)
-                .find(|&n| n != leader)
-                .expect("shards beyond the leader");
+            let lost = holder_besides(&before, leader);
             let on_lost = before.iter().filter(|(n, _)| *n == lost).count();
             c.lose(lost).await;
             let left: Vec<u64> = NODES.into_iter().filter(|&n| n != lost).collect();
@@ -158,11 +168,7 @@ fn a_drained_node_s_shards_are_copied_away_and_it_is_marked_drained() {
             let leader = voters(c)[0];
             let files = three_files(c, leader).await;
             let before = slots(c, leader, &files).await;
-            let drained = before
-                .iter()
-                .map(|(n, _)| *n)
-                .find(|&n| n != leader)
-                .expect("shards beyond the leader");
+            let drained = holder_besides(&before, leader);
             let group = c.live.get(leader).expect("leader runs");
             // The steward installs the layout in the metadata a little after forming.
             let mut tries = 0;
@@ -232,22 +238,10 @@ fn held(stores: &BTreeMap<u64, Arc<NodeStore>>) -> BTreeSet<(u64, ShardKey)> {
 /// (node, shard) of every slot the files' extents name in `group`'s replica as it is
 /// (no barrier: the leader's own replica has applied every commit it made).
 fn named_in(group: &Group, files: &[(Ino, Vec<u8>)]) -> BTreeSet<(u64, ShardKey)> {
-    let mut named = BTreeSet::new();
-    for (ino, _) in files {
-        let data = group.store().file_data(*ino).expect("file");
-        for e in data.extents {
-            for (index, slot) in e.stripe.shards.iter().enumerate() {
-                named.insert((
-                    slot.node.0,
-                    ShardKey {
-                        stripe: e.stripe.id.0,
-                        index: index as u8,
-                    },
-                ));
-            }
-        }
-    }
-    named
+    files
+        .iter()
+        .flat_map(|(ino, _)| slots_of(group.store().file_data(*ino).expect("file")))
+        .collect()
 }
 
 #[test]
@@ -260,11 +254,7 @@ fn a_leader_shut_down_in_the_middle_of_a_repair_commits_what_it_rebuilt() {
             let mut files = three_files(c, leader).await;
             files.extend(three_files_named(c, leader, "g").await);
             let before = slots(c, leader, &files).await;
-            let lost = before
-                .iter()
-                .map(|(n, _)| *n)
-                .find(|&n| n != leader)
-                .expect("shards beyond the leader");
+            let lost = holder_besides(&before, leader);
             c.lose(lost).await;
             let group = c.live.get(leader).expect("leader runs");
             let stores: BTreeMap<u64, Arc<NodeStore>> = c

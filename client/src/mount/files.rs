@@ -328,10 +328,14 @@ impl OpenFiles {
             let mut w = file.writer.lock().await;
             self.send_buffer(file, &mut w).await;
         }
-        let waits = std::mem::take(&mut *lock(&file.outcome.in_flight));
+        // Every caller waits for all of them: a flush that took them away left a
+        // concurrent one (a close beside a getattr's flush) nothing to wait for, and the
+        // close returned before its write was committed.
+        let waits: Vec<_> = lock(&file.outcome.in_flight).clone();
         for mut w in waits {
             let _ = w.wait_for(|done| *done).await;
         }
+        lock(&file.outcome.in_flight).retain(|w| !*w.borrow());
     }
 
     async fn send_buffer(&self, file: &Arc<OpenFile>, w: &mut Writer) {
@@ -513,6 +517,37 @@ mod tests {
                 (2 * chunk as u64, chunk / 2)
             ]
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flush_beside_another_waits_for_the_write_the_other_sent() {
+        use std::sync::atomic::AtomicBool;
+        let answered = Arc::new(AtomicBool::new(false));
+        let flag = answered.clone();
+        let (files, _seen) = files_answering("beside", 1 << 30, move |r| {
+            if let Request::Fs(FsRequest::Write { .. }) = r {
+                // The write stays in flight a while.
+                std::thread::sleep(Duration::from_millis(300));
+                flag.store(true, Ordering::Release);
+            }
+            Some(attr_answer(r))
+        });
+        let files = Arc::new(files);
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[7; 100]).await.expect("write");
+        // A getattr's flush sends the buffer and waits for it...
+        let first = tokio::spawn({
+            let files = files.clone();
+            async move { files.flush_inode(5).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // ...and the close's flush beside it must wait for that write too.
+        assert_eq!(files.flush(&f).await, Ok(()));
+        assert!(
+            answered.load(Ordering::Acquire),
+            "the flush returned before its handle's write was answered"
+        );
+        first.await.expect("joined");
     }
 
     #[tokio::test]

@@ -694,28 +694,27 @@ impl DevCluster {
     /// began after this call (one ends every few seconds); its redundancy summary then.
     pub fn wait_for_scans(&self, observer: u8, scans: usize, limit: Duration) -> Value {
         let started = Instant::now();
-        // When each pass seen ended, as time since `started`; the first may have begun
-        // before the call.
-        let mut ends: Vec<Duration> = Vec::new();
+        // Passes seen ending after the call (the first may have begun before it), and
+        // when the last of them ended, as time since `started`.
+        let mut ended = 0;
+        let mut last: Option<Duration> = None;
         loop {
             if let Some(r) = self.redundancy(observer)
                 && let Some(ago) = r["scanned_ms_ago"].as_u64()
                 && let Some(end) = started.elapsed().checked_sub(Duration::from_millis(ago))
             {
-                if ends
-                    .last()
-                    .is_none_or(|last| end > *last + Duration::from_millis(500))
-                {
-                    ends.push(end);
+                if last.is_none_or(|l| end > l + Duration::from_millis(500)) {
+                    ended += 1;
+                    last = Some(end);
                 }
-                if ends.len() > scans {
+                if ended > scans {
                     return r;
                 }
             }
             assert!(
                 started.elapsed() < limit,
                 "node {observer}: {} repair passes ended within {limit:?}, not {scans}",
-                ends.len().saturating_sub(1)
+                ended.saturating_sub(1)
             );
             std::thread::sleep(Duration::from_millis(200));
         }

@@ -559,9 +559,9 @@ impl Cluster {
         self.trace.note(format_args!("node {id} stopped: {how:?}"));
     }
 
-    /// Stops node `id` as the agent does on SIGTERM: its workers first, each unit in
-    /// progress finishing within its deadline; then the rest. What it wrote stays on its
-    /// disk (as at kill -9: nothing more is written after).
+    /// Stops node `id` as the agent does on SIGTERM (`Up::shut_down`: membership, then
+    /// the workers, each unit in progress finishing within its deadline, then the rest).
+    /// What it wrote stays on its disk (as at kill -9: nothing more is written after).
     pub async fn shut_down(&mut self, id: u64) {
         let Some(node) = self.nodes.get_mut(&id) else {
             return;

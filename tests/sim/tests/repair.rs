@@ -14,12 +14,12 @@ use shoal_agent::consensus::Group;
 use shoal_agent_api::{FsResponse, Ino};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::nodes::NodeChange;
-use shoal_namespace::{Command, FileData, Outcome, Proposal};
+use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{NodeId, NodeState};
 use shoal_sim::cluster::Cluster;
 use shoal_store::{NodeStore, ShardKey, ShardStore};
 
-use common::{NODES, STRIPE, create, data, file, fs, read_all, voters, write};
+use common::{NODES, STRIPE, create, data, file, fs, held, read_all, slots_of, voters, write};
 
 /// Three files of one, two and three stripes through node `through`; their inodes and
 /// bytes.
@@ -41,21 +41,6 @@ async fn three_files_named(c: &Cluster, through: u64, prefix: &str) -> Vec<(Ino,
         files.push((ino, bytes));
     }
     files
-}
-
-/// (node, shard) of every slot the extents of `file` name.
-fn slots_of(file: FileData) -> impl Iterator<Item = (u64, ShardKey)> {
-    file.extents.into_iter().flat_map(|e| {
-        let stripe = e.stripe.id.0;
-        e.stripe
-            .shards
-            .into_iter()
-            .enumerate()
-            .map(move |(index, slot)| {
-                let index = index as u8;
-                (slot.node.0, ShardKey { stripe, index })
-            })
-    })
 }
 
 /// (node, shard) of every slot the files' extents name, as node `id` sees them.
@@ -225,14 +210,6 @@ fn a_drained_node_s_shards_are_copied_away_and_it_is_marked_drained() {
             );
         },
     );
-}
-
-/// (node, shard) of every shard the stores of `nodes` hold.
-fn held(stores: &BTreeMap<u64, Arc<NodeStore>>) -> BTreeSet<(u64, ShardKey)> {
-    stores
-        .iter()
-        .flat_map(|(n, s)| s.list().into_iter().map(move |(k, _)| (*n, k)))
-        .collect()
 }
 
 /// (node, shard) of every slot the files' extents name in `group`'s replica as it is

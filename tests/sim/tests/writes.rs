@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use shoal_agent_api::{FsResponse, Ino};
 use shoal_sim::cluster::{Cluster, Stop, addr};
-use shoal_store::{ShardKey, ShardStore};
 
-use common::{NODES, STRIPE, create, data, file, fs, read_all, voters, write};
+use common::{NODES, STRIPE, create, data, file, fs, held, read_all, slots_of, voters, write};
 
 /// Runs `test` on five formed nodes with the production's orphan grace (the simulator's
 /// own is short, and a write's patience with stripes is a quarter of it: its first
@@ -37,28 +36,10 @@ async fn stores_hold_only_committed(cluster: &Cluster, files: &[Ino], nodes: &[u
     let mut named = BTreeSet::new();
     for &ino in files {
         let file = group.store().file_data(ino).expect("file");
-        for e in file.extents {
-            for (index, slot) in e.stripe.shards.iter().enumerate() {
-                if nodes.contains(&slot.node.0) {
-                    named.insert((
-                        slot.node.0,
-                        ShardKey {
-                            stripe: e.stripe.id.0,
-                            index: index as u8,
-                        },
-                    ));
-                }
-            }
-        }
+        named.extend(slots_of(file).filter(|(n, _)| nodes.contains(n)));
     }
     let stores = cluster.running_stores();
-    let held: BTreeSet<(u64, ShardKey)> = nodes
-        .iter()
-        .flat_map(|n| {
-            let store = stores.get(n).expect("node runs");
-            store.list().into_iter().map(move |(k, _)| (*n, k))
-        })
-        .collect();
+    let held = held(stores.iter().filter(|(n, _)| nodes.contains(n)));
     assert_eq!(
         held, named,
         "the stores hold the shards the committed extents name, no others"

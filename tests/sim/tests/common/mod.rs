@@ -3,6 +3,7 @@
 //! through a node's `FsService` as a mount does. Each test binary uses part of it.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use shoal_mesh::SimNet;
 use shoal_namespace::FileData;
 use shoal_sim::cluster::Cluster;
 use shoal_sim::trace::Trace;
+use shoal_store::{NodeStore, ShardKey, ShardStore};
 
 pub const NODES: [u64; 5] = [1, 2, 3, 4, 5];
 /// The protocol a mount of this build speaks.
@@ -142,4 +144,29 @@ pub fn voters(cluster: &Cluster) -> Vec<u64> {
     voters.sort_by_key(|&v| v != leader);
     assert_eq!(voters.len(), 3);
     voters
+}
+
+/// (node, shard) of every slot the extents of `file` name.
+pub fn slots_of(file: FileData) -> impl Iterator<Item = (u64, ShardKey)> {
+    file.extents.into_iter().flat_map(|e| {
+        let stripe = e.stripe.id.0;
+        e.stripe
+            .shards
+            .into_iter()
+            .enumerate()
+            .map(move |(index, slot)| {
+                let index = index as u8;
+                (slot.node.0, ShardKey { stripe, index })
+            })
+    })
+}
+
+/// (node, shard) of every shard the given stores hold.
+pub fn held<'a>(
+    stores: impl IntoIterator<Item = (&'a u64, &'a Arc<NodeStore>)>,
+) -> BTreeSet<(u64, ShardKey)> {
+    stores
+        .into_iter()
+        .flat_map(|(n, s)| s.list().into_iter().map(move |(k, _)| (*n, k)))
+        .collect()
 }

@@ -163,8 +163,10 @@ fn scrub_and_reads_find_flipped_bytes_and_repair_rewrites_them() {
 
 #[test]
 fn a_repair_killed_mid_way_finishes_after_restart_without_orphans() {
-    // Repair paced to about a stripe every few seconds, so the kill lands mid-way; the
-    // killed agent is back well within down_out_after (else its shards are rebuilt too).
+    // Repair paced to about a stripe a second (512 KiB/s of budget and as much of the
+    // last-parity floor, shards of 0.5-1.5 MiB), so the kill lands mid-way; CI once saw
+    // every stripe done at twice that pace before the first look. The killed agent is back
+    // well within down_out_after (else its shards are rebuilt too).
     let c = DevCluster::up_with(
         5,
         54,
@@ -177,9 +179,9 @@ fn a_repair_killed_mid_way_finishes_after_restart_without_orphans() {
             "--set",
             "cluster.down_out_after=\"15s\"",
             "--set",
-            "background.rate=\"1MiB\"",
+            "background.rate=\"512KiB\"",
             "--set",
-            "background.repair_floor=\"2MiB\"",
+            "background.repair_floor=\"512KiB\"",
             "--meta",
             "orphan_shard_grace_s=5",
         ],

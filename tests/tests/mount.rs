@@ -239,6 +239,43 @@ fn tree_copied_in_with_cp_a_is_identical_on_another_node() {
     );
 }
 
+/// A copy sets its file's times and mode after writing it, before close: the mount sends
+/// them with the file's bytes (one commit, after the data). Both nodes see them; a write
+/// after them stamps the time again, as on a local filesystem.
+#[test]
+fn times_and_mode_set_before_close_land_after_the_data_and_a_later_write_stamps_again() {
+    let c = DevCluster::up_with(3, 80, &["--mount"]);
+    let (here, there) = (c.mnt(1), c.mnt(2));
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let times = fs::FileTimes::new().set_accessed(old).set_modified(old);
+
+    let mut f = File::create(here.join("copied")).expect("create");
+    f.write_all(b"ten bytes!").expect("write");
+    f.set_times(times).expect("futimens");
+    f.set_permissions(fs::Permissions::from_mode(0o640))
+        .expect("fchmod");
+    let m = f.metadata().expect("fstat before close");
+    assert_eq!((m.len(), m.mode() & 0o7777, m.mtime()), (10, 0o640, 1_000_000));
+    close(f).expect("close");
+    let m = fs::metadata(there.join("copied")).expect("stat on node 2");
+    assert_eq!((m.len(), m.mode() & 0o7777, m.mtime()), (10, 0o640, 1_000_000));
+    assert_eq!(read(&there.join("copied")), b"ten bytes!");
+
+    let mut f = File::create(here.join("touched")).expect("create");
+    f.write_all(b"first").expect("write");
+    f.set_times(times).expect("futimens");
+    f.write_all(b" and second").expect("write after the times");
+    close(f).expect("close");
+    let m = fs::metadata(there.join("touched")).expect("stat on node 2");
+    assert_eq!(m.len(), 16);
+    assert!(
+        m.mtime() > 1_000_000,
+        "the write after futimens stamped the time again: {}",
+        m.mtime()
+    );
+    assert_eq!(read(&there.join("touched")), b"first and second");
+}
+
 #[test]
 fn open_files_survive_unlink_and_rename_until_closed() {
     // Unlinked inodes may be purged 2 s after the unlink, GC passes every second.

@@ -357,12 +357,31 @@ mod tests {
                 offset: 127,
                 data: data(n),
             });
+            let write_then_set = Request::Fs(crate::FsRequest::WriteThenSet {
+                id: crate::RequestId {
+                    client: 7,
+                    seq: u64::MAX,
+                },
+                ino: 2,
+                set: crate::SetAttr {
+                    perm: Some(0o644),
+                    mtime: Some(crate::SetTime::At(crate::Timestamp {
+                        secs: -3,
+                        nanos: 999_999_999,
+                    })),
+                    ..crate::SetAttr::default()
+                },
+                offset: 0,
+                data: data(n),
+            });
             let read = Response::Fs(crate::FsResponse::Data(data(n)));
-            let mut wire = Vec::new();
-            write_frame(&mut wire, &write).await.expect("write");
-            assert_eq!(wire, plain(&write), "request with {n} bytes");
-            let got: Option<Request> = read_frame(&mut &wire[..]).await.expect("read");
-            assert_eq!(got.as_ref(), Some(&write));
+            for write in [&write, &write_then_set] {
+                let mut wire = Vec::new();
+                write_frame(&mut wire, write).await.expect("write");
+                assert_eq!(wire, plain(write), "request with {n} bytes");
+                let got: Option<Request> = read_frame(&mut &wire[..]).await.expect("read");
+                assert_eq!(got.as_ref(), Some(write));
+            }
             let mut wire = Vec::new();
             write_frame(&mut wire, &read).await.expect("write");
             assert_eq!(wire, plain(&read), "response with {n} bytes");

@@ -280,6 +280,19 @@ pub enum FsRequest {
     GetAttrFresh {
         ino: Ino,
     },
+    /// `Write`, then `set` (which must not change the size) in the same metadata entry:
+    /// the data's own time stamps come first and `set` lands on them, as when a copy
+    /// sets its file's times and mode after writing it (the mount holds such a `setattr`
+    /// with the file's buffered bytes instead of committing it on its own). Answered with
+    /// the attributes after both. Protocol 11 on.
+    WriteThenSet {
+        id: RequestId,
+        ino: Ino,
+        set: SetAttr,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
 }
 
 /// The first position of every change feed: a mount that finds a new feed (its agent

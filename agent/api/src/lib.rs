@@ -47,17 +47,22 @@ use serde::{Deserialize, Serialize};
 /// and the feed's epoch and position on answers (`FsResponse::OpenedIn` for an open,
 /// `FsResponse::EntryAt` for a lookup), 10 the kind of a failure (`Response::Failed`; a
 /// client of 3 to 9 is answered `Response::Error`, the message alone: see
-/// [`Response::in_version`]). Every other message is as in version 3, so mounts started
-/// with an earlier release keep working across an agent upgrade.
-pub const API_VERSION: u8 = 10;
+/// [`Response::in_version`]), 11 `FsRequest::WriteThenSet`. Every other message is as in
+/// version 3, so mounts started with an earlier release keep working across an agent
+/// upgrade.
+pub const API_VERSION: u8 = 11;
 
 /// The oldest agent protocol a client of this version still speaks when the agent refuses
-/// this one ([`AgentClient::call`]): version 9 asks and answers as 10 does, except that a
-/// failure comes as `Response::Error` without its kind.
+/// this one ([`AgentClient::call`]): version 9 asks and answers as 11 does, except that a
+/// failure comes as `Response::Error` without its kind, and 10 as 11 does; neither knows
+/// `WriteThenSet` (a mount asks [`AgentClient::version`] before it sends one).
 pub const OLDEST_ALIKE_VERSION: u8 = 9;
 
 /// The version that brought [`Response::Failed`].
 const FAILED_SINCE: u8 = 10;
+
+/// The version that brought [`FsRequest::WriteThenSet`].
+pub const WRITE_THEN_SET_SINCE: u8 = 11;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -172,8 +177,8 @@ impl Request {
     /// version does (answers of a failure aside: [`Response::in_version`]): the status
     /// report only in this version (its fields grow with the versions); `MetaDigest` came
     /// with version 4, `OkToStop` with 5, the drain and maintenance requests with 6, the
-    /// cold-tier requests with 7, `RevokeCertificate` with 8 and `OkToStopNodes` with 9;
-    /// everything else is as version 3 had it. The agent refuses the request of an older
+    /// cold-tier requests with 7, `RevokeCertificate` with 8, `OkToStopNodes` with 9 and
+    /// `FsRequest::WriteThenSet` with 11; everything else is as version 3 had it. The agent refuses the request of an older
     /// client; a client falls back to an older agent's protocol only where it is alike.
     pub fn oldest_version(&self) -> u8 {
         match self {
@@ -192,6 +197,7 @@ impl Request {
             | Request::ColdExtents { .. } => 7,
             Request::RevokeCertificate { .. } => 8,
             Request::OkToStopNodes { .. } => 9,
+            Request::Fs(FsRequest::WriteThenSet { .. }) => WRITE_THEN_SET_SINCE,
             Request::WriteStripe { .. }
             | Request::ReadStripe { .. }
             | Request::Fs(_)
@@ -233,6 +239,22 @@ impl frame::TrailingBytes for Request {
                 Request::Fs(FsRequest::Write {
                     id: *id,
                     ino: *ino,
+                    offset: *offset,
+                    data: Vec::new(),
+                }),
+                data,
+            )),
+            Request::Fs(FsRequest::WriteThenSet {
+                id,
+                ino,
+                set,
+                offset,
+                data,
+            }) => Some((
+                Request::Fs(FsRequest::WriteThenSet {
+                    id: *id,
+                    ino: *ino,
+                    set: set.clone(),
                     offset: *offset,
                     data: Vec::new(),
                 }),

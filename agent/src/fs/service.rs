@@ -291,7 +291,24 @@ impl FsService {
                 ino,
                 offset,
                 data,
-            } => return Ok(FsResponse::Attr(self.write(id, ino, offset, data).await?)),
+            } => {
+                return Ok(FsResponse::Attr(
+                    self.write(id, ino, offset, data, None).await?,
+                ));
+            }
+            FsRequest::WriteThenSet {
+                id,
+                ino,
+                set,
+                offset,
+                data,
+            } => {
+                if set.size.is_some() {
+                    return Err(FsError::Invalid);
+                }
+                let attr = self.write(id, ino, offset, data, Some(set)).await?;
+                return Ok(FsResponse::Attr(attr));
+            }
             FsRequest::SetAttr { id, ino, set } => (
                 id,
                 Command::SetAttr {
@@ -539,7 +556,8 @@ fn session_of(req: &FsRequest) -> Option<u64> {
         | FsRequest::Unlink { id, .. }
         | FsRequest::Rmdir { id, .. }
         | FsRequest::Rename { id, .. }
-        | FsRequest::Write { id, .. } => Some(id.client),
+        | FsRequest::Write { id, .. }
+        | FsRequest::WriteThenSet { id, .. } => Some(id.client),
         _ => None,
     }
 }
@@ -549,6 +567,7 @@ fn is_change(req: &FsRequest) -> bool {
     matches!(
         req,
         FsRequest::Write { .. }
+            | FsRequest::WriteThenSet { .. }
             | FsRequest::SetAttr { .. }
             | FsRequest::MkNode { .. }
             | FsRequest::Link { .. }

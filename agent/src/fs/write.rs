@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, StripeRecord};
+use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, SetAttr, StripeRecord};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, NewExtent, Outcome, Proposal};
 use shoal_placement::DEFAULT_SHARD_SIZE;
@@ -37,6 +37,55 @@ fn commit_id(id: RequestId, attempt: u64) -> RequestId {
     }
 }
 
+/// The request id of the `setattr` that rides with attempt `n` of a write (0: the inline
+/// attempt), distinct from the write's own ids.
+fn set_id(id: RequestId, attempt: u64) -> RequestId {
+    RequestId {
+        client: id.client ^ 0x6a09_e667_f3bc_c908_u64.rotate_left(attempt as u32 + 1),
+        seq: id.seq,
+    }
+}
+
+/// A write's data proposal, and `set` of `ino` after it in the same entry.
+fn with_set(data: Proposal, ino: Ino, set: Option<&SetAttr>, set_id: RequestId) -> Vec<Proposal> {
+    let now = data.now;
+    let mut proposals = vec![data];
+    if let Some(set) = set {
+        proposals.push(Proposal {
+            id: Some(set_id.into()),
+            now,
+            command: Command::SetAttr {
+                ino,
+                set: set.clone().into(),
+            },
+        });
+    }
+    proposals
+}
+
+/// The outcome of a write's data proposal, and that of the `setattr` after it (if any).
+fn data_outcome(mut outcomes: Vec<Outcome>) -> Result<(Outcome, Option<Outcome>), ConsensusError> {
+    let set = (outcomes.len() > 1).then(|| outcomes.pop()).flatten();
+    let data = outcomes
+        .pop()
+        .ok_or(ConsensusError::OutcomeCount { sent: 1, got: 0 })?;
+    Ok((data, set))
+}
+
+/// The attributes after a committed write: those after its `setattr` when one rode with
+/// it (whose failure, e.g. the file gone meanwhile, is the write's).
+fn attr_after(
+    data: shoal_namespace::format::FileAttr,
+    set: Option<Outcome>,
+) -> Result<FileAttr, FsError> {
+    match set {
+        None => Ok(data.into()),
+        Some(Outcome::Attr(a)) => Ok(a.into()),
+        Some(Outcome::Failed(e)) => Err(e.into()),
+        Some(other) => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+    }
+}
+
 impl FsService {
     /// How long a write may retry its stripes, and how long its commit may wait for a
     /// leader: each a quarter of `orphan_shard_grace_s` at most, so a write is always done
@@ -48,13 +97,18 @@ impl FsService {
     }
 
     /// Writes and commits `data` at `offset`: inline when the file is small enough, else
-    /// as new stripes (copy-on-write) committed once every shard is durable.
+    /// as new stripes (copy-on-write) committed once every shard is durable. `then`
+    /// (no size change) is committed in the same entry right after the data, so it lands
+    /// on the data's time stamps; an attempt refused (inline data that must go to
+    /// stripes, a conflict) may have applied it already, and the next attempt applies it
+    /// again after its data.
     pub(super) async fn write(
         &self,
         id: RequestId,
         ino: Ino,
         offset: u64,
         data: Vec<u8>,
+        then: Option<SetAttr>,
     ) -> Result<FileAttr, FsError> {
         let current = self.group.store().file_data(ino)?;
         regular_file(current.attr.kind)?;
@@ -68,7 +122,7 @@ impl FsService {
         let mut carried = (current.inline, current.inline_version);
         if current.extents.is_empty() && end <= max_inline {
             match self
-                .write_inline(id, ino, offset, &data, max_inline)
+                .write_inline(id, ino, offset, &data, max_inline, then.as_ref())
                 .await?
             {
                 Ok(attr) => return Ok(attr),
@@ -93,17 +147,15 @@ impl FsService {
                     extents,
                 },
             };
+            let proposals = with_set(proposal, ino, then.as_ref(), set_id(id, attempt + 1));
             let outcome = self
                 .group
-                .propose_within(vec![proposal], commit_wait)
+                .propose_within(proposals, commit_wait)
                 .await
-                .and_then(|mut o| {
-                    o.pop()
-                        .ok_or(ConsensusError::OutcomeCount { sent: 1, got: 0 })
-                });
+                .and_then(data_outcome);
             match outcome {
-                Ok(Outcome::Attr(a)) => return Ok(a.into()),
-                Ok(Outcome::Conflict) => {
+                Ok((Outcome::Attr(a), set)) => return attr_after(a, set),
+                Ok((Outcome::Conflict, _)) => {
                     self.discard(&records).await;
                     self.group.barrier().await?;
                     let now = self.group.store().file_data(ino)?;
@@ -111,15 +163,15 @@ impl FsService {
                 }
                 // This write took so long that a node gave its shards up for orphans (the
                 // fence refused the commit): write the data again, to new stripes.
-                Ok(Outcome::StripeAbandoned(stripe)) => {
+                Ok((Outcome::StripeAbandoned(stripe), _)) => {
                     warn!(%stripe, ino, "a stripe of this write was abandoned before its commit; writing again");
                     self.discard(&records).await;
                 }
-                Ok(Outcome::Failed(e)) => {
+                Ok((Outcome::Failed(e), _)) => {
                     self.discard(&records).await;
                     return Err(e.into());
                 }
-                Ok(other) => {
+                Ok((other, _)) => {
                     self.discard(&records).await;
                     return Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into());
                 }
@@ -132,8 +184,9 @@ impl FsService {
         ))
     }
 
-    /// Tries the write as inline data: the new attributes, or (inline refused: the file
-    /// must go to stripes) its current inline bytes and version to carry over.
+    /// Tries the write as inline data (and `then` after it): the new attributes, or
+    /// (inline refused: the file must go to stripes) its current inline bytes and version
+    /// to carry over.
     async fn write_inline(
         &self,
         id: RequestId,
@@ -141,22 +194,22 @@ impl FsService {
         offset: u64,
         data: &[u8],
         max_inline: u64,
+        then: Option<&SetAttr>,
     ) -> Result<Result<FileAttr, (Vec<u8>, u64)>, FsError> {
-        let outcome = self
-            .group
-            .propose_one(Proposal {
-                id: Some(id.into()),
-                now: Timestamp::now(),
-                command: Command::WriteInline {
-                    ino,
-                    offset,
-                    data: data.to_vec(),
-                    max_inline,
-                },
-            })
-            .await?;
+        let proposal = Proposal {
+            id: Some(id.into()),
+            now: Timestamp::now(),
+            command: Command::WriteInline {
+                ino,
+                offset,
+                data: data.to_vec(),
+                max_inline,
+            },
+        };
+        let proposals = with_set(proposal, ino, then, set_id(id, 0));
+        let (outcome, set) = data_outcome(self.group.propose(proposals).await?)?;
         match outcome {
-            Outcome::Attr(a) => Ok(Ok(a.into())),
+            Outcome::Attr(a) => Ok(Ok(attr_after(a, set)?)),
             Outcome::NotInline { inline, version } => Ok(Err((inline, version))),
             Outcome::Failed(e) => Err(e.into()),
             other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),

@@ -9,14 +9,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fuser::Errno;
 use shoal_agent_api::{
-    AgentClient, ApiError, FsError, FsRequest, FsResponse, Ino, ROOT_INO, Request, RequestId,
-    Response,
+    API_VERSION, AgentClient, ApiError, FsError, FsRequest, FsResponse, Ino, ROOT_INO, Request,
+    RequestId, Response,
 };
 use tokio::sync::Semaphore;
 
@@ -67,6 +67,8 @@ pub struct Agent {
     reopened: tokio::sync::Mutex<u64>,
     /// Open file handles (handle → inode), re-opened after a failure.
     handles: tokio::sync::Mutex<BTreeMap<u64, Ino>>,
+    /// The protocol the agent last answered in.
+    version: AtomicU8,
     reachable: AtomicBool,
     available: AtomicBool,
     /// While the cluster is unavailable: when the mount last said so.
@@ -88,6 +90,7 @@ impl Agent {
             epoch: AtomicU64::new(0),
             reopened: tokio::sync::Mutex::new(0),
             handles: tokio::sync::Mutex::new(BTreeMap::new()),
+            version: AtomicU8::new(API_VERSION),
             reachable: AtomicBool::new(true),
             available: AtomicBool::new(true),
             unavailable_said: Mutex::new(None),
@@ -99,6 +102,11 @@ impl Agent {
     /// process that knows nothing of what the old one told the mount).
     pub fn on_reconnect(&self, f: impl Fn() + Send + Sync + 'static) {
         let _ = self.on_reconnect.set(Box::new(f));
+    }
+
+    /// Whether the agent, as it last answered, speaks protocol `version` or a later one.
+    pub fn speaks(&self, version: u8) -> bool {
+        self.version.load(Ordering::Relaxed) >= version
     }
 
     pub fn session(&self) -> u64 {
@@ -145,7 +153,7 @@ impl Agent {
     pub async fn fs(&self, request: FsRequest) -> Result<FsResponse, Errno> {
         let what = request_name(&request);
         let _data_slot = match request {
-            FsRequest::Read { .. } | FsRequest::Write { .. } => {
+            FsRequest::Read { .. } | FsRequest::Write { .. } | FsRequest::WriteThenSet { .. } => {
                 Some(self.data_slots.acquire().await.map_err(|_| Errno::EIO)?)
             }
             _ => None,
@@ -255,6 +263,7 @@ impl Agent {
             .map_err(|_| ApiError::Unexpected("connection pool closed".into()))?;
         let mut conn = self.checkout().await?;
         let response = conn.client.call(request).await?;
+        self.version.store(conn.client.version(), Ordering::Relaxed);
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
         }
@@ -340,6 +349,7 @@ fn request_name(r: &FsRequest) -> &'static str {
         FsRequest::Release { .. } => "release",
         FsRequest::Read { .. } => "read",
         FsRequest::Write { .. } => "write",
+        FsRequest::WriteThenSet { .. } => "write-then-setattr",
         FsRequest::StatFs => "statfs",
         FsRequest::Watch { .. } => "watch",
         FsRequest::GetAttrFresh { .. } => "getattr",

@@ -4,7 +4,7 @@ use std::ffi::OsStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileType, INodeNo, TimeOrNow};
-use shoal_agent_api::{FileAttr, FileKind, NAME_MAX, SetTime, Timestamp};
+use shoal_agent_api::{FileAttr, FileKind, NAME_MAX, SetAttr, SetTime, Timestamp};
 
 /// `st_blksize`: small enough that stdio buffers stay small, large enough for the page cache.
 const BLKSIZE: u32 = 4096;
@@ -80,6 +80,28 @@ pub fn set_time(t: TimeOrNow) -> SetTime {
     match t {
         TimeOrNow::Now => SetTime::Now,
         TimeOrNow::SpecificTime(at) => SetTime::At(timestamp(at)),
+    }
+}
+
+/// The attributes a file has once `set` (no size change) is committed on `committed`
+/// with `buffered_end` bytes of writes before it: the metadata's setattr, applied here to
+/// answer a setattr the mount holds with the file's writes (`SetTime::Now` and the change
+/// time are this clock's now, a moment before the commit's).
+pub fn held(committed: &FileAttr, set: &SetAttr, buffered_end: u64) -> FileAttr {
+    let now = Timestamp::now();
+    let time = |t: SetTime| match t {
+        SetTime::Now => now,
+        SetTime::At(at) => at,
+    };
+    FileAttr {
+        perm: set.perm.map_or(committed.perm, |p| p & 0o7777),
+        uid: set.uid.unwrap_or(committed.uid),
+        gid: set.gid.unwrap_or(committed.gid),
+        size: committed.size.max(buffered_end),
+        atime: set.atime.map_or(committed.atime, time),
+        mtime: set.mtime.map_or(committed.mtime, time),
+        ctime: now,
+        ..committed.clone()
     }
 }
 

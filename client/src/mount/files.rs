@@ -7,6 +7,13 @@
 //! sized by `--write-buffer`. A chunk that overlaps a chunk in flight for the same inode
 //! waits for it, so the later write lands last. A background failure is kept on the
 //! handle and returned by its next write, flush, fsync or release.
+//!
+//! A `setattr` (times, mode, owner; not the size) of a file whose only uncommitted bytes
+//! sit in one handle's buffer is held with those bytes ([`OpenFiles::hold_set`]) and
+//! committed with them in one metadata entry, after them: a copy that writes a small file
+//! and then sets its times and mode commits once, not three times. Whatever reads the
+//! file's attributes through this mount commits its pending writes first, the held set
+//! with them ([`OpenFiles::has_pending`]), and a write after a held set waits for it.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -15,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use fuser::Errno;
-use shoal_agent_api::{FsRequest, FsResponse, Ino};
+use shoal_agent_api::{FsRequest, FsResponse, Ino, SetAttr};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::agent::Agent;
@@ -73,6 +80,23 @@ struct InodeState {
     handles: Vec<u64>,
     generation: Arc<AtomicU64>,
     in_flight: Vec<InFlight>,
+    /// A `setattr` held for the next buffer sent (see the module doc).
+    held_set: Option<SetAttr>,
+}
+
+impl InodeState {
+    fn new(generation: Arc<AtomicU64>) -> Self {
+        InodeState {
+            handles: Vec::new(),
+            generation,
+            in_flight: Vec::new(),
+            held_set: None,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.handles.is_empty() && self.in_flight.is_empty() && self.held_set.is_none()
+    }
 }
 
 struct InFlight {
@@ -116,11 +140,9 @@ impl OpenFiles {
     pub fn open(&self, fh: u64, ino: Ino) -> Arc<OpenFile> {
         let generation = {
             let mut inodes = lock(&self.inodes);
-            let st = inodes.entry(ino).or_insert_with(|| InodeState {
-                handles: Vec::new(),
-                generation: Arc::new(AtomicU64::new(0)),
-                in_flight: Vec::new(),
-            });
+            let st = inodes
+                .entry(ino)
+                .or_insert_with(|| InodeState::new(Arc::new(AtomicU64::new(0))));
             st.handles.push(fh);
             st.generation.clone()
         };
@@ -150,7 +172,7 @@ impl OpenFiles {
         let mut inodes = lock(&self.inodes);
         if let Some(st) = inodes.get_mut(&file.ino) {
             st.handles.retain(|h| *h != fh);
-            if st.handles.is_empty() && st.in_flight.is_empty() {
+            if st.is_idle() {
                 inodes.remove(&file.ino);
             }
         }
@@ -168,6 +190,10 @@ impl OpenFiles {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         if len == 0 {
             return Ok(0);
+        }
+        // A held setattr lands on the bytes written before it: these come after.
+        if self.holds_set(file.ino) {
+            self.flush_inode(file.ino).await;
         }
         let permit = self.reserve(len).await?;
         file.generation.fetch_add(1, Ordering::AcqRel);
@@ -248,8 +274,8 @@ impl OpenFiles {
         Ok(())
     }
 
-    /// Makes every write to `ino` buffered in this mount committed (read-your-writes);
-    /// failures stay on their handles.
+    /// Makes every write to `ino` buffered in this mount committed (read-your-writes),
+    /// with its held setattr; failures stay on their handles.
     pub async fn flush_inode(&self, ino: Ino) {
         for f in self.handles_of(ino) {
             self.send_and_wait(&f).await;
@@ -261,16 +287,86 @@ impl OpenFiles {
         for mut w in waits {
             let _ = w.wait_for(|done| *done).await;
         }
+        // Every buffer sent took it along; one left means its buffer went another way.
+        if let Some(set) = self.take_held_set(ino) {
+            let request = FsRequest::SetAttr {
+                id: self.agent.next_id(),
+                ino,
+                set,
+            };
+            if let Err(e) = self.agent.fs(request).await {
+                tracing::warn!(ino, "a setattr held with the file's writes failed: {e:?}");
+            }
+        }
     }
 
-    /// Whether this mount holds writes to `ino` that the agent has not committed.
+    /// Holds `set` (not a size change) to be committed with the inode's buffered bytes,
+    /// right after them, where those are the only writes to it this mount has not
+    /// committed and they sit in one handle; merged with a set held already (the later
+    /// one's fields win). Answers the size the file has with those bytes, or `None`
+    /// when `set` must be committed on its own.
+    pub async fn hold_set(&self, ino: Ino, set: &SetAttr) -> Option<u64> {
+        if set.size.is_some() {
+            return None;
+        }
+        let mut holder = None;
+        for f in self.handles_of(ino) {
+            if f.buffered.load(Ordering::Acquire) > 0 {
+                if holder.is_some() {
+                    return None;
+                }
+                holder = Some(f);
+            }
+        }
+        let holder = holder?;
+        // Held throughout: this handle sends no buffer meanwhile.
+        let w = holder.writer.lock().await;
+        let end = w.coalescer.pending_range()?.end;
+        let mut inodes = lock(&self.inodes);
+        let st = inodes.get_mut(&ino)?;
+        if !st.in_flight.is_empty() {
+            return None;
+        }
+        let open = lock(&self.handles);
+        let others_buffered = st.handles.iter().any(|fh| {
+            open.get(fh)
+                .is_some_and(|f| !Arc::ptr_eq(f, &holder) && f.buffered.load(Ordering::Acquire) > 0)
+        });
+        if others_buffered {
+            return None;
+        }
+        st.held_set = Some(match st.held_set.take() {
+            Some(held) => merged(held, set),
+            None => set.clone(),
+        });
+        Some(end)
+    }
+
+    fn holds_set(&self, ino: Ino) -> bool {
+        lock(&self.inodes)
+            .get(&ino)
+            .is_some_and(|st| st.held_set.is_some())
+    }
+
+    fn take_held_set(&self, ino: Ino) -> Option<SetAttr> {
+        let mut inodes = lock(&self.inodes);
+        let st = inodes.get_mut(&ino)?;
+        let set = st.held_set.take();
+        if st.is_idle() {
+            inodes.remove(&ino);
+        }
+        set
+    }
+
+    /// Whether this mount holds writes to `ino` (or a setattr held with them) that the
+    /// agent has not committed.
     pub fn has_pending(&self, ino: Ino) -> bool {
         let handles = {
             let inodes = lock(&self.inodes);
             let Some(st) = inodes.get(&ino) else {
                 return false;
             };
-            if !st.in_flight.is_empty() {
+            if !st.in_flight.is_empty() || st.held_set.is_some() {
                 return true;
             }
             st.handles.clone()
@@ -358,15 +454,13 @@ impl OpenFiles {
             return;
         };
         let (done_tx, done) = watch::channel(false);
-        let id = self.next_write.fetch_add(1, Ordering::Relaxed);
+        let write = self.next_write.fetch_add(1, Ordering::Relaxed);
         let range = chunk.range();
-        let earlier: Vec<_> = {
+        let (earlier, held_set): (Vec<watch::Receiver<bool>>, _) = {
             let mut inodes = lock(&self.inodes);
-            let st = inodes.entry(file.ino).or_insert_with(|| InodeState {
-                handles: Vec::new(),
-                generation: file.generation.clone(),
-                in_flight: Vec::new(),
-            });
+            let st = inodes
+                .entry(file.ino)
+                .or_insert_with(|| InodeState::new(file.generation.clone()));
             let earlier = st
                 .in_flight
                 .iter()
@@ -374,11 +468,11 @@ impl OpenFiles {
                 .map(|i| i.done.clone())
                 .collect();
             st.in_flight.push(InFlight {
-                id,
+                id: write,
                 range,
                 done: done.clone(),
             });
-            earlier
+            (earlier, st.held_set.take())
         };
         lock(&file.outcome.in_flight).push(done);
         let agent = self.agent.clone();
@@ -390,11 +484,21 @@ impl OpenFiles {
             for mut w in earlier {
                 let _ = w.wait_for(|done| *done).await;
             }
-            let request = FsRequest::Write {
-                id: agent.next_id(),
-                ino,
-                offset: chunk.offset,
-                data: chunk.data,
+            let (id, offset, data) = (agent.next_id(), chunk.offset, chunk.data);
+            let request = match held_set {
+                Some(set) => FsRequest::WriteThenSet {
+                    id,
+                    ino,
+                    set,
+                    offset,
+                    data,
+                },
+                None => FsRequest::Write {
+                    id,
+                    ino,
+                    offset,
+                    data,
+                },
             };
             match agent.fs(request).await {
                 Ok(FsResponse::Attr(_) | FsResponse::Entry(_) | FsResponse::Done) => {}
@@ -412,8 +516,8 @@ impl OpenFiles {
             {
                 let mut inodes = lock(&inodes);
                 if let Some(st) = inodes.get_mut(&ino) {
-                    st.in_flight.retain(|i| i.id != id);
-                    if st.handles.is_empty() && st.in_flight.is_empty() {
+                    st.in_flight.retain(|i| i.id != write);
+                    if st.is_idle() {
                         inodes.remove(&ino);
                     }
                 }
@@ -422,6 +526,18 @@ impl OpenFiles {
             drop(lane);
             let _ = done_tx.send(true);
         });
+    }
+}
+
+/// `later` over `earlier`: the fields `later` sets win.
+fn merged(earlier: SetAttr, later: &SetAttr) -> SetAttr {
+    SetAttr {
+        perm: later.perm.or(earlier.perm),
+        uid: later.uid.or(earlier.uid),
+        gid: later.gid.or(earlier.gid),
+        size: later.size.or(earlier.size),
+        atime: later.atime.or(earlier.atime),
+        mtime: later.mtime.or(earlier.mtime),
     }
 }
 
@@ -548,6 +664,143 @@ mod tests {
             "the flush returned before its handle's write was answered"
         );
         first.await.expect("joined");
+    }
+
+    /// What reached the agent, in arrival order: `W` a write (offset, length), `S` a
+    /// write with a set riding on it, `A` a setattr alone.
+    fn requests(seen: &mut mpsc::UnboundedReceiver<Request>) -> Vec<(char, u64, usize)> {
+        let mut out = Vec::new();
+        while let Ok(r) = seen.try_recv() {
+            match r {
+                Request::Fs(FsRequest::Write { offset, data, .. }) => {
+                    out.push(('W', offset, data.len()))
+                }
+                Request::Fs(FsRequest::WriteThenSet { offset, data, .. }) => {
+                    out.push(('S', offset, data.len()))
+                }
+                Request::Fs(FsRequest::SetAttr { .. }) => out.push(('A', 0, 0)),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn times(secs: i64) -> SetAttr {
+        let at = shoal_agent_api::SetTime::At(shoal_agent_api::Timestamp { secs, nanos: 0 });
+        SetAttr {
+            atime: Some(at),
+            mtime: Some(at),
+            ..SetAttr::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_setattr_after_a_small_write_rides_with_its_bytes_and_merges_with_the_next() {
+        let (files, mut seen) = files_answering("held", 1 << 30, |r| Some(attr_answer(r)));
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[7; 100]).await.expect("write");
+        assert_eq!(files.hold_set(5, &times(1_000)).await, Some(100));
+        let mode = SetAttr {
+            perm: Some(0o644),
+            ..SetAttr::default()
+        };
+        assert_eq!(files.hold_set(5, &mode).await, Some(100));
+        assert!(files.has_pending(5), "a held set is pending");
+        assert!(
+            requests(&mut seen).is_empty(),
+            "nothing sent before the flush"
+        );
+        files.flush(&f).await.expect("flush");
+        assert!(!files.has_pending(5));
+        assert_eq!(requests(&mut seen), vec![('S', 0, 100)]);
+        let held = lock(&files.inodes)
+            .get(&5)
+            .and_then(|st| st.held_set.clone());
+        assert_eq!(held, None);
+    }
+
+    #[tokio::test]
+    async fn the_set_that_rides_is_both_sets_merged_the_later_one_winning() {
+        let (tx, mut got) = mpsc::unbounded_channel();
+        let (files, _seen) = files_answering("merged", 1 << 30, move |r| {
+            if let Request::Fs(FsRequest::WriteThenSet { set, .. }) = r {
+                let _ = tx.send(set.clone());
+            }
+            Some(attr_answer(r))
+        });
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[7; 10]).await.expect("write");
+        let first = SetAttr {
+            perm: Some(0o600),
+            ..times(5)
+        };
+        files.hold_set(5, &first).await.expect("held");
+        let second = SetAttr {
+            perm: Some(0o644),
+            uid: Some(7),
+            ..SetAttr::default()
+        };
+        files.hold_set(5, &second).await.expect("held");
+        files.flush(&f).await.expect("flush");
+        let sent = got.try_recv().expect("a set rode with the write");
+        assert_eq!(
+            sent,
+            SetAttr {
+                perm: Some(0o644),
+                uid: Some(7),
+                ..times(5)
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_after_a_held_set_commits_the_set_first() {
+        let (files, mut seen) = files("held-then-write", 1 << 30);
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[7; 100]).await.expect("write");
+        files.hold_set(5, &times(1)).await.expect("held");
+        // Right after the buffered bytes: it must not join them under the set.
+        files.write(&f, 100, &[8; 10]).await.expect("write");
+        files.flush(&f).await.expect("flush");
+        assert_eq!(requests(&mut seen), vec![('S', 0, 100), ('W', 100, 10)]);
+    }
+
+    #[tokio::test]
+    async fn a_setattr_is_not_held_without_one_handle_s_buffer_to_ride_with() {
+        let (files, mut seen) = files("not-held", 1 << 30);
+        let (a, b) = (files.open(1, 5), files.open(2, 5));
+        assert_eq!(files.hold_set(5, &times(1)).await, None, "nothing buffered");
+        files.write(&a, 0, &[1; 10]).await.expect("write a");
+        files.write(&b, 100, &[2; 10]).await.expect("write b");
+        assert_eq!(
+            files.hold_set(5, &times(1)).await,
+            None,
+            "two handles buffer"
+        );
+        files.flush(&b).await.expect("flush b");
+        let size = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        assert_eq!(files.hold_set(5, &size).await, None, "a truncate");
+        assert_eq!(files.hold_set(5, &times(1)).await, Some(10));
+        files.flush(&a).await.expect("flush a");
+        assert_eq!(requests(&mut seen), vec![('W', 100, 10), ('S', 0, 10)]);
+    }
+
+    #[tokio::test]
+    async fn a_held_set_whose_buffer_went_out_another_way_is_sent_alone() {
+        let (files, mut seen) = files("alone", 1 << 30);
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[1; 10]).await.expect("write");
+        files.hold_set(5, &times(1)).await.expect("held");
+        // As if the buffer had been sent without taking the set along.
+        let chunk = f.writer.lock().await.coalescer.take();
+        assert!(chunk.is_some());
+        f.buffered.store(0, Ordering::Release);
+        files.flush_inode(5).await;
+        assert_eq!(requests(&mut seen), vec![('A', 0, 0)]);
+        assert!(!files.has_pending(5));
     }
 
     #[tokio::test]

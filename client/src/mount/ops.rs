@@ -10,10 +10,12 @@ use bytes::Bytes;
 use fuser::Errno;
 use shoal_agent_api::{
     DirEntry, FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner, RenameFlags, SetAttr,
+    WRITE_THEN_SET_SINCE,
 };
 
 use super::MountArgs;
 use super::agent::Agent;
+use super::attr;
 use super::coherence::{Coherence, Stamp};
 use super::dir::{Listed, Listing};
 use super::files::OpenFiles;
@@ -121,6 +123,12 @@ impl FsState {
     }
 
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<FileAttr, Errno> {
+        if self.agent.speaks(WRITE_THEN_SET_SINCE)
+            && let Some(end) = self.files.hold_set(ino, &set).await
+        {
+            let committed = attr_of(self.agent.fs(FsRequest::GetAttr { ino }).await?)?;
+            return Ok(attr::held(&committed, &set, end));
+        }
         let truncates = set.size.is_some();
         if truncates || self.files.has_pending(ino) {
             self.files.flush_inode(ino).await;

@@ -46,7 +46,8 @@ pub fn attr_answer(r: &Request) -> Response {
             | FsRequest::Reopen { ino, .. }
             | FsRequest::GetAttr { ino }
             | FsRequest::SetAttr { ino, .. }
-            | FsRequest::Write { ino, .. },
+            | FsRequest::Write { ino, .. }
+            | FsRequest::WriteThenSet { ino, .. },
         ) => Response::Fs(FsResponse::Attr(attr(*ino, 0))),
         Request::JoinReservation { .. } => Response::Joined(None),
         _ => Response::Fs(FsResponse::Done),

@@ -1,7 +1,8 @@
 //! The file write path (`fs/write.rs`: inline data, stripes, the extent commit and its
 //! retries) on five simulated nodes, through each node's `FsService` as a mount calls it:
 //! a file that outgrows inline, a write whose inline bytes change under it, a write
-//! through a node that is cut off mid-way, and one that cannot find enough nodes. After
+//! through a node that is cut off mid-way, one that cannot find enough nodes, and a
+//! setattr that rides with a write's commit. After
 //! each, the shard stores hold exactly the shards the committed extents name: a write
 //! deletes what it will never commit itself (the orphan collector, 40 s away, is not
 //! waited for).
@@ -12,7 +13,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use shoal_agent_api::{FsResponse, Ino};
+use shoal_agent_api::{FsError, FsRequest, FsResponse, Ino, SetAttr, SetTime, Timestamp};
 use shoal_sim::cluster::{Cluster, Stop, addr};
 
 use common::{NODES, STRIPE, create, data, file, fs, held, read_all, slots_of, voters, write};
@@ -223,5 +224,113 @@ fn a_write_without_enough_nodes_fails_and_leaves_nothing_behind() {
         );
         stores_hold_only_committed(c, &[ino], &left).await;
         c.net.heal();
+    });
+}
+
+/// `WriteThenSet` through node `node` as mount session 1: `data` at `offset`, then `set`.
+async fn write_then_set(
+    node: &std::sync::Arc<shoal_agent::fs::FsService>,
+    id: shoal_agent_api::RequestId,
+    ino: Ino,
+    offset: u64,
+    data: &[u8],
+    set: SetAttr,
+) -> FsResponse {
+    let req = FsRequest::WriteThenSet {
+        id,
+        ino,
+        set,
+        offset,
+        data: data.to_vec(),
+    };
+    node.handle(req, None, common::PROTOCOL).await
+}
+
+fn at(secs: i64) -> SetTime {
+    SetTime::At(Timestamp { secs, nanos: 0 })
+}
+
+#[test]
+fn a_set_that_rides_with_a_write_lands_after_its_bytes_inline_or_striped_and_once() {
+    on_five_nodes(15, async |c| {
+        let node1 = fs(c, 1);
+        let ino = create(&node1, "copied").await;
+        // Inline: the data, then times and mode, in one entry.
+        let head = data(100, 6);
+        let set = SetAttr {
+            perm: Some(0o600),
+            atime: Some(at(1_000)),
+            mtime: Some(at(1_000)),
+            ..SetAttr::default()
+        };
+        let first = common::id(1);
+        match write_then_set(&node1, first, ino, 0, &head, set.clone()).await {
+            FsResponse::Attr(a) => {
+                assert_eq!((a.size, a.perm, a.mtime.secs), (100, 0o600, 1_000));
+            }
+            other => panic!("inline write then set: {other:?}"),
+        }
+        let stored = file(c, 3, ino).await;
+        assert_eq!(stored.inline, head);
+        assert_eq!(
+            (
+                stored.attr.perm,
+                stored.attr.mtime.secs,
+                stored.attr.atime.secs
+            ),
+            (0o600, 1_000, 1_000),
+            "the set landed after the data's own time stamps"
+        );
+        // A later write stamps the time again; the first request sent once more (a
+        // mount's resend after its agent restarted) changes nothing.
+        assert!(matches!(
+            write(&node1, 1, ino, 100, b"tail").await,
+            FsResponse::Attr(_)
+        ));
+        let stamped = file(c, 1, ino).await.attr.mtime;
+        assert!(stamped.secs > 1_000);
+        assert!(matches!(
+            write_then_set(&node1, first, ino, 0, &head, set).await,
+            FsResponse::Attr(_)
+        ));
+        let again = file(c, 2, ino).await;
+        assert_eq!(
+            again.attr.mtime, stamped,
+            "the resent set was not applied again"
+        );
+        assert_eq!(again.attr.size, 104);
+        // Past inline: the stripes' extent commit, then the set.
+        let big = data(STRIPE + 1000, 7);
+        let set = SetAttr {
+            mtime: Some(at(2_000)),
+            uid: Some(42),
+            ..SetAttr::default()
+        };
+        match write_then_set(&node1, common::id(1), ino, 104, &big, set).await {
+            FsResponse::Attr(a) => {
+                assert_eq!(
+                    (a.size, a.uid, a.mtime.secs),
+                    (104 + big.len() as u64, 42, 2_000)
+                );
+            }
+            other => panic!("striped write then set: {other:?}"),
+        }
+        let stored = file(c, 4, ino).await;
+        assert!(!stored.extents.is_empty());
+        assert_eq!((stored.attr.uid, stored.attr.mtime.secs), (42, 2_000));
+        let mut expected = head.clone();
+        expected.extend_from_slice(b"tail");
+        expected.extend_from_slice(&big);
+        assert!(read_all(c, 5, ino).await == expected);
+        // A size change does not ride: it is a setattr of its own.
+        let truncate = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        assert!(matches!(
+            write_then_set(&node1, common::id(1), ino, 0, b"x", truncate).await,
+            FsResponse::Error(FsError::Invalid)
+        ));
+        stores_hold_only_committed(c, &[ino], &NODES).await;
     });
 }

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shoal_agent::fs::FsService;
-use shoal_agent_api::{FileKind, FsRequest, FsResponse, Owner, ROOT_INO, RequestId, SetAttr};
+use shoal_agent_api::{
+    FileKind, FsRequest, FsResponse, Owner, ROOT_INO, RequestId, SetAttr, SetTime, Timestamp,
+};
 use shoal_disk::SplitMix64;
 
 use crate::cluster::Live;
@@ -204,11 +206,33 @@ impl FileClient {
         }
         self.model
             .file(name, false, |h, _| h.writing(offset, &data));
-        let req = FsRequest::Write {
-            id: self.next_id(),
-            ino,
-            offset,
-            data,
+        // Every fifth size (no draw of its own: the seeds' streams stay as they were)
+        // carries a setattr in the same entry, as a mount sends a copy's times and mode.
+        let id = self.next_id();
+        let req = if size % 5 == 0 {
+            let at = SetTime::At(Timestamp {
+                secs: size as i64,
+                nanos: 0,
+            });
+            let set = SetAttr {
+                perm: Some(0o600 | (size as u16 & 0o77)),
+                mtime: Some(at),
+                ..SetAttr::default()
+            };
+            FsRequest::WriteThenSet {
+                id,
+                ino,
+                set,
+                offset,
+                data,
+            }
+        } else {
+            FsRequest::Write {
+                id,
+                ino,
+                offset,
+                data,
+            }
         };
         let done = format!("wrote {name}: {size} bytes at {offset}");
         self.change(fs, req, name, "write", done).await

@@ -70,7 +70,7 @@ fn render_node_resources(out: &mut String, report: &StatusReport) {
     render_redundancy(out, report);
     render_scrub(out, report);
     render_gpu_and_budget(out, report);
-    render_workers(out, report);
+    render_workers(out, &report.workers);
 }
 
 /// A duration in its two largest units ("2m10s", "1h05m", "45s").
@@ -254,19 +254,17 @@ fn render_gpu_and_budget(out: &mut String, report: &StatusReport) {
 }
 
 /// One line per worker: its name and state, what it is at, and its last error.
-fn render_workers(out: &mut String, report: &StatusReport) {
-    if report.workers.is_empty() {
+fn render_workers(out: &mut String, workers: &[shoal_agent_api::WorkerStatus]) {
+    if workers.is_empty() {
         return;
     }
     let _ = writeln!(out, "workers:");
-    let width = report
-        .workers
-        .iter()
-        .map(|w| w.name.len())
-        .max()
-        .unwrap_or(0);
-    for w in &report.workers {
+    let width = workers.iter().map(|w| w.name.len()).max().unwrap_or(0);
+    for w in workers {
         let mut line = format!("  {:<width$}  {}", w.name, w.state);
+        if let Some(budget) = &w.waiting_for {
+            line.push_str(&format!(" (waiting for the {budget} budget)"));
+        }
         if let Some(p) = &w.progress {
             line.push_str(&format!(", {p}"));
         }
@@ -338,6 +336,30 @@ fn row(n: &MemberStatus) -> [String; 11] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throttled_worker_says_which_budget_it_waits_for() {
+        let workers = vec![
+            shoal_agent_api::WorkerStatus {
+                name: "repair".into(),
+                state: "throttled".into(),
+                progress: Some("3 stripes queued".into()),
+                waiting_for: Some("repair".into()),
+                ..Default::default()
+            },
+            shoal_agent_api::WorkerStatus {
+                name: "scrub".into(),
+                state: "idle".into(),
+                ..Default::default()
+            },
+        ];
+        let mut out = String::new();
+        render_workers(&mut out, &workers);
+        assert_eq!(
+            out,
+            "workers:\n  repair  throttled (waiting for the repair budget), 3 stripes queued\n  scrub   idle\n"
+        );
+    }
 
     #[test]
     fn spans_show_their_two_largest_units() {

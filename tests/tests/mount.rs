@@ -255,10 +255,16 @@ fn times_and_mode_set_before_close_land_after_the_data_and_a_later_write_stamps_
     f.set_permissions(fs::Permissions::from_mode(0o640))
         .expect("fchmod");
     let m = f.metadata().expect("fstat before close");
-    assert_eq!((m.len(), m.mode() & 0o7777, m.mtime()), (10, 0o640, 1_000_000));
+    assert_eq!(
+        (m.len(), m.mode() & 0o7777, m.mtime()),
+        (10, 0o640, 1_000_000)
+    );
     close(f).expect("close");
     let m = fs::metadata(there.join("copied")).expect("stat on node 2");
-    assert_eq!((m.len(), m.mode() & 0o7777, m.mtime()), (10, 0o640, 1_000_000));
+    assert_eq!(
+        (m.len(), m.mode() & 0o7777, m.mtime()),
+        (10, 0o640, 1_000_000)
+    );
     assert_eq!(read(&there.join("copied")), b"ten bytes!");
 
     let mut f = File::create(here.join("touched")).expect("create");

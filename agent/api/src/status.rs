@@ -163,13 +163,17 @@ pub struct ScrubStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerStatus {
     pub name: String,
-    /// `idle`, `busy`, `error` (its last unit failed), `done` or `stopped`.
+    /// `idle`, `busy`, `throttled` (its next unit waits for the governor's budget),
+    /// `error` (its last unit failed), `done` or `stopped`.
     pub state: String,
     /// What it is at, when it has something to say.
     pub progress: Option<String>,
     /// Its last failure (kept after it recovers), and when (Unix milliseconds).
     pub last_error: Option<String>,
     pub last_error_unix_ms: Option<u64>,
+    /// Throttled: the budget it waits for (`repair`, `drain`, `rebalance`, `scrub`,
+    /// `tiering`). Protocol 11 on.
+    pub waiting_for: Option<String>,
 }
 
 /// The metadata (Raft) group as one node sees it.

@@ -36,6 +36,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use shoal_agent_api::WorkerStatus;
+use shoal_resource_guard::WorkClass;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -49,6 +50,10 @@ pub enum Step {
     Busy,
     /// Nothing to do until [`Worker::wait_for_work`] says so.
     Idle,
+    /// The next unit needs bytes of `budget` that the governor does not give yet: ask
+    /// again after `wait` (at most [`THROTTLE_WAIT_MAX`]). Status shows the worker
+    /// throttled and on which budget, not busy.
+    Throttled { budget: WorkClass, wait: Duration },
     /// Finished for good; the worker ends.
     Done,
 }
@@ -74,6 +79,8 @@ pub enum WorkerState {
     Idle,
     /// In a unit of work.
     Busy,
+    /// Waiting for the governor's budget before its next unit.
+    Throttled,
     /// Its last unit failed; it tries again when there is work.
     Error,
     /// Finished for good.
@@ -88,6 +95,7 @@ impl WorkerState {
         match self {
             WorkerState::Idle => "idle",
             WorkerState::Busy => "busy",
+            WorkerState::Throttled => "throttled",
             WorkerState::Error => "error",
             WorkerState::Done => "done",
             WorkerState::Stopped => "stopped",
@@ -99,6 +107,8 @@ impl WorkerState {
 #[derive(Clone, Debug)]
 struct Shared {
     state: WorkerState,
+    /// Throttled: on which budget.
+    waiting_for: Option<WorkClass>,
     progress: Option<String>,
     last_error: Option<(String, SystemTime)>,
 }
@@ -144,6 +154,10 @@ impl Drop for Workers {
     }
 }
 
+/// Longest a throttled worker waits before it asks the governor again (the budget grows
+/// back when the GPUs go idle).
+pub const THROTTLE_WAIT_MAX: Duration = Duration::from_secs(1);
+
 /// How long a unit of work in progress when the workers stop may go on.
 pub const UNIT_DEADLINE: Duration = Duration::from_secs(4);
 /// How long a worker may take to stop (its unit's deadline and a margin) before its task
@@ -175,6 +189,7 @@ impl Workers {
         let name = worker.name();
         let shared = Arc::new(Mutex::new(Shared {
             state: WorkerState::Idle,
+            waiting_for: None,
             progress: None,
             last_error: None,
         }));
@@ -208,6 +223,7 @@ impl Workers {
                         at.duration_since(SystemTime::UNIX_EPOCH)
                             .map_or(0, |d| d.as_millis() as u64)
                     }),
+                    waiting_for: s.waiting_for.map(|b| b.name().to_owned()),
                 }
             })
             .collect()
@@ -273,6 +289,7 @@ async fn run<W: Worker>(
         {
             let mut s = lock(&shared);
             s.state = WorkerState::Busy;
+            s.waiting_for = None;
             s.progress = worker.progress();
         }
         let step = {
@@ -295,6 +312,20 @@ async fn run<W: Worker>(
         };
         let wait = match step {
             Ok(Step::Busy) => false,
+            Ok(Step::Throttled { budget, wait }) => {
+                {
+                    let mut s = lock(&shared);
+                    s.state = WorkerState::Throttled;
+                    s.waiting_for = Some(budget);
+                    s.progress = worker.progress();
+                }
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(wait.min(THROTTLE_WAIT_MAX)) => {}
+                }
+                false
+            }
             Ok(Step::Idle) => {
                 rounds.inc();
                 true
@@ -443,6 +474,71 @@ mod tests {
         assert!(s.last_error_unix_ms.is_some());
         assert_eq!(units.load(Ordering::SeqCst), 5);
         workers.stop().await;
+    }
+
+    /// Throttled on the repair budget until `open` is set, then busy with units.
+    struct Throttled {
+        open: Arc<std::sync::atomic::AtomicBool>,
+        units: Arc<AtomicU32>,
+    }
+
+    impl Worker for Throttled {
+        fn name(&self) -> &'static str {
+            "throttled"
+        }
+        async fn work(&mut self) -> Result<Step, AgentError> {
+            if !self.open.load(Ordering::SeqCst) {
+                return Ok(Step::Throttled {
+                    budget: WorkClass::Repair,
+                    wait: Duration::from_millis(5),
+                });
+            }
+            self.units.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(Step::Busy)
+        }
+        async fn wait_for_work(&mut self) {}
+    }
+
+    async fn until(workers: &Workers, what: &str, f: impl Fn(&WorkerStatus) -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !f(&workers.status()[0]) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: {:?}",
+                workers.status()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_waiting_for_its_budget_shows_throttled_on_it_then_works_on() {
+        let workers = Workers::default();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let units = Arc::new(AtomicU32::new(0));
+        workers.spawn(Throttled {
+            open: open.clone(),
+            units: units.clone(),
+        });
+        until(&workers, "throttled on repair", |s| {
+            s.state == "throttled" && s.waiting_for.as_deref() == Some("repair")
+        })
+        .await;
+        assert_eq!(units.load(Ordering::SeqCst), 0, "no unit ran meanwhile");
+        open.store(true, Ordering::SeqCst);
+        until(&workers, "working again", |s| {
+            s.state == "busy" && s.waiting_for.is_none()
+        })
+        .await;
+        assert!(units.load(Ordering::SeqCst) > 0);
+        // A stop while throttled does not wait for the budget.
+        open.store(false, Ordering::SeqCst);
+        until(&workers, "throttled again", |s| s.state == "throttled").await;
+        let started = std::time::Instant::now();
+        workers.stop().await;
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(workers.status()[0].state, "stopped");
     }
 
     /// Its unit takes a second; says when one finished.

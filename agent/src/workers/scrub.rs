@@ -229,17 +229,17 @@ impl Scrub {
         due
     }
 
-    /// Waits until `bytes` may be read: `max_rate`, then the governor's scrub budget.
-    async fn pace(&mut self, bytes: u64) {
+    /// Takes `bytes` of the governor's scrub budget (or says how long to wait for it),
+    /// then waits until `max_rate` lets them be read.
+    async fn pace(&mut self, bytes: u64) -> Result<(), Duration> {
+        self.resources.take(WorkClass::Scrub, bytes, false)?;
         let now = Instant::now();
         if self.next_read > now {
             tokio::time::sleep(self.next_read - now).await;
         }
         self.next_read =
             self.next_read.max(now) + Duration::from_secs_f64(bytes as f64 / self.max_rate as f64);
-        while let Err(wait) = self.resources.take(WorkClass::Scrub, bytes, false) {
-            tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
-        }
+        Ok(())
     }
 
     /// Checks one shard; true when it is corrupt or cannot be read. A read that fails
@@ -338,15 +338,19 @@ impl Scrub {
         Ok(())
     }
 
-    /// Checks the next page of the pass; ends the pass after the last shard.
-    async fn scrub_page(&mut self) -> Result<(), AgentError> {
+    /// Checks the next page of the pass; ends the pass after the last shard. A shard the
+    /// governor has no scrub budget for yet ends the page there: how long to wait for it.
+    async fn scrub_page(&mut self) -> Result<Option<Duration>, AgentError> {
         let after = lock(&self.shared.progress)
             .saved
             .after
             .map(|(stripe, index)| ShardKey { stripe, index });
         let page = self.store.list_after(after, PAGE);
         for &(key, len) in &page {
-            self.pace(len).await;
+            if let Err(wait) = self.pace(len).await {
+                // Throttled: the pass goes on from this shard.
+                return Ok(Some(wait));
+            }
             if self.check(key).await? {
                 self.found(key);
                 self.give_up_found().await?;
@@ -374,7 +378,7 @@ impl Scrub {
             self.shared.save();
             self.saved_at = Instant::now();
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -395,7 +399,12 @@ impl Worker for Scrub {
         if !self.shared.enabled || !self.start_pass_if_due() {
             return Ok(Step::Idle);
         }
-        self.scrub_page().await?;
+        if let Some(wait) = self.scrub_page().await? {
+            return Ok(Step::Throttled {
+                budget: WorkClass::Scrub,
+                wait,
+            });
+        }
         let under_way = lock(&self.shared.progress)
             .saved
             .pass_started_unix_ms

@@ -97,6 +97,8 @@ pub struct Running {
     pub repair: Arc<RepairShared>,
     /// Its cold tier, when the cluster runs one.
     pub tier: Option<Arc<Tier>>,
+    /// Its workers (their states, as status shows them).
+    pub workers: Arc<Workers>,
 }
 
 /// The nodes that run now, shared with the workload's clients.
@@ -175,6 +177,11 @@ impl Live {
         self.map().get(&id).and_then(|r| r.tier.clone())
     }
 
+    /// Node `id`'s workers as `shoal status` shows them.
+    pub fn workers(&self, id: u64) -> Option<Vec<shoal_agent_api::WorkerStatus>> {
+        self.map().get(&id).map(|r| r.workers.status())
+    }
+
     /// What node `id`'s repair worker found in its last passes.
     pub fn repair(&self, id: u64) -> Option<shoal_agent::workers::repair::RepairView> {
         self.map().get(&id).map(|r| r.repair.view())
@@ -238,7 +245,7 @@ impl Node {
 
 struct Up {
     group: Arc<Group>,
-    workers: Workers,
+    workers: Arc<Workers>,
     transport: Arc<Transport>,
     gossip: tokio::task::JoinHandle<()>,
 }
@@ -256,6 +263,8 @@ pub struct Cluster {
     joined: usize,
     /// The cold tier's bucket, when the nodes run a cold tier.
     pub bucket: Option<Bucket>,
+    /// Every node's `[background]` budget.
+    background: BackgroundConfig,
     /// Stripes one of whose shards was damaged (one shard per stripe in a run).
     damaged: std::collections::BTreeSet<u128>,
     /// Where the nodes' scrub workers keep their pass position (`<dir>/<id>`).
@@ -310,6 +319,7 @@ impl Cluster {
             next_id: ids.iter().max().map_or(1, |m| m + 1),
             joined: 0,
             bucket: None,
+            background: BackgroundConfig::default(),
             damaged: Default::default(),
             scratch: tempfile::tempdir().expect("a scratch directory for the scrub state"),
         }
@@ -329,6 +339,16 @@ impl Cluster {
         for node in self.nodes.values_mut() {
             node.config.orphan_shard_grace_s = grace.as_secs();
         }
+        self
+    }
+
+    /// Every node's background budget (`[background] rate` and `repair_floor`, as the
+    /// config writes them), before any starts.
+    pub fn with_background(mut self, rate: &str, repair_floor: &str) -> Self {
+        self.background = BackgroundConfig {
+            rate: rate.into(),
+            repair_floor: repair_floor.into(),
+        };
         self
     }
 
@@ -375,6 +395,7 @@ impl Cluster {
     /// open after any crash or power cut.
     pub async fn start(&mut self, id: u64) -> Result<(), String> {
         let seeds = self.nodes_addrs(gossip_addr);
+        let background = self.background.clone();
         let bucket = self.bucket.clone();
         let Some(node) = self.nodes.get_mut(&id) else {
             return Err(format!("no node {id}"));
@@ -451,7 +472,7 @@ impl Cluster {
         stripes.serve_on(&transport);
         let handles = Arc::new(OpenHandles::default());
         handles.serve(&transport);
-        let resources = Resources::start(None, &BackgroundConfig::default(), &mut registry)
+        let resources = Resources::start(None, &background, &mut registry)
             .map_err(|e| format!("node {id}: {e}"))?;
         let tier = match &bucket {
             Some(bucket) => {
@@ -478,7 +499,7 @@ impl Cluster {
             handles.clone(),
             tier.clone(),
         ));
-        let workers = Workers::default();
+        let workers = Arc::new(Workers::default());
         workers.spawn_last(workers_of_group.batcher);
         workers.spawn(shoal_agent::consensus::CoreWatch::new(
             group.clone(),
@@ -531,6 +552,7 @@ impl Cluster {
                 gossip: gossip_handle,
                 repair,
                 tier,
+                workers: workers.clone(),
             },
         );
         node.up = Some(Up {

@@ -268,3 +268,46 @@ fn a_leader_shut_down_in_the_middle_of_a_repair_commits_what_it_rebuilt() {
         },
     );
 }
+
+#[test]
+fn a_repair_short_of_budget_shows_throttled_on_it_and_still_finishes() {
+    // A budget far below what the rebuild wants: its worker waits for it between
+    // stripes, and says so, instead of showing busy.
+    common::on_five_nodes(
+        24,
+        |c| c.with_background("256KiB", "64KiB"),
+        async |c| {
+            let leader = voters(c)[0];
+            let files = three_files(c, leader).await;
+            let before = slots(c, leader, &files).await;
+            let lost = holder_besides(&before, leader);
+            c.lose(lost).await;
+            let left: Vec<u64> = NODES.into_iter().filter(|&n| n != lost).collect();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+            let mut seen_throttled = false;
+            loop {
+                let repair = c
+                    .live
+                    .workers(leader)
+                    .expect("leader runs")
+                    .into_iter()
+                    .find(|w| w.name == "repair")
+                    .expect("a repair worker");
+                if repair.state == "throttled" {
+                    assert_eq!(repair.waiting_for.as_deref(), Some("repair"));
+                    seen_throttled = true;
+                } else {
+                    assert_eq!(repair.waiting_for, None, "{repair:?}");
+                }
+                let named = slots(c, leader, &files).await;
+                if named.iter().all(|(n, _)| left.contains(n)) {
+                    stored_and_readable(c, &files, &named).await;
+                    break;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "repair unfinished");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(seen_throttled, "the repair worker never showed throttled");
+        },
+    );
+}

@@ -54,6 +54,16 @@ const SCAN_EVERY: Duration = Duration::from_secs(5);
 /// Most stripes one pass queues for repair (the most endangered); the next pass finds the
 /// rest.
 const QUEUE_MAX: usize = 1024;
+/// The budget a task's bytes move on: a drain-only task's on the drain budget, a
+/// rebalance on rebalance's, anything else on repair's.
+fn budget_of(task: &Task) -> WorkClass {
+    match task.reason() {
+        Reason::Repair => WorkClass::Repair,
+        Reason::Drain => WorkClass::Drain,
+        Reason::Rebalance => WorkClass::Rebalance,
+    }
+}
+
 /// Most stripes rebuilt at once, whatever the budget allows.
 const PARALLEL_MAX: u32 = 4;
 /// The repair rate is measured over this window.
@@ -495,18 +505,26 @@ impl Repair {
 
     /// Repairs the next stripes of the queue, as many at once as the budget allows: a
     /// new one starts as soon as one ends, for at most [`UNIT`] (then the ones under way
-    /// finish), so a stop or a new scan never waits long.
-    async fn repair_some(&mut self) -> Result<(), AgentError> {
+    /// finish), so a stop or a new scan never waits long. A task the governor has no
+    /// budget for yet goes back to the queue and no new one starts: the answer is that
+    /// budget and how long to wait for it, once the ones under way have finished.
+    async fn repair_some(&mut self) -> Result<Option<(WorkClass, Duration)>, AgentError> {
         let started = Instant::now();
         let mut set = JoinSet::new();
+        let mut throttled = None;
         loop {
             let budget = self.resources.budget(WorkClass::Repair);
             let parallel = budget.concurrency.clamp(1, PARALLEL_MAX) as usize;
-            while set.len() < parallel && started.elapsed() < UNIT {
+            while set.len() < parallel && started.elapsed() < UNIT && throttled.is_none() {
                 let Some(task) = self.queue.pop_front() else {
                     break;
                 };
-                self.wait_for_budget(&task).await;
+                let class = budget_of(&task);
+                if let Err(wait) = self.resources.take(class, task.bytes, task.urgent) {
+                    self.queue.push_front(task);
+                    throttled = Some((class, wait));
+                    break;
+                }
                 let (group, stripes) = (self.group.clone(), self.stripes.clone());
                 let (reason, planned_at) = (task.reason(), self.queue_planned_at);
                 set.spawn(async move {
@@ -515,7 +533,7 @@ impl Repair {
                 });
             }
             let Some(done) = set.join_next().await else {
-                return Ok(());
+                return Ok(throttled);
             };
             match done {
                 Ok((_, Ok(Some(done)))) => self.repaired(done),
@@ -528,19 +546,6 @@ impl Repair {
                 Ok((_, Err(e))) => debug!(error = %e, "stripe not repaired this time"),
                 Err(e) => debug!(error = %e, "a repair task failed"),
             }
-        }
-    }
-
-    /// Waits until the governor lets this task's bytes move (a drain-only task on the
-    /// drain budget, anything else on repair's).
-    async fn wait_for_budget(&self, task: &Task) {
-        let class = match task.reason() {
-            Reason::Repair => WorkClass::Repair,
-            Reason::Drain => WorkClass::Drain,
-            Reason::Rebalance => WorkClass::Rebalance,
-        };
-        while let Err(wait) = self.resources.take(class, task.bytes, task.urgent) {
-            tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
         }
     }
 
@@ -760,7 +765,7 @@ impl Worker for Repair {
         // What this node committed so far: rebuilt stripes, moved shards, rebalanced bytes.
         let committed = |v: &RepairView| (v.repaired_stripes, v.moved_shards, v.rebalanced_bytes);
         let before = committed(&lock(&self.shared.view));
-        self.repair_some().await?;
+        let throttled = self.repair_some().await?;
         if self.queue.is_empty() {
             let after = committed(&lock(&self.shared.view));
             let done = after.0 - before.0;
@@ -776,7 +781,10 @@ impl Worker for Repair {
                 self.last_pass_end = None;
             }
         }
-        Ok(Step::Busy)
+        Ok(match throttled {
+            Some((budget, wait)) => Step::Throttled { budget, wait },
+            None => Step::Busy,
+        })
     }
 
     async fn wait_for_work(&mut self) {

@@ -322,6 +322,7 @@ impl Node {
                 Duration::from_secs(self.group.config.gc_interval_s),
             ));
             w.spawn(tier::TierMover::new(tier.clone()));
+            w.spawn(tier::TierWarm::new(tier.clone()));
         }
     }
 

@@ -27,6 +27,7 @@ pub use gc::TierGc;
 pub use heat::TierHeat;
 pub use metrics::TierMetrics;
 pub use mover::TierMover;
+pub use warm::TierWarm;
 
 use crate::consensus::Group;
 use crate::data::Stripes;
@@ -70,8 +71,8 @@ pub struct Tier {
     cache: recall::RecallCache,
     heat: heat::HeatLog,
     metrics: TierMetrics,
-    /// Stripes warmed in the background, one at a time.
-    warming: tokio::sync::Semaphore,
+    /// Cold stripes read repeatedly, waiting for the `tier-warm` worker.
+    rewarm: warm::RewarmQueue,
     /// This cluster's claim on the store, and whether it was checked.
     claim: String,
     claimed: std::sync::atomic::AtomicBool,
@@ -115,7 +116,7 @@ impl Tier {
             cache: recall::RecallCache::new(recall::CACHE_BYTES),
             heat: heat::HeatLog::new(granularity),
             metrics,
-            warming: tokio::sync::Semaphore::new(1),
+            rewarm: warm::RewarmQueue::default(),
             claim: claim::claim_text(ca_pem),
             claimed: std::sync::atomic::AtomicBool::new(false),
             config,

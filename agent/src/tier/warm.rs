@@ -1,11 +1,13 @@
 //! Writing cold data back to NVMe: the stripe's bytes, recalled from the bucket, become a
 //! new erasure-coded stripe that replaces the cold one in the file (`WarmStripe`). Used by
-//! `shoal tier prefetch` and when a cold stripe is read repeatedly.
+//! `shoal tier prefetch` and, through the `tier-warm` worker, when a cold stripe is read
+//! repeatedly.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use shoal_agent_api::{Ino, TierMoved};
@@ -13,35 +15,121 @@ use shoal_namespace::format::{ColdLocation, Timestamp};
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::StripeId;
 use shoal_resource_guard::WorkClass;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::{PrefetchState, Tier, lock};
 use crate::AgentError;
 use crate::consensus::ConsensusError;
+use crate::workers::{Step, Worker};
 
-impl Tier {
-    /// Warms a stripe in the background, one at a time on this node.
-    pub(super) fn warm_soon(self: &Arc<Self>, ino: Ino, stripe: StripeId, loc: ColdLocation) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            let Ok(_one) = this.warming.acquire().await else {
-                return;
-            };
-            match this.warm(ino, stripe, loc).await {
-                Ok(true) => debug!(stripe = %stripe, "cold stripe read repeatedly is hot again"),
-                Ok(false) => {}
-                Err(e) => {
-                    warn!(stripe = %stripe, error = %e, "could not warm a cold stripe");
-                    this.failed(&e);
-                }
-            }
-        });
+/// Most stripes waiting to be warmed; one read again while this many wait is warmed
+/// when it is read again after that.
+const REWARM_QUEUE_MAX: usize = 64;
+
+/// A cold stripe to warm: its file, its id, where it lies in the bucket.
+type Rewarm = (Ino, StripeId, ColdLocation);
+
+/// Cold stripes read repeatedly, for the `tier-warm` worker, each queued once.
+#[derive(Default)]
+pub(super) struct RewarmQueue {
+    queue: Mutex<VecDeque<Rewarm>>,
+    ready: Notify,
+}
+
+impl RewarmQueue {
+    fn push(&self, item: Rewarm) {
+        let mut q = lock(&self.queue);
+        if q.len() < REWARM_QUEUE_MAX && !q.iter().any(|(_, id, _)| *id == item.1) {
+            q.push_back(item);
+            self.ready.notify_one();
+        }
     }
 
-    /// Writes cold stripe `stripe` of file `ino` back to NVMe. False when it was no
-    /// longer cold in that file (the new stripe is then an orphan the shard sweep
-    /// removes).
+    fn pop(&self) -> Option<Rewarm> {
+        lock(&self.queue).pop_front()
+    }
+
+    fn push_front(&self, item: Rewarm) {
+        lock(&self.queue).push_front(item);
+    }
+
+    fn is_empty(&self) -> bool {
+        lock(&self.queue).is_empty()
+    }
+}
+
+/// The `tier-warm` worker: writes cold stripes read repeatedly back to NVMe, one at a
+/// time, on the governor's tiering budget (throttled while it has none).
+pub struct TierWarm {
+    tier: Arc<Tier>,
+}
+
+impl TierWarm {
+    pub fn new(tier: Arc<Tier>) -> TierWarm {
+        TierWarm { tier }
+    }
+}
+
+impl Worker for TierWarm {
+    fn name(&self) -> &'static str {
+        "tier-warm"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        let rewarm = &self.tier.rewarm;
+        let Some((ino, stripe, loc)) = rewarm.pop() else {
+            return Ok(Step::Idle);
+        };
+        if let Err(wait) = self.tier.resources.take(WorkClass::Tiering, loc.len, false) {
+            rewarm.push_front((ino, stripe, loc));
+            return Ok(Step::Throttled {
+                budget: WorkClass::Tiering,
+                wait,
+            });
+        }
+        match self.tier.warm_now(ino, stripe, loc).await {
+            Ok(true) => debug!(stripe = %stripe, "cold stripe read repeatedly is hot again"),
+            Ok(false) => {}
+            Err(e) => {
+                self.tier.failed(&e);
+                return Err(e);
+            }
+        }
+        Ok(if rewarm.is_empty() {
+            Step::Idle
+        } else {
+            Step::Busy
+        })
+    }
+
+    async fn wait_for_work(&mut self) {
+        if self.tier.rewarm.is_empty() {
+            self.tier.rewarm.ready.notified().await;
+        }
+    }
+}
+
+impl Tier {
+    /// Queues a stripe for the `tier-warm` worker.
+    pub(super) fn warm_soon(&self, ino: Ino, stripe: StripeId, loc: ColdLocation) {
+        self.rewarm.push((ino, stripe, loc));
+    }
+
+    /// Writes cold stripe `stripe` of file `ino` back to NVMe once the governor lets its
+    /// bytes through. False when it was no longer cold in that file (the new stripe is
+    /// then an orphan the shard sweep removes).
     pub(super) async fn warm(
+        self: &Arc<Self>,
+        ino: Ino,
+        stripe: StripeId,
+        loc: ColdLocation,
+    ) -> Result<bool, AgentError> {
+        self.wait_for_budget(loc.len).await;
+        self.warm_now(ino, stripe, loc).await
+    }
+
+    /// [`Self::warm`] with the budget taken already.
+    async fn warm_now(
         self: &Arc<Self>,
         ino: Ino,
         stripe: StripeId,
@@ -56,7 +144,6 @@ impl Tier {
             return Ok(false);
         };
         let bytes = self.recall(None, stripe, loc).await?;
-        self.wait_for_budget(bytes.len() as u64).await;
         let warm = self.stripes.write(bytes, Some(record.ec)).await?;
         let outcome = self
             .group
@@ -159,5 +246,37 @@ impl Tier {
             }
         }
         Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(stripe: u128) -> Rewarm {
+        let loc = ColdLocation {
+            object: 7,
+            offset: 0,
+            len: 100,
+            crc32c: 0,
+        };
+        (1, StripeId(stripe), loc)
+    }
+
+    #[test]
+    fn a_stripe_waits_once_the_queue_is_bounded_and_a_throttled_one_goes_back_first() {
+        let q = RewarmQueue::default();
+        q.push(item(1));
+        q.push(item(1));
+        q.push(item(2));
+        assert_eq!(q.pop().map(|i| i.1), Some(StripeId(1)));
+        q.push_front(item(1));
+        assert_eq!(q.pop().map(|i| i.1), Some(StripeId(1)), "back at the head");
+        assert_eq!(q.pop().map(|i| i.1), Some(StripeId(2)));
+        assert!(q.is_empty());
+        for s in 0..(REWARM_QUEUE_MAX as u128 + 10) {
+            q.push(item(s));
+        }
+        assert_eq!(lock(&q.queue).len(), REWARM_QUEUE_MAX);
     }
 }

@@ -14,7 +14,7 @@
 //! `scrub` (reads every local shard back against its checksum); `stripe-gc` (shards of
 //! unreferenced stripes), `orphan-purge` (unlinked inodes no mount holds) and
 //! `orphan-shards` (shards no stripe record names) in `gc`; `revocations` (the revoked
-//! names, in `revoke`); `tier-heat`, `tier-mover` and `tier-gc` (the cold tier, in
+//! names, in `revoke`); `tier-heat`, `tier-mover`, `tier-gc` and `tier-warm` (the cold tier, in
 //! `tier`). What to do is decided by pure code beside each (`steward` uses
 //! `consensus::voters`, `repair` its `plan`, `gc` its `holders_to_ask`); the worker only
 //! carries it out.

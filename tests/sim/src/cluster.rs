@@ -24,7 +24,7 @@ use shoal_agent::consensus::metrics::MetaMetrics;
 use shoal_agent::consensus::{Group, MetaConfig};
 use shoal_agent::data::{ClusterView, StripeSettings, Stripes};
 use shoal_agent::fs::{FsService, OpenHandles};
-use shoal_agent::tier::{Tier, TierGc, TierHeat, TierMetrics, TierMover, TieringConfig};
+use shoal_agent::tier::{Tier, TierGc, TierHeat, TierMetrics, TierMover, TierWarm, TieringConfig};
 use shoal_agent::workers::repair::{Repair, RepairShared};
 use shoal_agent::workers::scrub::{Scrub, ScrubShared};
 use shoal_agent::workers::steward::Steward;
@@ -541,6 +541,7 @@ impl Cluster {
                 std::time::Duration::from_secs(node.config.gc_interval_s),
             ));
             workers.spawn(TierMover::new(tier.clone()));
+            workers.spawn(TierWarm::new(tier.clone()));
         }
         tokio::spawn(note_leaders(id, group.clone(), self.trace.clone()));
         self.live.map().insert(

@@ -348,7 +348,8 @@ impl Scrub {
         let page = self.store.list_after(after, PAGE);
         for &(key, len) in &page {
             if let Err(wait) = self.pace(len).await {
-                // Throttled: the pass goes on from this shard.
+                // Throttled: the pass goes on from this shard (saved as often as ever).
+                self.save_if_due();
                 return Ok(Some(wait));
             }
             if self.check(key).await? {
@@ -374,11 +375,18 @@ impl Scrub {
             info!(shards = n, bytes, "scrub pass done");
             self.shared.save();
             self.saved_at = Instant::now();
-        } else if self.saved_at.elapsed() >= SAVE_EVERY {
+        } else {
+            self.save_if_due();
+        }
+        Ok(None)
+    }
+
+    /// Saves the pass's position when [`SAVE_EVERY`] has passed since the last save.
+    fn save_if_due(&mut self) {
+        if self.saved_at.elapsed() >= SAVE_EVERY {
             self.shared.save();
             self.saved_at = Instant::now();
         }
-        Ok(None)
     }
 }
 

@@ -109,6 +109,20 @@ impl Agent {
         self.version.load(Ordering::Relaxed) >= version
     }
 
+    /// The agent's socket.
+    #[cfg(test)]
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// Closes the idle connections (the next request connects anew).
+    #[cfg(test)]
+    pub fn forget_connections(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+
     pub fn session(&self) -> u64 {
         self.session
     }
@@ -262,7 +276,16 @@ impl Agent {
             .await
             .map_err(|_| ApiError::Unexpected("connection pool closed".into()))?;
         let mut conn = self.checkout().await?;
-        let response = conn.client.call(request).await?;
+        let response = match conn.client.call(request).await {
+            Ok(response) => response,
+            Err(e) => {
+                // An agent that refused this request for its protocol names its own.
+                if let ApiError::Version { got, .. } = e {
+                    self.version.store(got, Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        };
         self.version.store(conn.client.version(), Ordering::Relaxed);
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use fuser::Errno;
-use shoal_agent_api::{FsRequest, FsResponse, Ino, SetAttr};
+use shoal_agent_api::{FsRequest, FsResponse, Ino, SetAttr, WRITE_THEN_SET_SINCE};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::agent::Agent;
@@ -53,6 +53,8 @@ pub struct OpenFiles {
 /// One open handle.
 pub struct OpenFile {
     pub ino: Ino,
+    /// The handle, as the kernel names it.
+    fh: u64,
     /// Shared by the inode's handles; grows with every write through this mount, which
     /// tells read-ahead its chunks are stale.
     generation: Arc<AtomicU64>,
@@ -80,8 +82,8 @@ struct InodeState {
     handles: Vec<u64>,
     generation: Arc<AtomicU64>,
     in_flight: Vec<InFlight>,
-    /// A `setattr` held for the next buffer sent (see the module doc).
-    held_set: Option<SetAttr>,
+    /// A `setattr` held for the next buffer the handle `.0` sends (see the module doc).
+    held_set: Option<(u64, SetAttr)>,
 }
 
 impl InodeState {
@@ -102,6 +104,8 @@ impl InodeState {
 struct InFlight {
     id: u64,
     range: Range<u64>,
+    /// It carries a held setattr: every later write of the inode waits for it.
+    carries_set: bool,
     done: watch::Receiver<bool>,
 }
 
@@ -148,6 +152,7 @@ impl OpenFiles {
         };
         let file = Arc::new(OpenFile {
             ino,
+            fh,
             generation,
             writer: tokio::sync::Mutex::new(Writer {
                 coalescer: Coalescer::new(self.write_chunk),
@@ -287,8 +292,12 @@ impl OpenFiles {
         for mut w in waits {
             let _ = w.wait_for(|done| *done).await;
         }
-        // Every buffer sent took it along; one left means its buffer went another way.
-        if let Some(set) = self.take_held_set(ino) {
+        // Its handle's buffer takes it along when sent; one held with no buffer left (it
+        // went out another way) is sent alone. One held since this flush sent the
+        // buffers waits for the bytes it was held with.
+        if !self.any_buffered(ino)
+            && let Some(set) = self.take_held_set(ino)
+        {
             let request = FsRequest::SetAttr {
                 id: self.agent.next_id(),
                 ino,
@@ -303,9 +312,9 @@ impl OpenFiles {
     /// Holds `set` (not a size change) to be committed with the inode's buffered bytes,
     /// right after them, where those are the only writes to it this mount has not
     /// committed and they sit in one handle; merged with a set held already (the later
-    /// one's fields win). Answers the size the file has with those bytes, or `None`
-    /// when `set` must be committed on its own.
-    pub async fn hold_set(&self, ino: Ino, set: &SetAttr) -> Option<u64> {
+    /// one's fields win). Answers the size the file has with those bytes and the set now
+    /// held, or `None` when `set` must be committed on its own.
+    pub async fn hold_set(&self, ino: Ino, set: &SetAttr) -> Option<(u64, SetAttr)> {
         if set.size.is_some() {
             return None;
         }
@@ -324,7 +333,8 @@ impl OpenFiles {
         let end = w.coalescer.pending_range()?.end;
         let mut inodes = lock(&self.inodes);
         let st = inodes.get_mut(&ino)?;
-        if !st.in_flight.is_empty() {
+        if !st.in_flight.is_empty() || st.held_set.as_ref().is_some_and(|(fh, _)| *fh != holder.fh)
+        {
             return None;
         }
         let open = lock(&self.handles);
@@ -335,27 +345,37 @@ impl OpenFiles {
         if others_buffered {
             return None;
         }
-        st.held_set = Some(match st.held_set.take() {
-            Some(held) => merged(held, set),
+        let held = match st.held_set.take() {
+            Some((_, earlier)) => merged(earlier, set),
             None => set.clone(),
-        });
-        Some(end)
+        };
+        st.held_set = Some((holder.fh, held.clone()));
+        Some((end, held))
     }
 
+    /// Whether a setattr of `ino` is held, or is on its way with a write not yet
+    /// answered.
     fn holds_set(&self, ino: Ino) -> bool {
         lock(&self.inodes)
             .get(&ino)
-            .is_some_and(|st| st.held_set.is_some())
+            .is_some_and(|st| st.held_set.is_some() || st.in_flight.iter().any(|i| i.carries_set))
     }
 
     fn take_held_set(&self, ino: Ino) -> Option<SetAttr> {
         let mut inodes = lock(&self.inodes);
         let st = inodes.get_mut(&ino)?;
-        let set = st.held_set.take();
+        let set = st.held_set.take().map(|(_, set)| set);
         if st.is_idle() {
             inodes.remove(&ino);
         }
         set
+    }
+
+    /// Whether a handle of `ino` has bytes buffered.
+    fn any_buffered(&self, ino: Ino) -> bool {
+        self.handles_of(ino)
+            .iter()
+            .any(|f| f.buffered.load(Ordering::Acquire) > 0)
     }
 
     /// Whether this mount holds writes to `ino` (or a setattr held with them) that the
@@ -464,15 +484,23 @@ impl OpenFiles {
             let earlier = st
                 .in_flight
                 .iter()
-                .filter(|i| overlaps(&i.range, &range))
+                .filter(|i| i.carries_set || overlaps(&i.range, &range))
                 .map(|i| i.done.clone())
                 .collect();
+            let held_set = match st.held_set.take() {
+                Some((fh, set)) if fh == file.fh => Some(set),
+                other => {
+                    st.held_set = other;
+                    None
+                }
+            };
             st.in_flight.push(InFlight {
                 id: write,
                 range,
+                carries_set: held_set.is_some(),
                 done: done.clone(),
             });
-            (earlier, st.held_set.take())
+            (earlier, held_set)
         };
         lock(&file.outcome.in_flight).push(done);
         let agent = self.agent.clone();
@@ -484,23 +512,7 @@ impl OpenFiles {
             for mut w in earlier {
                 let _ = w.wait_for(|done| *done).await;
             }
-            let (id, offset, data) = (agent.next_id(), chunk.offset, chunk.data);
-            let request = match held_set {
-                Some(set) => FsRequest::WriteThenSet {
-                    id,
-                    ino,
-                    set,
-                    offset,
-                    data,
-                },
-                None => FsRequest::Write {
-                    id,
-                    ino,
-                    offset,
-                    data,
-                },
-            };
-            match agent.fs(request).await {
+            match send_write(&agent, ino, chunk.offset, chunk.data, held_set).await {
                 Ok(FsResponse::Attr(_) | FsResponse::Entry(_) | FsResponse::Done) => {}
                 Ok(other) => {
                     tracing::warn!(
@@ -527,6 +539,55 @@ impl OpenFiles {
             let _ = done_tx.send(true);
         });
     }
+}
+
+/// Sends `data` at `offset` of `ino`, and `set` after it: in one request to an agent of
+/// protocol 11 on, as a write and a setattr to an older one (an agent rolled back while
+/// the set was held: its refusal names its version, and the bytes are sent again).
+async fn send_write(
+    agent: &Agent,
+    ino: Ino,
+    offset: u64,
+    data: Vec<u8>,
+    set: Option<SetAttr>,
+) -> Result<FsResponse, Errno> {
+    let id = agent.next_id();
+    let Some(set) = set else {
+        return agent
+            .fs(FsRequest::Write {
+                id,
+                ino,
+                offset,
+                data,
+            })
+            .await;
+    };
+    if agent.speaks(WRITE_THEN_SET_SINCE) {
+        let request = FsRequest::WriteThenSet {
+            id,
+            ino,
+            set: set.clone(),
+            offset,
+            data: data.clone(),
+        };
+        let answer = agent.fs(request).await;
+        if answer.is_ok() || agent.speaks(WRITE_THEN_SET_SINCE) {
+            return answer;
+        }
+        tracing::info!(
+            ino,
+            "the agent no longer takes a setattr with a write; sending them apart"
+        );
+    }
+    let write = FsRequest::Write {
+        id: agent.next_id(),
+        ino,
+        offset,
+        data,
+    };
+    agent.fs(write).await?;
+    let id = agent.next_id();
+    agent.fs(FsRequest::SetAttr { id, ino, set }).await
 }
 
 /// `later` over `earlier`: the fields `later` sets win.
@@ -699,12 +760,21 @@ mod tests {
         let (files, mut seen) = files_answering("held", 1 << 30, |r| Some(attr_answer(r)));
         let f = files.open(1, 5);
         files.write(&f, 0, &[7; 100]).await.expect("write");
-        assert_eq!(files.hold_set(5, &times(1_000)).await, Some(100));
+        let first = files.hold_set(5, &times(1_000)).await;
+        assert_eq!(first, Some((100, times(1_000))));
         let mode = SetAttr {
             perm: Some(0o644),
             ..SetAttr::default()
         };
-        assert_eq!(files.hold_set(5, &mode).await, Some(100));
+        let both = SetAttr {
+            perm: Some(0o644),
+            ..times(1_000)
+        };
+        assert_eq!(
+            files.hold_set(5, &mode).await,
+            Some((100, both)),
+            "the set held is both merged: the answer shows the times too"
+        );
         assert!(files.has_pending(5), "a held set is pending");
         assert!(
             requests(&mut seen).is_empty(),
@@ -765,6 +835,50 @@ mod tests {
         assert_eq!(requests(&mut seen), vec![('S', 0, 100), ('W', 100, 10)]);
     }
 
+    /// A write after a held set that is already on its way (a stat's flush sent it)
+    /// is committed after it, even where their bytes do not overlap.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_after_a_set_on_its_way_is_sent_after_it_is_answered() {
+        let (files, mut seen) = files_answering("set-on-its-way", 1 << 30, |r| {
+            if let Request::Fs(FsRequest::WriteThenSet { .. }) = r {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Some(attr_answer(r))
+        });
+        let files = Arc::new(files);
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[7; 100]).await.expect("write");
+        files.hold_set(5, &times(1)).await.expect("held");
+        let stat = tokio::spawn({
+            let files = files.clone();
+            async move { files.flush_inode(5).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        files.write(&f, 4096, &[8; 10]).await.expect("write");
+        files.flush(&f).await.expect("flush");
+        stat.await.expect("joined");
+        assert_eq!(requests(&mut seen), vec![('S', 0, 100), ('W', 4096, 10)]);
+    }
+
+    /// The agent was rolled back to protocol 10 while a set was held: the bytes and the
+    /// set reach it as a write and a setattr, nothing is lost.
+    #[tokio::test]
+    async fn a_held_set_reaches_an_agent_rolled_back_to_protocol_10_as_a_write_and_a_setattr() {
+        use super::super::testkit::old_agent;
+        let (files, mut seen) = files("rolled-back", 1 << 30);
+        let f = files.open(1, 5);
+        files.write(&f, 0, &[7; 100]).await.expect("write");
+        files.hold_set(5, &times(1)).await.expect("held");
+        let sock = files.agent.socket().to_owned();
+        let (tx, mut old_seen) = mpsc::unbounded_channel();
+        let _old = old_agent(sock, 10, tx);
+        // The new agent's connections are gone with it.
+        files.agent.forget_connections();
+        files.flush(&f).await.expect("nothing lost");
+        assert!(requests(&mut seen).is_empty());
+        assert_eq!(requests(&mut old_seen), vec![('W', 0, 100), ('A', 0, 0)]);
+    }
+
     #[tokio::test]
     async fn a_setattr_is_not_held_without_one_handle_s_buffer_to_ride_with() {
         let (files, mut seen) = files("not-held", 1 << 30);
@@ -783,7 +897,7 @@ mod tests {
             ..SetAttr::default()
         };
         assert_eq!(files.hold_set(5, &size).await, None, "a truncate");
-        assert_eq!(files.hold_set(5, &times(1)).await, Some(10));
+        assert_eq!(files.hold_set(5, &times(1)).await, Some((10, times(1))));
         files.flush(&a).await.expect("flush a");
         assert_eq!(requests(&mut seen), vec![('W', 100, 10), ('S', 0, 10)]);
     }

@@ -124,10 +124,10 @@ impl FsState {
 
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<FileAttr, Errno> {
         if self.agent.speaks(WRITE_THEN_SET_SINCE)
-            && let Some(end) = self.files.hold_set(ino, &set).await
+            && let Some((end, held)) = self.files.hold_set(ino, &set).await
         {
             let committed = attr_of(self.agent.fs(FsRequest::GetAttr { ino }).await?)?;
-            return Ok(attr::held(&committed, &set, end));
+            return Ok(attr::held(&committed, &held, end));
         }
         let truncates = set.size.is_some();
         if truncates || self.files.has_pending(ino) {

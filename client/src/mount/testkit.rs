@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use shoal_agent_api::frame::{read_frame, write_frame};
+use shoal_agent_api::frame::{read_any_frame, read_frame, write_frame, write_frame_as};
 use shoal_agent_api::{
-    FileAttr, FileKind, FsRequest, FsResponse, Ino, Request, Response, Timestamp,
+    ApiError, FileAttr, FileKind, FsRequest, FsResponse, Ino, Request, Response, Timestamp,
 };
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
@@ -77,6 +77,43 @@ where
                     let _ = seen.send(req);
                     let Some(reply) = reply else { return };
                     if write_frame(&mut stream, &reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+/// An agent of protocol `old` (an older release): a frame of another version is answered
+/// with its refusal in its own version and the connection closed, as every release does;
+/// requests of its version are logged on `seen` and answered as [`attr_answer`] does.
+pub fn old_agent(
+    path: PathBuf,
+    old: u8,
+    seen: mpsc::UnboundedSender<Request>,
+) -> tokio::task::JoinHandle<()> {
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).expect("bind");
+    tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            conns.spawn(async move {
+                while let Ok(Some((version, req))) = read_any_frame::<_, Request>(&mut stream).await
+                {
+                    if version != old {
+                        let refusal = ApiError::Version {
+                            got: version,
+                            want: old,
+                        };
+                        let answer = Response::Error(refusal.to_string());
+                        let _ = write_frame_as(&mut stream, old, &answer).await;
+                        return;
+                    }
+                    let reply = attr_answer(&req);
+                    let _ = seen.send(req);
+                    if write_frame_as(&mut stream, old, &reply).await.is_err() {
                         return;
                     }
                 }

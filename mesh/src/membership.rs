@@ -360,6 +360,10 @@ impl Membership {
             effects.push(Effect::Schedule { after, timer });
         }
         res.map_err(|e| MeshError::Membership(e.to_string()))?;
+        // A node's new life knows nobody's facts, even where membership saw no change.
+        if self.facts.take_new_life() {
+            republish = true;
+        }
         if republish {
             effects.extend(self.publish(|_| {})?);
         }

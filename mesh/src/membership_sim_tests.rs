@@ -87,6 +87,34 @@ fn a_node_restarted_at_once_learns_the_others_facts() -> Result<(), MeshError> {
     Ok(())
 }
 
+/// A node renewed while running (declared down by mistake: generation 1 -> 2) that then
+/// restarts with start count 2 comes back under the very identity the others hold: no
+/// rename, no newcomer, and nobody sent it their facts again.
+#[test]
+fn a_node_restarted_under_its_renewed_identity_learns_the_others_facts() -> Result<(), MeshError> {
+    let mut sim = network(4)?;
+    joined(&mut sim)?;
+    sim.set_cut(2, true);
+    let down = sim.run_until(Duration::from_secs(30), |s| {
+        s.state(0, 2) == Some(MemberState::Down)
+    })?;
+    assert!(down.is_some(), "node 2 never declared down");
+    sim.set_cut(2, false);
+    let back = sim.run_until(Duration::from_secs(30), MembershipSim::all_alive)?;
+    assert!(back.is_some(), "node 2 never came back");
+    assert_eq!(sim.view(0, 2).expect("view").id.generation, 2);
+    sim.run_for(Duration::from_secs(60))?;
+    sim.crash(2);
+    sim.boot(2, 2)?;
+    let learned = sim.run_until(Duration::from_secs(10), |s| {
+        [0, 1, 3]
+            .iter()
+            .all(|&o| s.view(2, o).is_some_and(|v| v.facts.is_some()))
+    })?;
+    assert!(learned.is_some(), "node 2 never heard the others' facts");
+    Ok(())
+}
+
 #[test]
 fn graceful_leave_is_reported_as_left_not_down() -> Result<(), MeshError> {
     let mut sim = network(4)?;

@@ -87,6 +87,20 @@ fn a_node_restarted_at_once_learns_the_others_facts() -> Result<(), MeshError> {
     Ok(())
 }
 
+/// Cuts `node` off until node 0 declares it down, then heals: it must come back by
+/// itself (renewed: a later generation).
+fn cut_off_until_down_then_back(sim: &mut MembershipSim, node: usize) -> Result<(), MeshError> {
+    sim.set_cut(node, true);
+    let down = sim.run_until(Duration::from_secs(30), |s| {
+        s.state(0, node) == Some(MemberState::Down)
+    })?;
+    assert!(down.is_some(), "node {node} never declared down");
+    sim.set_cut(node, false);
+    let back = sim.run_until(Duration::from_secs(30), MembershipSim::all_alive)?;
+    assert!(back.is_some(), "node {node} never came back");
+    Ok(())
+}
+
 /// A node renewed while running (declared down by mistake: generation 1 -> 2) that then
 /// restarts with start count 2 comes back under the very identity the others hold: no
 /// rename, no newcomer, and nobody sent it their facts again.
@@ -94,14 +108,7 @@ fn a_node_restarted_at_once_learns_the_others_facts() -> Result<(), MeshError> {
 fn a_node_restarted_under_its_renewed_identity_learns_the_others_facts() -> Result<(), MeshError> {
     let mut sim = network(4)?;
     joined(&mut sim)?;
-    sim.set_cut(2, true);
-    let down = sim.run_until(Duration::from_secs(30), |s| {
-        s.state(0, 2) == Some(MemberState::Down)
-    })?;
-    assert!(down.is_some(), "node 2 never declared down");
-    sim.set_cut(2, false);
-    let back = sim.run_until(Duration::from_secs(30), MembershipSim::all_alive)?;
-    assert!(back.is_some(), "node 2 never came back");
+    cut_off_until_down_then_back(&mut sim, 2)?;
     assert_eq!(sim.view(0, 2).expect("view").id.generation, 2);
     sim.run_for(Duration::from_secs(60))?;
     sim.crash(2);
@@ -139,14 +146,7 @@ fn node_marked_down_by_mistake_renews_and_comes_back() -> Result<(), MeshError> 
     let mut sim = network(3)?;
     joined(&mut sim)?;
     // Cut node 2 off long enough to be declared down, then heal: it must rejoin by itself.
-    sim.set_cut(2, true);
-    let down = sim.run_until(Duration::from_secs(30), |s| {
-        s.state(0, 2) == Some(MemberState::Down)
-    })?;
-    assert!(down.is_some(), "node 2 never declared down");
-    sim.set_cut(2, false);
-    let back = sim.run_until(Duration::from_secs(30), MembershipSim::all_alive)?;
-    assert!(back.is_some(), "node 2 never came back");
+    cut_off_until_down_then_back(&mut sim, 2)?;
     assert!(sim.view(0, 2).expect("view").id.generation > 1);
     Ok(())
 }

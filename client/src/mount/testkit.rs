@@ -7,7 +7,7 @@ use shoal_agent_api::frame::{read_any_frame, read_frame, write_frame, write_fram
 use shoal_agent_api::{
     ApiError, FileAttr, FileKind, FsRequest, FsResponse, Ino, Request, Response, Timestamp,
 };
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
 /// A fresh socket path in a directory of its own.
@@ -64,23 +64,34 @@ pub fn fake_agent<F>(
 where
     F: Fn(&Request) -> Option<Response> + Clone + Send + Sync + 'static,
 {
+    serve(path, move |mut stream| {
+        let (seen, answer) = (seen.clone(), answer.clone());
+        async move {
+            while let Ok(Some(req)) = read_frame::<_, Request>(&mut stream).await {
+                let reply = answer(&req);
+                let _ = seen.send(req);
+                let Some(reply) = reply else { return };
+                if write_frame(&mut stream, &reply).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// Listens on `path` (replacing what was there) and runs `conn` on every connection, until
+/// the task is aborted.
+fn serve<F, Fut>(path: PathBuf, conn: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(UnixStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).expect("bind");
     tokio::spawn(async move {
         let mut conns = tokio::task::JoinSet::new();
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let seen = seen.clone();
-            let answer = answer.clone();
-            conns.spawn(async move {
-                while let Ok(Some(req)) = read_frame::<_, Request>(&mut stream).await {
-                    let reply = answer(&req);
-                    let _ = seen.send(req);
-                    let Some(reply) = reply else { return };
-                    if write_frame(&mut stream, &reply).await.is_err() {
-                        return;
-                    }
-                }
-            });
+        while let Ok((stream, _)) = listener.accept().await {
+            conns.spawn(conn(stream));
         }
     })
 }
@@ -93,31 +104,25 @@ pub fn old_agent(
     old: u8,
     seen: mpsc::UnboundedSender<Request>,
 ) -> tokio::task::JoinHandle<()> {
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).expect("bind");
-    tokio::spawn(async move {
-        let mut conns = tokio::task::JoinSet::new();
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let seen = seen.clone();
-            conns.spawn(async move {
-                while let Ok(Some((version, req))) = read_any_frame::<_, Request>(&mut stream).await
-                {
-                    if version != old {
-                        let refusal = ApiError::Version {
-                            got: version,
-                            want: old,
-                        };
-                        let answer = Response::Error(refusal.to_string());
-                        let _ = write_frame_as(&mut stream, old, &answer).await;
-                        return;
-                    }
-                    let reply = attr_answer(&req);
-                    let _ = seen.send(req);
-                    if write_frame_as(&mut stream, old, &reply).await.is_err() {
-                        return;
-                    }
+    serve(path, move |mut stream| {
+        let seen = seen.clone();
+        async move {
+            while let Ok(Some((version, req))) = read_any_frame::<_, Request>(&mut stream).await {
+                if version != old {
+                    let refusal = ApiError::Version {
+                        got: version,
+                        want: old,
+                    };
+                    let answer = Response::Error(refusal.to_string());
+                    let _ = write_frame_as(&mut stream, old, &answer).await;
+                    return;
                 }
-            });
+                let reply = attr_answer(&req);
+                let _ = seen.send(req);
+                if write_frame_as(&mut stream, old, &reply).await.is_err() {
+                    return;
+                }
+            }
         }
     })
 }

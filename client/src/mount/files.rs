@@ -191,7 +191,9 @@ impl OpenFiles {
         offset: u64,
         data: &[u8],
     ) -> Result<u32, Errno> {
-        file.take_error()?;
+        // An earlier write of this handle failed: every later one fails too, until an
+        // fsync has reported it (a success now must not read as the file being whole).
+        file.error()?;
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         if len == 0 {
             return Ok(0);
@@ -257,17 +259,19 @@ impl OpenFiles {
         }
     }
 
-    /// Sends the handle's buffer, waits for all its writes, and returns (and clears) the
-    /// first failure since the last report.
+    /// Sends the handle's buffer, waits for all its writes, and returns the first failure
+    /// no fsync has reported yet. Kept, not cleared: the kernel sends a flush at every
+    /// close of a copy of the descriptor (a child that inherited it and exec'd closes
+    /// its copy), and the close or fsync of the writer itself must still hear it.
     pub async fn flush(&self, file: &Arc<OpenFile>) -> Result<(), Errno> {
         self.send_and_wait(file).await;
-        file.take_error()
+        file.error()
     }
 
     /// fsync is per file, not per descriptor: sends the buffers of every handle of the
     /// inode, waits for all of the inode's writes, and fails if any of them failed. This
-    /// handle's failure is reported (and cleared) here; another handle's is reported but
-    /// kept for that handle's own flush or close.
+    /// handle's failure is reported and cleared here (once per open file, as the
+    /// kernel's fsync does); another handle's is reported but kept for that handle.
     pub async fn fsync(&self, file: &Arc<OpenFile>) -> Result<(), Errno> {
         self.flush_inode(file.ino).await;
         file.take_error()?;
@@ -616,6 +620,13 @@ impl OpenFile {
         self.outcome.take_error()
     }
 
+    fn error(&self) -> Result<(), Errno> {
+        match *lock(&self.outcome.error) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn fail(&self, e: Errno) {
         self.outcome.fail(e);
     }
@@ -918,7 +929,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_write_is_reported_once_by_the_next_flush() {
+    async fn a_failed_write_is_reported_by_every_flush_and_write_until_an_fsync_reports_it() {
         let (files, _seen) = files_answering("fail", 1 << 30, |r| match r {
             Request::Fs(FsRequest::Write { .. }) => {
                 Some(Response::Fs(FsResponse::Error(FsError::NoSpace)))
@@ -927,7 +938,13 @@ mod tests {
         });
         let f = files.open(1, 5);
         assert_eq!(files.write(&f, 0, b"hello").await, Ok(5));
+        // The flush of a child's copy of the descriptor (closed at its exec) hears of
+        // it first; the writer's own fsync and close must still.
         assert_eq!(files.flush(&f).await, Err(Errno::ENOSPC));
+        assert_eq!(files.write(&f, 5, b"more").await, Err(Errno::ENOSPC));
+        assert_eq!(files.flush(&f).await, Err(Errno::ENOSPC));
+        assert_eq!(files.fsync(&f).await, Err(Errno::ENOSPC));
+        assert_eq!(files.fsync(&f).await, Ok(()), "reported once by fsync");
         assert_eq!(files.flush(&f).await, Ok(()));
     }
 
@@ -978,7 +995,8 @@ mod tests {
             Err(Errno::ENOSPC),
             "a still hears of it"
         );
-        assert_eq!(files.fsync(&b).await, Ok(()));
+        assert_eq!(files.fsync(&a).await, Err(Errno::ENOSPC));
+        assert_eq!(files.fsync(&b).await, Ok(()), "reported by a's fsync");
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 
 pub mod fs_api;
 pub mod garage;
+pub mod launcher;
 pub mod netfault;
 
 use std::io::{Read, Write};
@@ -76,6 +77,8 @@ pub struct DevCluster {
     pub subnet: u8,
     /// Extra `dev-cluster up` arguments (reservations, ...).
     pub extra: Vec<String>,
+    /// Starts `dev-cluster up` and `down` holding no file of the test's mounts.
+    launcher: std::sync::Mutex<launcher::Launcher>,
 }
 
 impl DevCluster {
@@ -92,6 +95,7 @@ impl DevCluster {
             .tempdir()
             .expect("tempdir");
         DevCluster {
+            launcher: std::sync::Mutex::new(launcher::Launcher::start(dir.path())),
             dir,
             nodes,
             subnet,
@@ -101,16 +105,7 @@ impl DevCluster {
 
     /// Like [`DevCluster::up`], with extra `dev-cluster up` arguments.
     pub fn up_with(nodes: u8, subnet: u8, extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("shoal-test-")
-            .tempdir()
-            .expect("tempdir");
-        let c = DevCluster {
-            dir,
-            nodes,
-            subnet,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
+        let c = Self::prepare(nodes, subnet, extra);
         c.start();
         c.wait_stores_open();
         c
@@ -193,7 +188,15 @@ impl DevCluster {
             args.extend(["--timeout", "60"]);
         }
         args.extend(self.extra.iter().map(String::as_str));
-        shoal(&args)
+        self.launch(&args)
+    }
+
+    /// Runs the `shoal` CLI from the launcher (see [`launcher`]).
+    fn launch(&self, args: &[&str]) -> Output {
+        self.launcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .run(&binaries().shoal, args)
     }
 
     pub fn path(&self) -> &Path {
@@ -542,12 +545,12 @@ pub fn process_alive(pid: Pid) -> bool {
 
 impl Drop for DevCluster {
     fn drop(&mut self) {
-        let _ = shoal(&[
-            "dev-cluster",
-            "down",
-            "--dir",
-            self.path().to_str().unwrap_or(""),
-        ]);
+        let dir = self.path().to_string_lossy().into_owned();
+        let args = ["dev-cluster", "down", "--dir", &dir];
+        let mut launcher = self.launcher.lock().unwrap_or_else(|p| p.into_inner());
+        if launcher.try_run(&binaries().shoal, &args).is_err() {
+            let _ = shoal(&args);
+        }
     }
 }
 

@@ -1,4 +1,11 @@
-//! The local admin socket: `shoal` (and later `shoal mount`) talk to the agent here.
+//! The local admin socket: `shoal` and `shoal mount` talk to the agent here.
+//!
+//! Whoever connects can read and write every file (the socket does not check POSIX
+//! permissions; the mount's kernel does), hence `[admin] allow_other_users` before a
+//! looser `socket_mode`. A mount session belongs to the first live process that uses it,
+//! so no client can release another mount's handles or spend its request ids (EPERM). At
+//! most 512 local clients are served at once. Which request came with which protocol
+//! version is in `agent/api/src/lib.rs` (`API_VERSION`, `Request::oldest_version`).
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;

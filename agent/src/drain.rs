@@ -6,6 +6,21 @@
 //! cannot finish is refused, naming what would get worse, before anything changes. The
 //! change is then one `ChangeNode` command, which the state machine checks again against
 //! the node's state; the repair worker does the moving.
+//!
+//! Example: 7 nodes in 3 failure domains with 4+2 can drain a node of a three-node domain
+//! but not one of a two-node domain ("N stripe(s) would hold up to 3 shards in one failure
+//! domain (now at most 2)"). `--dry-run` stops after the assessment; a drain that cannot
+//! finish is refused (exit 1). The drain's state is in Raft, so a kill -9 of any agent,
+//! the leader doing the moves included, loses nothing. A draining node down past
+//! `down_out_after` becomes `out`. `undrain` makes it `active` (nothing moves back);
+//! `remove` forgets a `drained` or `out` node whose agent is stopped, refused while a
+//! stripe cannot be read without it.
+//!
+//! Operator questions (`drain`, `undrain`, `maintenance`, `remove`, `drain status`,
+//! `ok-to-stop`) first bring the local replica up to the cluster's commit point
+//! ([`catch_up`]: a read barrier, at most 5 s, then the replica as it is). The simulator's
+//! schedule does the same (seed 289 of `mixed`: it started two drains from a lagging
+//! replica).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;

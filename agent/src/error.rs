@@ -1,3 +1,14 @@
+//! The agent's error type. Each crate has one `thiserror` enum, with `is_retryable()` where
+//! callers retry (`AgentError`, `ConsensusError`, `StripeError` with per-shard faults and
+//! their class, `MeshError`, `TierError`, `PlacementError`, `ApiError`). A wrapped error
+//! keeps its inner class (`StripeError::Mesh` retries as the `MeshError` says); a panicked
+//! task is never retried, a cancelled one (a stop) is. The write path retries a stripe
+//! write only while `StripeError::is_retryable` (never corruption or a bad geometry).
+//!
+//! An operator's request that fails is answered `Failed` with a `FailureKind` from the
+//! cause ([`AgentError::kind`]): `not-found`, `refused`, `invalid`, `unavailable`,
+//! `no-space`, `internal` (`unknown` only in answers of agents of protocol 9 or older).
+
 use std::path::PathBuf;
 
 use shoal_agent_api::FailureKind;

@@ -1,6 +1,15 @@
 //! The node's stable identity in its data dir: the node id its certificate names, kept once
 //! the data dir holds anything, and a generation counter bumped at every start so peers can
 //! tell a restart from a stale packet.
+//!
+//! A new data dir adopts the certificate's id into `DATA/node_id`; a data dir of another
+//! node is refused at start, naming both ids. `DATA/generation` is bumped and written
+//! atomically at every start, then raised above every generation the peers know for the
+//! node (`meta/who-am-i`, asked of the members its metadata state knew, waiting 3 s, before
+//! membership starts: `check_against_cluster` in `node.rs`). A node renewed while running
+//! counts up in memory only, and a restart with a lower generation would lose every address
+//! conflict. The leader's steward records each member's generation in Raft
+//! (`RecordGenerations`), which is how a stale copy of a data dir is found (`rejoin.rs`).
 
 use std::path::Path;
 

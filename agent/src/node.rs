@@ -357,9 +357,6 @@ impl Node {
         });
     }
 
-    /// Leaves the cluster gracefully and stops everything, in dependency order: local
-    /// clients (no new requests), membership (leave), the workers, Raft (its state
-    /// flushed), the transport, and what is left of the services.
     /// Resolves once this node's metadata member stopped on its own (a storage failure)
     /// and the cluster had time to stop counting on it as a voter: then the agent exits
     /// non-zero, and its supervisor (systemd) starts it again.
@@ -369,6 +366,10 @@ impl Node {
         reason
     }
 
+    /// Leaves the cluster gracefully and stops everything, in dependency order: local
+    /// clients (no new requests), membership (leave), the workers, Raft (its state
+    /// flushed), the transport, and what is left of the services; last it leaves its
+    /// cgroup.
     pub async fn shutdown(&self) {
         self.stop_service("admin socket");
         self.stop_service("metrics");

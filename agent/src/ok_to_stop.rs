@@ -6,6 +6,12 @@
 //! ([`StopSet`], [`StripeRisk`], [`verdict`]) is pure; [`assess`] feeds it the local
 //! replica's stripes and layout and gossip's live set. Stripes the nodes hold nothing
 //! available of are not made worse by the stop and do not count against it.
+//!
+//! A "no" (exit 1) names the stripes at k or unreadable (the first [`MAX_STRIPES_NAMED`],
+//! 16, by id), the failure domains of their missing shards, the voters among the nodes and
+//! the voters left. The batch is `OkToStopNodes` (protocol 9); the one-node `OkToStop` of
+//! protocols 5 to 8 is still answered in its own form, and the CLI asks an agent of those
+//! versions in that form when one node is named (a batch is then an error, exit 2).
 
 use std::collections::BTreeSet;
 

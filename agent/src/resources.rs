@@ -1,6 +1,10 @@
 //! The agent's side of the resource guard: confine the process at start, take the GPU
 //! readings (polled by the `gpu` worker) into the governor, export reservation, usage and
 //! budgets to status and metrics.
+//!
+//! Metrics: `shoal_resources_{reserved_cores,memory_limit_bytes,memory_used_bytes,
+//! memory_peak_bytes,cpu_usage_seconds}`, `shoal_gpu_{count,utilization_percent}`,
+//! `shoal_background_budget_factor`, `shoal_background_budget_bytes_per_second{class}`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -3,8 +3,11 @@
 //! By default one per CPU the process may run on. An agent with a `[resources]`
 //! reservation runs as many as the cores it is reserved (rounded up): more threads than
 //! that would only take turns inside its quota or cpuset, and each hand-over between them
-//! is a wake-up and a context switch. `TOKIO_WORKER_THREADS` overrides both (the dev
-//! cluster uses it to share one machine's cores among its nodes).
+//! is a wake-up and a context switch. `TOKIO_WORKER_THREADS` overrides both (a bad value
+//! refuses the start); `dev-cluster up` gives each agent and mount `max(1, CPUs / nodes)`
+//! unless the caller's environment sets it. Measurement: 6 nodes on 2 CPUs, creates
+//! through one mount: a third fewer context switches and 5–15% less CPU per create than two
+//! threads each.
 
 /// The environment variable tokio itself reads, honoured here first so a bad value is an
 /// error with its name rather than a panic inside the runtime.

@@ -1,4 +1,10 @@
 //! `shoal`: the operator CLI. It speaks `shoal-agent-api` to the local agent only.
+//!
+//! Commands: `status`, `cert init/issue/show/revoke`, `dev-cluster up/down [--mount]`,
+//! `mount` (also installed as `mount.shoal` for fstab), `stat PATH`,
+//! `bench stripes/repair/drain/coexist`, `ok-to-stop`, `drain [status]`, `undrain`,
+//! `remove`, `maintenance enter/exit`, `tier …`. How a failure ends (exit codes, `--json`)
+//! is in `failure.rs`.
 
 mod bench;
 mod cert;

@@ -30,6 +30,28 @@
 //! TLS's own authentication made redundant; its `crc` frames are version 3's); version 1
 //! (`shoal-bulk/1`, crc32c-only plaintext frames in `crc`) is still served in `secure`
 //! mode, where TLS protects it. The server picks the newest version both ends speak.
+//!
+//! Details: no TLS session tickets; the `crc` MAC keys are 64 bytes of the TLS exporter
+//! (label `EXPORTER-shoal-bulk-mac-v2`), one half per direction, and the stream is taken
+//! back after the acknowledgement in lock-step, so no TLS record is left buffered. Keyed
+//! BLAKE3 because it ran 5.8 GiB/s on one core, against 2.9 for Poly1305 and 1.5 for
+//! HMAC-SHA256 from ring. The server serves only requests the transport marks for the
+//! lane (`Transport::serve_on_bulk`: shard puts and gets) and refuses the rest
+//! (`reason="lane"`); deletes and control stay on QUIC. The pool keeps 8 idle connections
+//! per peer; a pooled connection the peer closed (it restarted) is found when used, and the
+//! request is sent once more on a fresh one (puts and gets may be sent twice). Dials leave
+//! from the node's mesh address, so a peer's handshakes count against its own source.
+//!
+//! Refused connections are counted (`shoal_mesh_bulk_connections_refused_total{reason}`:
+//! `source_limit`, `unauthenticated_limit`, `handshake_timeout`, `authenticated_limit`)
+//! and logged once per source. A caller that falls back to QUIC counts
+//! `shoal_mesh_bulk_fallbacks_total`, logs a WARN per failed dial and rests the lane to
+//! that peer for 5 s. A dial refused after the handshake (another node, a revoked
+//! certificate, another mode) and a failure after the request went are the call's error,
+//! not a fallback. Measurement (`tests/tests/bulk_flood.rs`: 3,000 silent connections from
+//! 60 addresses at up to 1,000 a second against one node of three, four writers of 6 MiB
+//! files through another): every write went through in under a second; the lane before
+//! these limits stalled them 26 s and failed some after 30 s.
 
 mod admission;
 

@@ -18,7 +18,15 @@
 //! once, within a window of the last [`WINDOW`] counters (UDP may reorder), and nothing
 //! of an epoch older than the newest it saw from that sender: a captured packet replayed
 //! later is refused. The key is shared, so this protects against anyone who can capture
-//! and resend packets, not against a holder of the cluster key.
+//! and resend packets, not against a holder of the cluster key: rotate `cluster.key` after
+//! a node's compromise. Revoking the node's certificate shuts it out of RPC and the bulk
+//! lane and drops gossip that names it as the sender, but a holder of the key could name
+//! another sender.
+//!
+//! The driver (`gossip.rs`) counts rejected packets
+//! (`shoal_mesh_gossip_packets_rejected_total{reason}`) and logs them once per source
+//! address; replays (`reason="replayed"`) are logged at debug only, since the network may
+//! duplicate a datagram too.
 
 use std::collections::HashMap;
 

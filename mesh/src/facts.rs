@@ -1,5 +1,9 @@
 //! Node facts: what each agent tells the cluster about itself through gossip
 //! (foca custom broadcasts). Liveness comes from SWIM; facts ride along.
+//!
+//! A newer `(generation, seq)` replaces an older one; a stale item is answered `None` to
+//! foca, so it stops circulating. A node republishes when a member comes up or renames,
+//! when a known node starts a new life, and through the agent's `facts` worker.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,7 +49,8 @@ pub struct NodeFacts {
     pub role: NodeRole,
     pub agent_version: String,
     /// Whether this node's shard store takes new shards now: false while its I/O ring is
-    /// failing, or it has no room. Writers place new shards elsewhere.
+    /// failing, or it has less room than two of the largest shards (`MIN_ROOM` in the
+    /// agent's `data/mod.rs`: 2 MiB + 64 KiB). Writers place new shards elsewhere.
     pub store_accepting: bool,
     /// Bytes of new shards the store can take (fill limit and filesystem reserve).
     pub store_room_bytes: u64,
@@ -54,6 +59,7 @@ pub struct NodeFacts {
     pub repair_bytes_per_sec: u64,
     /// The store is still opening (start-up recovery): no new shards yet, but not full
     /// either; writers wait for it rather than call the cluster full or write degraded.
+    /// True from start until the `facts` worker first reports the store.
     pub store_opening: bool,
     /// This node's metadata member failed (its Raft core stopped on a storage error): the
     /// group must not count on it as a voter.

@@ -1,4 +1,7 @@
 //! The gossip driver: the one task that owns the gossip UDP socket and the SWIM timers.
+//!
+//! A node with no live peers re-announces to its seeds every second (`REANNOUNCE_EVERY`);
+//! its own address in the seed list is skipped.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};

@@ -1,3 +1,11 @@
+//! Who a member is in SWIM: [`MemberId`] = node id + gossip address + generation.
+//!
+//! foca's `Identity::Addr` is the gossip address, so a node can join through a seed whose
+//! id it does not know. A higher generation wins an address conflict, and `renew()` bumps
+//! it, so a node wrongly declared down rejoins by itself. The node id is the one the node's
+//! certificate names (random, made by `shoal cert issue`; shown as 16 hex digits); the
+//! agent keeps it and the generation in its data dir (`agent/src/identity_store.rs`).
+
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
@@ -16,7 +24,8 @@ pub struct MemberId {
 }
 
 /// Node id used when announcing to a seed whose id we do not know yet. Real ids are
-/// random 64-bit values; the agent never generates 0.
+/// random 64-bit values that `shoal cert issue` draws, never 0 (and a certificate naming 0
+/// is not taken, `node_cert.rs`).
 pub(crate) const UNKNOWN_NODE: NodeId = NodeId(0);
 
 impl foca::Identity for MemberId {

@@ -4,6 +4,29 @@
 //! out: packets to send, timers to set, events for the rest of the agent. The caller owns
 //! the socket and the clock ([`crate::GossipDriver`] in production, a simulated network in
 //! tests).
+//!
+//! Two rules on top of foca's, so a member cut off from all is alive in every view within
+//! about 15 s of the cut healing (it took 30 to 120 s before; test
+//! `a_member_cut_off_is_back_in_every_view_soon_after_the_cut_heals`):
+//!
+//! - it announces to 2 down members every 5 probe periods (foca's LAN default is once in
+//!   65 s; after a long cut each side holds the other down and nothing else makes them
+//!   talk);
+//! - a member suspect at one incarnation for twice the detection bound is declared down
+//!   here (`expire_suspicions`): foca forgets the timers that end suspicions when its node
+//!   goes idle or is declared down. A member that is alive hears it is down and rejoins
+//!   under a new generation (the metadata's generation record ignores that one: it
+//!   records the data dir's start count, from the facts).
+//!
+//! A member that leaves on purpose (SIGTERM, SIGINT) publishes `Leaving`, then foca's
+//! `leave_cluster`; once down it shows as `left`. Facts are republished when a member comes
+//! up or renames (a restart) and when a known node starts a new life (`take_new_life`).
+//!
+//! Measurements: on loopback a kill -9 is down everywhere in about 3 to 4 s. At 1,000
+//! members (the simulator's `--scale 1000`, seed 1) a killed member is down in every view
+//! in 13.0 s; before the second rule, 24 of 999 never declared it within 60 s. Forming
+//! 1,000 members through one seed still leaves 649 seeing all others after 180 s (foca is
+//! configured for 16 here).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -22,8 +45,9 @@ use crate::facts::{FactsHandler, FactsTable, NodeFacts, NodeRole};
 use crate::identity::{MemberId, NodeId, UNKNOWN_NODE};
 
 /// SWIM timing. The defaults follow memberlist's LAN profile with a fixed suspicion
-/// window: a dead node is declared down about `probe_period + probe_rtt +
-/// suspect_to_down` after it stops answering (≈ 5 s with the defaults).
+/// window: a dead node is declared down at most `probe_period + 2 × probe_rtt +
+/// suspect_to_down` after it stops answering ([`MembershipConfig::detection_bound`]: 5 s
+/// with the defaults).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MembershipConfig {
     pub probe_period: Duration,

@@ -1,3 +1,12 @@
+//! The mesh's metrics: `shoal_mesh_members{state}`,
+//! `shoal_mesh_gossip_packets_{received,rejected}_total` (rejected by `reason`),
+//! `shoal_mesh_rpc_connections_rejected_total{reason}`,
+//! `shoal_mesh_rpc_requests_total{endpoint,side,outcome}`,
+//! `shoal_mesh_rpc_requests_refused_total{reason}`,
+//! `shoal_mesh_rpc_latency_seconds{endpoint}`,
+//! `shoal_mesh_bulk_connections_refused_total{reason}`, `shoal_mesh_bulk_fallbacks_total`.
+//! Counter names get `_total` from prometheus-client.
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -13,6 +13,20 @@
 //!
 //! A feature defines its messages by implementing [`Rpc`] and registers one handler per
 //! message type with [`Transport::register`].
+//!
+//! Both sides present a certificate of the cluster CA carrying the DNS name `shoal-node`;
+//! the agent checks its own against the CA at start and refuses to run with a foreign one.
+//! A request whose `from` claims another node than the peer's certificate is refused
+//! (`shoal_mesh_rpc_requests_refused_total{reason="impersonation"}`), and callers that know
+//! whom they call (`call_to`, `call_bulk`: shard RPCs, Raft, forwarding) refuse a peer
+//! whose certificate names another node. Failed handshakes are counted
+//! (`shoal_mesh_rpc_connections_rejected_total`) and logged once per source.
+//!
+//! One pooled connection per peer carries every call as its own stream. A call that times
+//! out (or whose stream fails) takes that connection out of the pool, so the next call
+//! dials afresh, without closing it: the calls still under way on it finish. A request is
+//! sized before it is encoded, so its buffer never grows by copying, and shard bytes stay
+//! slices of the frame they arrived in (`Rpc::decode_request`, `Rpc::decode_response`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;

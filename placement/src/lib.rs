@@ -3,7 +3,10 @@
 //! (how its bytes are cut into shards) and the placement function
 //! `(layout, stripe id, profile) -> ordered targets`, by weighted rendezvous hashing with
 //! failure-domain spreading; and how well a stripe is spread ([`Spread`]), which no drain
-//! or rebalance move may make worse ([`place_moves`]).
+//! or rebalance move may make worse ([`place_moves`]). A node's layout weight is the size
+//! of its data dir's filesystem (`capacity_bytes` from its gossiped facts; the steward
+//! sets it). Property tests: `tests/placement_properties.rs`,
+//! `tests/geometry_properties.rs`.
 //!
 //! Read first: [`place`], [`Layout`], [`StripeGeometry`]. The hash behind `place` is
 //! part of the on-disk contract (it decides where data lives): see the `hash` module.

@@ -11,7 +11,8 @@ pub struct MachineInventory {
 }
 
 impl MachineInventory {
-    /// Reads `/sys/devices/system/cpu/online` and `/proc/meminfo`.
+    /// Reads `/sys/devices/system/cpu/online`, `/proc/meminfo` and
+    /// `/sys/devices/system/node/online` (memory node "0" when that is unreadable).
     pub fn probe() -> Result<Self, GuardError> {
         let online = "/sys/devices/system/cpu/online";
         let text = std::fs::read_to_string(online).map_err(|e| GuardError::Inventory {

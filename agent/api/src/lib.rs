@@ -43,13 +43,13 @@ use serde::{Deserialize, Serialize};
 /// fields to [`StatusReport`] (so an older client's `Status` is refused with a message);
 /// version 4 added the `MetaDigest` request, 5 `OkToStop`, 6 the drain and maintenance
 /// requests, 7 the cold-tier requests, 8 the mount's change feed (`FsRequest::Watch`, and
-/// `FsResponse::Opened` for an open), 9 `OkToStopNodes` (several nodes stopped together)
-/// and the feed's epoch and position on answers (`FsResponse::OpenedIn` for an open,
-/// `FsResponse::EntryAt` for a lookup), 10 the kind of a failure (`Response::Failed`; a
-/// client of 3 to 9 is answered `Response::Error`, the message alone: see
-/// [`Response::in_version`]), 11 `FsRequest::WriteThenSet`. Every other message is as in
-/// version 3, so mounts started with an earlier release keep working across an agent
-/// upgrade.
+/// `FsResponse::Opened` for an open) and `RevokeCertificate`, 9 `OkToStopNodes` (several
+/// nodes stopped together) and the feed's epoch and position on answers
+/// (`FsResponse::OpenedIn` for an open, `FsResponse::EntryAt` for a lookup), 10 the kind of
+/// a failure (`Response::Failed`; a client of 3 to 9 is answered `Response::Error`, the
+/// message alone: see [`Response::in_version`]), 11 `FsRequest::WriteThenSet`. Every other
+/// message is as in version 3, so mounts started with an earlier release keep working
+/// across an agent upgrade.
 pub const API_VERSION: u8 = 11;
 
 /// The oldest agent protocol a client of this version still speaks when the agent refuses

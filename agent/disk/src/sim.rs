@@ -9,10 +9,14 @@
 //! (see [`after_power_cut`]): each sector (512 bytes) independently reaches the disk as of
 //! any of the writes to it or not at all, so a write can be torn and later writes can
 //! survive earlier ones, as writeback reorders them; the length is any it had since the
-//! sync. Bytes outside a write's range never change (redb's "powersafe overwrite"). A [`SimDisk::crash`] (a process killed)
-//! loses nothing. Both fence every handle opened before them: its calls fail from then
-//! on, so code that still holds one (redb flushes in `Drop`) cannot write after the
-//! crash, which would make it a clean shutdown.
+//! sync. Bytes outside a write's range never change (redb's "powersafe overwrite"). A
+//! [`SimDisk::crash`] (a process killed) loses nothing. Both fence every handle opened
+//! before them: its calls fail from then on, so code that still holds one (redb flushes in
+//! `Drop`) cannot write after the crash, which would make it a clean shutdown. EIO and
+//! ENOSPC come on demand ([`SimFault`]).
+//!
+//! The replica opens on it in tests and the simulator (`NamespaceStore::open_on`); in
+//! production it opens its redb file directly (`NamespaceStore::open`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

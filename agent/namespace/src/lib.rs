@@ -5,6 +5,13 @@
 //! nothing of Raft, the network or the clock (every command carries its own time). It
 //! must never depend on tokio, the mesh or the agent.
 //!
+//! The state holds the namespace (inodes, entries, attributes, inline data, extent maps,
+//! stripe records with reference counts, garbage, orphans, abandoned stripes), the cluster
+//! layout with the operators' node records, node generations, the cluster clock, the cold
+//! tier's tables, revoked certificates, and a request-id table that answers a repeated
+//! request with its first outcome (`tx.rs`). Tested by unit tests and a seeded model test
+//! with restarts and snapshot installs (`tests/model.rs`).
+//!
 //! On disk every table is keyed by inode first (see `record.rs`), so the namespace can
 //! later be split into Raft groups by `hash(ino)` with a key filter.
 

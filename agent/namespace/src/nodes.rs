@@ -4,6 +4,12 @@
 //! into a state it may not reach. What the operator asked besides the state (when a drain
 //! started and what the node held then, when a window ends) is kept per node in
 //! [`NodeAdmin`] records beside the layout.
+//!
+//! Each change is a new layout epoch, so the steward's own `SetLayout` built on the epoch
+//! before is refused and its next round starts from the new one. The state machine does
+//! not check that a drain can finish (the agent's assessment does, `agent/src/drain.rs`):
+//! two operators draining two nodes through two agents at the same moment can race past
+//! it.
 
 use std::collections::BTreeMap;
 

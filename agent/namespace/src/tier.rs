@@ -5,6 +5,14 @@
 //! where its bytes are, and its shard slots name no node. It leaves the tier when it is
 //! warmed back (`WarmStripe`) or freed (`StripesFreed`): then its object loses a user, and
 //! an object with none left is garbage for the bucket's collector.
+//!
+//! The tables (`cold`, `objects`, `object_garbage`, `heat`, and the pins in `state`) are
+//! described in `record.rs`; the snapshot carries them as `TierV6`. The page of stripes
+//! that repair, drain, rebalance and ok-to-stop walk (`NamespaceStore::stripes`) leaves
+//! cold stripes out, and `RelocateShards` answers `Conflict` for one. `WarmStripe` gives
+//! the bytes a new stripe id rather than the old one: the holders that deleted the cold
+//! stripe's shards disowned those slots, and the fences would refuse the old id there. A
+//! file without heat (written before the tier existed) ages from its `mtime`.
 
 use std::collections::{BTreeMap, VecDeque};
 

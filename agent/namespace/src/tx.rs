@@ -4,6 +4,14 @@
 //!
 //! Command handlers check everything first and only then write, so a refused command
 //! leaves nothing behind; every write goes through this type.
+//!
+//! Request ids: every mutating request from a mount carries a `RequestId` (mount session,
+//! sequence), and a repeat is answered with the first outcome, so a retry after an agent
+//! restart or a leader change is applied once. The `dedup` table keeps the last
+//! [`DEDUP_WINDOW`] outcomes per session; each request-carrying proposal checks
+//! [`CLIENT_SWEEP_STEP`] sessions and forgets those idle for [`CLIENT_IDLE_MS`] (an hour of
+//! cluster time), so the table is bounded by the sessions active in the last hour. A mount
+//! retries for `--retry-for`: 10 min by default, 30 min at most.
 
 use std::collections::BTreeMap;
 

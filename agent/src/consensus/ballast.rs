@@ -4,7 +4,9 @@
 //! Any failed write to the Raft log stops Raft on the node, and the shard store (which
 //! keeps `storage.reserve` free) is not the only user of the filesystem. So at start the
 //! agent sets [`BALLAST_BYTES`] aside in `meta/reserve.bin`; a log write that finds less
-//! than [`LOW_WATER`] free first deletes the ballast, and says so loudly.
+//! than [`LOW_WATER`] free first deletes the ballast, and says so loudly (an ERROR). The
+//! file is `fallocate`d at start when the filesystem has room, and the `facts` worker sets
+//! it aside again once there is room ([`Ballast::restore`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

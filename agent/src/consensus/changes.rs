@@ -4,9 +4,11 @@
 //!
 //! Each change carries its origin (the request id's client: a mount's session); a mount
 //! is not sent its own, which its kernel has seen happen. The feed keeps the last
-//! [`CAPACITY`] changes. A mount that asks for older ones, or for
-//! another process's feed (the agent restarted), or anything across a snapshot install,
-//! is told to reset: drop everything it has cached.
+//! [`CAPACITY`] (65,536) changes and has a random epoch per agent process. The state
+//! machine publishes an entry's changes before its apply returns, so whoever sees the index
+//! applied finds them in the feed. A mount that asks for older ones, or for another
+//! process's feed (the agent restarted), or anything across a snapshot install, is told to
+//! reset: drop everything it has cached.
 //!
 //! The feed also knows how far each mount has delivered (a watcher reads again only once
 //! it delivered the batch before), so an open that answers `ESTALE` can wait until the

@@ -7,6 +7,11 @@
 //! the group ([`Group::core_failed`]); from then on the member leads and serves nothing,
 //! status and gossip say so (the steward replaces it as a voter as it would a down node),
 //! and the agent exits non-zero once the others had time to do that.
+//!
+//! In detail: `leader()` is None, proposals and barriers fail at once with
+//! `ConsensusError::MemberFailed`, and every filesystem request is answered `Unavailable`;
+//! status shows the reason as `meta.failed` and gossip as `meta_failed`; the agent exits
+//! 40 s later (`MEMBER_FAILED_EXIT_AFTER` in `node.rs`) for systemd to restart it.
 
 use std::sync::Arc;
 

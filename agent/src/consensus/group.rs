@@ -1,6 +1,14 @@
 //! [`Group`]: this agent's member of the metadata Raft group — proposals (batched on the
 //! leader by the `batcher` worker, forwarded by followers), linearizable read barriers,
 //! and the local replica for queries.
+//!
+//! A follower forwards proposals (`meta/forward`) and then waits until its own replica has
+//! applied the entry (read-your-writes). Proposals wait up to 60 s for a leader. A read
+//! barrier asks the leader's read index (`meta/read-index`, openraft's `get_read_log_id`)
+//! and waits until the replica applied it; concurrent barriers share rounds
+//! (`read_rounds.rs`), and within its read lease the leader skips the round (`lease.rs`).
+//! A member that led starts with its vote uncommitted ([`stand_down`]), so a restarted
+//! leader leads again only by winning an election (a few seconds without a leader).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

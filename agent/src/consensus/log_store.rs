@@ -5,11 +5,14 @@
 //! the exception: openraft does not need it durable (a restarted member learns it from the
 //! leader again), so it is written without a sync and becomes durable with the next synced
 //! record. The other exception is a learner's appends: [`AppendSync`] says which it syncs.
-//! Work that waits for the disk (a sync) or takes long (a read of many entries) runs on the
-//! blocking pool; an unsynced append of a few small entries, or a read of a few, runs on the
-//! calling task: a `pwrite` or a read from the page cache, less than the two thread
-//! switches of a hand-over (never a write that starts a new segment: that syncs). A log an earlier release kept in `meta/log.redb` is moved into
-//! the segments at the first start (`log_import.rs`).
+//! Work that waits for the disk (a sync) or takes long (a read of more than
+//! `INLINE_ENTRIES`, 4) runs on the blocking pool; an unsynced append of at most
+//! `INLINE_BYTES` (64 KiB), or a read of up to 4 (the leader reads each entry it appended
+//! once per follower), runs on the calling task: a `pwrite` or a read from the page cache,
+//! less than the two thread switches of a hand-over (never a write that starts a new
+//! segment: that syncs). Measurement: 148 → 108 context switches per create on the 6-node
+//! dev cluster (with the redb log of then). A log an earlier release kept in
+//! `meta/log.redb` is moved into the segments at the first start (`log_import.rs`).
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -257,7 +260,9 @@ impl RaftLogReader<MetaRaft> for LogStore {
     /// following that entry; a purge between its choice and this read leaves entries
     /// out, and sending the ones after them gave a follower a log with a hole. Nothing
     /// (when `start` itself is gone) makes openraft send a heartbeat and look again; its
-    /// next look finds the log purged and sends a snapshot.
+    /// next look finds the log purged and sends a snapshot. (The simulator, seed 103 of
+    /// `gc`: a learner restarted after a power cut took entries past a hole and openraft's
+    /// apply panicked.)
     async fn limited_get_log_entries(
         &mut self,
         start: u64,

@@ -1,4 +1,7 @@
-//! Prometheus view of the metadata group, refreshed from openraft's metrics once a second.
+//! Prometheus view of the metadata group, refreshed from openraft's metrics once a second:
+//! `shoal_meta_{leader,term,applied_index,voters,inodes}` and
+//! `shoal_meta_{proposals,entries,lease_reads,log_appends,log_syncs,
+//! log_unsynced_appends}_total`.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;

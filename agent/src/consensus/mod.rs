@@ -1,6 +1,7 @@
-//! The consensus glue: this node's member of the metadata Raft group (openraft), whose log
-//! (`log_store`) and state machine (`state_machine`, over `shoal-namespace`) live in redb
-//! files under `<data_dir>/meta`, its network (`net`: typed mesh RPCs), and what a member
+//! The consensus glue: this node's member of the metadata Raft group (openraft), with its
+//! log (`log_store`: segment files in `<data_dir>/meta/log/`, written by `wal`) and state
+//! machine (`state_machine`, over `shoal-namespace`: the redb file
+//! `<data_dir>/meta/state.redb`), its network (`net`: typed mesh RPCs), and what a member
 //! needs beyond Raft itself: proposal batching, read barriers, the space the log can
 //! always write (`ballast`), and the check for a stale data dir (`rejoin`).
 //!

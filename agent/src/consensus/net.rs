@@ -1,6 +1,11 @@
 //! The metadata group's messages between agents, carried by the mesh's typed QUIC RPC:
 //! Raft's own traffic, proposals forwarded to the leader, read-index requests and the
 //! bootstrap question "do you belong to a group already?".
+//!
+//! openraft gives each append one heartbeat (200 ms by default) and resends a timed-out
+//! one unchanged, so an append carries at most what 10 MB/s moves in a heartbeat (2 MB; at
+//! least two full entries, at most the RPC limit less 64 KiB: [`append_budget`]). Past
+//! that the network answers `PayloadTooLarge` with a hint and openraft sends fewer entries.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

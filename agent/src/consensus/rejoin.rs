@@ -10,6 +10,12 @@
 //!
 //! The same answers tell a restarting node the highest generation membership knows for
 //! it (a node renewed while running counts up in memory), so it starts above it.
+//!
+//! The stale `meta/` is moved to `meta.stale-<time>`; the leader is asked through any old
+//! peer (`meta/rejoin`, by the `rejoin` worker); the steward then adds the node as a new
+//! learner. The log says so (ERROR) and status shows it (`meta.notice`). Limits: a node
+//! whose later life ended before the steward recorded it (about a second) is not
+//! detected, and with no peer answering (a whole-cluster restart) nothing is checked.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,21 @@
 //! openraft's state machine over [`NamespaceStore`]: applies committed batches, builds and
 //! installs snapshots. The last snapshot is kept in a file beside the store so that
 //! `get_current_snapshot` returns exactly what was built or installed.
+//!
+//! The applied log id and membership are stored in the same transaction as the commands
+//! they cover; each apply starts from the marker the process last wrote (kept in memory).
+//! Applies are made durable every 64th apply call ([`UNFLUSHED_APPLIES`]; one call may
+//! cover several entries), after each snapshot export, and at a clean stop; a crash
+//! replays the rest from the log. Up to 16 proposals of an unflushed apply run on the state
+//! machine's task; a flush or a longer batch runs on the blocking pool.
+//!
+//! A snapshot is a `NamespaceStore::snapshot()` export: one read transaction whose applied
+//! marker (the snapshot's `last_log_id`) is exactly what the exported rows reflect, since
+//! openraft builds snapshots while applies go on. The export is made durable before the
+//! log behind it may go and kept in `meta/snapshot.bin`, replaced durably (temporary file,
+//! fsync, rename, directory fsync); the log is then compacted up to it, keeping
+//! `min(1000, snapshot_every)` entries. `Request::MetaDigest` reads a replica's applied
+//! index and a crc32c of its state in one transaction (tests compare replicas with it).
 
 // The error type is openraft's (the trait methods return it); helpers return the same.
 #![allow(clippy::result_large_err)]

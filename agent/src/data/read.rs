@@ -1,6 +1,19 @@
 //! Reading a stripe: just the needed byte ranges of its data shards; on a missing, slow or
 //! corrupt one, any k whole shards checked against the record and decoded. Which shards a
 //! degraded read asks for is [`degraded_sources`] (pure).
+//!
+//! A record is checked (`StripeRecord::check`) before a read indexes into it. A shard whose
+//! holder gossip does not count alive, or that a shard write just failed on, is read around
+//! without being asked; when fewer than k holders are left that way, the degraded read asks
+//! the others too, at their last gossiped addresses, or, for a node gossip has not heard of
+//! yet (this agent just restarted), at its address in the metadata group (`last_known`):
+//! gossip lags behind a healed partition by seconds, and a read that can succeed must not
+//! fail on its word. A holder of a release without `GetChecked` is asked for the whole
+//! shard, which is checked against the record and cut here. Corrupt shards are logged with
+//! their stripe id and counted (`shoal_stripes_corrupt_shards_seen_total` here,
+//! `shoal_store_corrupt_shards_total` on the holder), and so are degraded reads. A stripe
+//! unreadable only because of corrupt or missing shards is not retried by the mount
+//! (`StripeError::Unreadable` with `transient` false).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,11 @@
 //! [`Stripes`]: the coordinator's state, the shard RPCs it serves and sends, and the
 //! buffer budget. Writes are in `write.rs`, reads in `read.rs`, the placement view in
 //! `peers.rs`.
+//!
+//! `shoal bench stripes` writes stripes outside the metadata (`Request::WriteStripe`):
+//! their shards are orphans, collected after `orphan_shard_grace_s`, and repair does not
+//! know them. Metrics: `shoal_stripes_{written,read,degraded_reads,degraded_writes,
+//! corrupt_shards_seen}_total`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -321,7 +326,6 @@ impl Stripes {
         self.default_ec
     }
 
-    /// Serves one shard request against this node's store (local or from a peer).
     /// Serves the shard RPCs of `transport` from this node's store; shard payloads (puts
     /// and gets, never deletes) may come on the bulk lane too.
     pub fn serve_on(self: &Arc<Self>, transport: &Transport) {
@@ -333,6 +337,7 @@ impl Stripes {
         transport.serve_on_bulk::<ShardRequest>(super::carries_payload);
     }
 
+    /// Serves one shard request against this node's store (local or from a peer).
     async fn serve_shard(&self, req: ShardRequest) -> ShardResponse {
         match req {
             ShardRequest::Put { stripe, index, .. } if self.disowning.refuses(stripe, index) => {

@@ -3,6 +3,26 @@
 //! `min_write_shards` are (a degraded stripe: the missing slots name
 //! [`NodeId::NONE`] and wait for repair). What to do after a failed attempt is
 //! [`after_failed_put`] (pure).
+//!
+//! Degraded writes: with fewer than k+m nodes taking shards a stripe is placed on those
+//! there are (`place_degraded`) as long as that is at least `[storage] min_write_shards`
+//! (k+1 by default, held between k+1 and k+m). Below that the write fails at once and is
+//! not retried ([`StripeError::TooFewNodes`]), unless nodes that may take shards in a
+//! moment would make up the difference (suspects, stores still opening, layout nodes gossip
+//! has not heard of since this agent started) or the agent started less than 15 s ago
+//! (`VIEW_FORMING`): then the error is retryable. Full nodes are no reason to write
+//! degraded: that is [`StripeError::NoSpace`] (ENOSPC).
+//!
+//! Once `min` shards are durable, a slow put is waited for while its node is alive for
+//! gossip (looked at every 250 ms, `STRAGGLER_CHECK`), up to the put's own 10 s timeout; a
+//! put whose node is no longer alive counts as failed and its node as suspect
+//! ([`stop_waiting`]). When shards answer "full" (fill limit or `[storage] reserve`), the
+//! stored ones are deleted and the stripe placed again without those nodes (4 placements
+//! at most); any other failure deletes what was stored and names the node and reason.
+//!
+//! The buffer budget reserved per stripe write counts the data, its k+m shards and their
+//! RPC copies: `len × (2(k+m) + k) / k`, in 1 MiB permits. Reads skip NONE slots like any
+//! missing shard.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

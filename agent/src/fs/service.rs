@@ -1,6 +1,19 @@
 //! [`FsService`]: one request from a local mount in, one answer out. Queries are answered
 //! from the local replica (`serve_query`), changes are committed through the group
 //! (`serve_change`); file data is in `write.rs` and below.
+//!
+//! Read barriers (close-to-open): a lookup that finds nothing (every lookup for a mount
+//! older than protocol 8), `open`, a stat by path (`GetAttrFresh`) of anything but a
+//! directory, a listing from its start, and a getattr that finds nothing. The open inside a
+//! create (`Open.synced`) skips it unless the inode is not found here. After it starts, the
+//! agent answers nothing from its replica before one barrier ([`FsService::caught_up`]);
+//! `Reopen` records the mount's claim on the inode before its barrier.
+//!
+//! A read's answer is the shard ranges (or decoded data shards) as they arrived, in order,
+//! with zeros for holes (`lay_out`); the socket writes the `Data` frame's head and then
+//! each part (`write_data_frame_as`), so the agent copies no file data into an answer
+//! buffer. `StatFs`: total and free are the alive members' filesystems scaled by k/(k+m);
+//! the block size is k × 1 MiB (the mount's stripe size).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,6 +2,14 @@
 //! (copy-on-write) committed as extents once every shard is durable. A stripe write that
 //! failed in a way that may pass (a node just died and is not yet declared down) is
 //! retried for a while; corruption or a caller's error is not.
+//!
+//! Stripes are retried for up to 30 s (a dead node leaves the layout meanwhile) and the
+//! commit waits 60 s for a leader, each at most a quarter of `orphan_shard_grace_s`. A
+//! file growing out of inline data carries its inline bytes into the first new stripe,
+//! checked by the inode's data version, with at most 8 conflict retries
+//! (`CONFLICT_RETRIES`). `WriteThenSet` (protocol 11): the data command and the setattr go
+//! in one entry, in that order ([`with_set`]), so a copy's write, `futimens` and `fchmod`
+//! are one commit instead of three.
 
 use std::time::Duration;
 

@@ -1,4 +1,6 @@
-//! Prometheus view of the cold tier on this node.
+//! Prometheus view of the cold tier on this node: `shoal_tier_{get_requests,get_bytes,
+//! put_requests,put_bytes,cache_hits,errors,warmed_stripes}_total` and
+//! `shoal_tier_store_up`.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;

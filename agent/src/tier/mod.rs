@@ -1,8 +1,26 @@
 //! The cold tier at work in the agent: uploads of cold stripes (`upload`), reads of cold
 //! data (`recall`), writing it back to NVMe (`warm`), and the workers that drive them —
 //! `tier-mover` (what the policy says goes cold, on the metadata leader), `tier-gc`
-//! (objects nothing uses, on the leader) and `tier-heat` (this node's reads, recorded
-//! coarsely through Raft). The store itself and the pure policy are in `shoal-tiering`.
+//! (objects nothing uses, on the leader), `tier-heat` (this node's reads, recorded
+//! coarsely through Raft) and `tier-warm` (cold stripes read repeatedly, written back to
+//! NVMe). The store itself and the pure policy are in `shoal-tiering`.
+//!
+//! Defaults (`config.rs`): `cold_after` 7d, watermarks 0.85/0.70, `recall_timeout` 30 s,
+//! `object_size` 16 MiB, `scan_interval` 60 s, `orphan_object_grace` 1 h. Why 16 MiB
+//! objects: 1/16 of the PUTs of per-stripe objects, a small cost per deleted file while
+//! part of an object is still used, far below a single PUT's 5 GiB limit. The `dir` store
+//! (a directory every node shares; `dev-cluster` uses `DIR/cold`) fsyncs before a put
+//! returns, as a bucket's put is durable when acknowledged. Shards of a cold stripe are
+//! deleted by their holders 30 s after they see the commit (`workers/gc.rs`), not after the
+//! 10 min grace of unknown shards. `shoal tier release` runs the mover's upload on the node
+//! asked, and `prefetch` its warming, each after a read barrier.
+//!
+//! While an alive member gossips another `agent_version`, the mover, GC, heat, pins,
+//! release and warming stand still or are refused (`Tier::cluster_on_this_release`): an
+//! older agent could not apply their commands. Not yet: partly used objects are never
+//! compacted (an object is deleted only when none of its stripes is used); `tier status`
+//! counts come from the replica, but the mover's state is the local node's (`standby` off
+//! the leader).
 
 mod claim;
 pub mod config;

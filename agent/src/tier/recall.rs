@@ -1,10 +1,13 @@
 //! Reads of cold data. A read fetches its stripe's whole range from the object (one ranged
 //! GET: a stripe is a few MiB at most, its checksum covers exactly that range, and a
 //! sequential reader's next reads are then answered from memory — the read-ahead), checks
-//! it, and keeps it in a small cache. A stripe fetched twice within `cold_after` (the cache
-//! lost it in between: the data is being read repeatedly; at least ten minutes) is written
-//! back to NVMe in the background. A store that does not answer within `recall_timeout` fails the read with
-//! EIO; hot data never waits on it.
+//! it, and keeps it in a small cache ([`CACHE_BYTES`], 64 MiB per node; it does not count
+//! against the reservation's buffer budget). One fetch per stripe at a time. A stripe
+//! fetched twice within `cold_after` (the cache lost it in between: the data is being read
+//! repeatedly; at least ten minutes) is queued (at most 64, each once) for the `tier-warm`
+//! worker, which writes it back to NVMe on the tiering budget, one at a time. A store that
+//! does not answer within `recall_timeout` fails the read with EIO; hot data never waits
+//! on it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

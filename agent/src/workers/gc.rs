@@ -4,6 +4,21 @@
 //! more and then forgets them, and `orphan-purge` purges unlinked inodes once their grace
 //! is over and no mount anywhere holds them open (who must be asked is
 //! [`holders_to_ask`], pure).
+//!
+//! The fences these workers set (`AbandonStripes`, `DisownShards`) last a day of cluster
+//! time; a `WriteExtents` naming an abandoned stripe is refused (`StripeAbandoned`: the
+//! writer writes its data again to new stripes), so a commit appended but not committed
+//! yet, or retried after a long outage, never points at deleted shards. `stripe-gc` asks
+//! only reachable holders to delete, and the garbage record goes once every reachable
+//! holder freed its shards.
+//!
+//! `orphan-purge`: after `orphan_grace_s` (10 s) the leader asks each holder, by its node
+//! identity, whether a mount holds the inode open; a node gossip does not see alive, one
+//! that cannot be reached, or one that started less than 15 s ago (its mounts re-announce
+//! open files within 5 s) counts as holding everything. It takes a read barrier first and
+//! purges nothing without a layout (simulator seeds 20081 of `gc`, 20215 of `mixed`).
+//! Agents key the mounts' handles by the mount's pid from the socket's peer credentials,
+//! so the handles of a mount that died are dropped (`fs/handles.rs`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

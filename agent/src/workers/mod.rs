@@ -7,17 +7,24 @@
 //! between units end at once.
 //!
 //! The workers of an agent (names as `shoal status` shows them): `batcher` (the leader's
-//! proposal batcher) and `meta-core-watch` (a metadata member that failed) in
-//! `consensus`; `steward` (the group's membership and the cluster layout); `facts` (this
-//! node's gossiped facts); `gpu` (GPU readings for the governor); `metrics` (gauges);
-//! `repair` (redundancy summary; on the leader rebuild, drain and rebalance moves);
-//! `scrub` (reads every local shard back against its checksum); `stripe-gc` (shards of
-//! unreferenced stripes), `orphan-purge` (unlinked inodes no mount holds) and
-//! `orphan-shards` (shards no stripe record names) in `gc`; `revocations` (the revoked
-//! names, in `revoke`); `tier-heat`, `tier-mover`, `tier-gc` and `tier-warm` (the cold tier, in
-//! `tier`). What to do is decided by pure code beside each (`steward` uses
-//! `consensus::voters`, `repair` its `plan`, `gc` its `holders_to_ask`); the worker only
-//! carries it out.
+//! proposal batcher), `meta-core-watch` (a metadata member that failed) and `rejoin` (only
+//! after a stale data dir's metadata was set aside) in `consensus`; `steward` (the group's
+//! membership and the cluster layout); `facts` (this node's gossiped facts); `gpu` (GPU
+//! readings for the governor); `metrics` (gauges); `repair` (redundancy summary; on the
+//! leader rebuild, drain and rebalance moves); `scrub` (reads every local shard back
+//! against its checksum); `stripe-gc` (shards of unreferenced stripes), `orphan-purge`
+//! (unlinked inodes no mount holds) and `orphan-shards` (shards no stripe record names) in
+//! `gc`; `revocations` (the revoked names, in `revoke`); `tier-heat`, `tier-mover`,
+//! `tier-gc` and `tier-warm` (the cold tier, in `tier`). What to do is decided by pure code
+//! beside each (`steward` uses `consensus::voters`, `repair` its `plan`, `gc` its
+//! `holders_to_ask`); the worker only carries it out.
+//!
+//! Status shows each as `name`, `state`, `progress`, `last_error`, `last_error_unix_ms` and
+//! `waiting_for`. A worker's error is logged once, by the runner, and kept for status.
+//! `shoal_worker_rounds_total{worker}` counts how often each finished its waiting work and
+//! went idle (whole passes for the scanning workers); tests wait on it instead of sleeping.
+//! [`Step::Throttled`] waits at most [`THROTTLE_WAIT_MAX`] (1 s) before asking again. A
+//! crash ([`Workers::abort`], the simulator's kill -9) ends a unit where it is.
 
 pub mod facts;
 pub mod gc;

@@ -4,6 +4,30 @@
 //! nodes, nodes down, `out` after `[cluster] down_out_after`, back) as new layout epochs;
 //! ends maintenance windows that ran out, and moves voters off nodes being drained.
 //! Acts only on the leader, except the one-time bootstrap.
+//!
+//! Forming: a new agent starts as a bare member. Once `bootstrap_expect` agents see each
+//! other (3 s settle), the one with the lowest node id asks the others whether they belong
+//! to a group already and, if none does, initializes it with voters across failure domains.
+//! Until then the steward records what it waits for (shown as `meta.notice`), and a
+//! proposal or read barrier that finds no leader fails at once with that reason
+//! (`ConsensusError::NotMember`, retryable: a mount retries it for `--retry-for` and logs
+//! it) instead of waiting 60 s.
+//!
+//! The layout the leader commits is authoritative; gossip is the hint. A node gossip sees
+//! down for `[cluster] down_out_after` (10 min; the leader's value decides) is `out`; a
+//! node that comes back is `active` again. Before `out` nothing of a down node is rebuilt:
+//! only the stripes written degraded meanwhile get their missing shards. The layout waits
+//! 5 s after the steward starts (`LAYOUT_SETTLE`) before marking down nodes it has not
+//! heard. The first layout also holds the metadata group's members gossip cannot see, as
+//! `Down` (`first_layout`). A member whose metadata member failed is kept out of the
+//! voters only, not marked down in the layout.
+//!
+//! Maintenance: the node is `maintenance` (takes no new shards) until its window's end on
+//! the cluster clock, and down inside the window it never goes `out`. When the window ends
+//! the leader makes it `active` if it is back; if still down, `down_out_after` applies as
+//! to any down node (status shows "OVER by …"). Windows are measured on
+//! `Group::cluster_now_ms`: the last applied clock value plus the local time since this
+//! node first saw it (never ahead of the leader).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

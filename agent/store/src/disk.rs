@@ -5,6 +5,22 @@
 //! only then indexed. Start-up recovery discards `.tmp` files (a crash mid-write), indexes
 //! valid shard files the index missed (a crash between rename and index commit), removes
 //! damaged unindexed files, and drops index entries whose file is gone.
+//!
+//! Limits: a fill limit (`[storage] capacity`, default 90% of the filesystem) and a
+//! filesystem reserve (`[storage] reserve`, 256 MiB, kept free whatever else fills the
+//! filesystem: [`StoreError::NoRoom`]); both are answered to a writer as "full". With
+//! `[storage] direct_io` shard files are O_DIRECT (aligned buffers, files padded to 4 KiB,
+//! probed at open). New files checksum 4 KiB blocks (`BLOCK_SHIFT` 12); files of earlier
+//! releases have 64 KiB blocks, which their header names.
+//!
+//! A put writes the header and block table in one write and the data in a second, straight
+//! from the buffer it arrived in (a slice of the RPC frame); only under O_DIRECT are the
+//! three assembled in one aligned buffer. A range read reads the header and table and the
+//! blocks holding the range at once (two reads), then keeps the file open with its checked
+//! header and table (`open_shards.rs`), so later range reads of that shard are one read. A
+//! whole-shard read checks every block and that the blocks combine to the header's crc32c.
+//! The contract suite runs on this store buffered and with O_DIRECT; `tests/model.rs` runs
+//! random operations with restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;

@@ -1,4 +1,5 @@
-//! The store's own metrics: shards, bytes and fill limit, and shards found corrupt.
+//! The store's own metrics: shards, bytes and fill limit, and shards found corrupt
+//! (`shoal_store_{shards,used_bytes,limit_bytes}`, `shoal_store_corrupt_shards_total`).
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;

@@ -4,8 +4,9 @@
 //!
 //! A shard file is written once under its key and never changed in place; it is only
 //! deleted (and a key written again after that names a new file). An entry is used only
-//! while the index still holds the length and checksum its header was checked against. Whoever removes a key from the index drops
-//! its entry under the same lock, so a deleted file's space is never held by the cache.
+//! while the index still holds the length and checksum its header was checked against.
+//! Whoever removes a key from the index drops its entry under the same lock, so a deleted
+//! file's space is never held by the cache. At most [`CAPACITY`] (1,024) files are kept.
 
 use std::collections::HashMap;
 use std::fs::File;

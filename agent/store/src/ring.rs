@@ -4,6 +4,19 @@
 //! completions, resubmits the rest of short reads and writes, and answers each request on
 //! its own oneshot channel. The file and buffer of a request stay owned by the thread until
 //! its completion arrives, which is what keeps the kernel's pointers valid.
+//!
+//! The agent starts it with 256 entries; at most that many operations are in flight, the
+//! rest wait in the thread. A submission rides out EINTR and EBUSY (a full completion
+//! queue: reap, then submit again); any other submission error fails what was in flight
+//! (their buffers are leaked: the kernel may still hold them) and makes a new ring. While
+//! none can be made every request fails at once and [`Ring::health`] says `Failed`, which
+//! the node gossips as a store that takes no new shards (`store_accepting`); a read served
+//! from the page cache needs no ring and still succeeds.
+//!
+//! A read of at most [`CACHED_READ_MAX`] (256 KiB) from a file without O_DIRECT first
+//! copies what the page cache holds on the calling task ([`Ring::read_into_cached_first`]).
+//! Measurement: with the cache warm, 5.9 → 3.8 context switches and about a tenth less CPU
+//! per 4 KiB random read through a mount.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;

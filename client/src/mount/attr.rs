@@ -1,4 +1,12 @@
 //! Translations between the agent's types and the kernel's (through fuser).
+//!
+//! Regular files' attributes are not cached by the kernel (`--file-attr-ttl-ms`, 0), so
+//! `open` and a stat by path (`GetAttrFresh`) take a read barrier on the agent. A stat of
+//! an open file reads the local replica, and so does a stat of a directory: the kernel
+//! drops a directory's attributes after each of its own creates and unlinks in it (two
+//! `GETATTR`s per create), the replica has its own changes applied already, and other
+//! nodes' changes reach the kernel through the change feed (`coherence.rs`). A held
+//! setattr is answered with the buffered size ([`held`]).
 
 use std::ffi::OsStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -12,6 +12,26 @@
 //!
 //! While the feed is not there (an older agent), names and attributes are cached for at
 //! most [`UNWATCHED_TTL`], as before.
+//!
+//! Details: names and directory attributes are cached 60 s (`--entry-ttl-ms`,
+//! `--attr-ttl-ms`). The watcher long-polls (`Watch`, at most 10 s, protocol 8) and drops
+//! only what the kernel was given (`notify_inval_inode` with offset -1: the attributes, not
+//! the pages); a batch with none of it only moves the watcher's position (measurement: 4
+//! → 2 context switches per create in a directory other nodes fill). A mount that fell
+//! out of the feed's ring, lost the feed, or met a snapshot install resets: every name it
+//! handed out is dropped. On reconnect to its agent (maybe a new process) it marks every
+//! name stale and drops them before the new connection serves anything; its watcher then
+//! reads the new feed from its start (`FEED_START`).
+//!
+//! An open's answer (`OpenedIn`, protocol 9) carries the feed's epoch and position at its
+//! barrier, short of the mount's own changes at the tail; the open waits up to 2 s
+//! (`DELIVERY_WAIT_MS`) for the watcher to deliver that far. A lookup's answer (`EntryAt`)
+//! carries the feed position read before the entry, so a change from a batch that ended at
+//! or before it marks nothing, and a change marks an inode's name only while the inode
+//! still has that name here. A lookup answered while its own name changed gets entry TTL
+//! 0. Not covered: `opendir` and a stat by path through a directory another node renamed
+//! in the few milliseconds before the invalidation lands (only opens of files check the
+//! path).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;

@@ -6,6 +6,10 @@
 //! back to continue. Fetched entries are kept until the directory is closed, so a rewind or
 //! a seek back gets the same names; the next page starts after the last name fetched, so
 //! a listing shows no name twice however the directory changes meanwhile.
+//!
+//! Pages are `ReadDir` requests after a name, `--readdir-page` entries each (4,096 at
+//! most): `opendir` fetches the first (at the leader's commit point), and a readdir that
+//! reaches the end of what was fetched fetches the next.
 
 use shoal_agent_api::{DirEntry, FileKind, Ino};
 

@@ -1,12 +1,15 @@
 //! Open files: their write buffers, the writes in flight to the agent, and read-ahead.
 //!
-//! Written data stays in this process until the agent has committed it, so an agent
-//! restart loses nothing: the write is sent again. A handle sends its buffer in the
-//! background (up to [`LANES`] chunks at a time); the FUSE write returns once the data is
-//! buffered. All buffered and in-flight bytes together hold permits of one semaphore
-//! sized by `--write-buffer`. A chunk that overlaps a chunk in flight for the same inode
-//! waits for it, so the later write lands last. A background failure is kept on the
-//! handle and returned by its next write, flush, fsync or release.
+//! Written data stays in this process (not in the agent) until the agent has committed it,
+//! so an agent restart loses nothing: the write is sent again. A handle sends its buffer
+//! in the background in chunks of four whole stripes (`WRITE_STRIPES`; one request and one
+//! metadata commit each), up to [`LANES`] chunks at a time; the FUSE write returns once
+//! the data is buffered. All buffered and in-flight bytes together hold permits of one
+//! semaphore sized by `--write-buffer`. A chunk that overlaps a chunk in flight for the
+//! same inode waits for it, so the later write lands last. A background failure is kept on
+//! the handle: every later write and flush of it fails, until an fsync reports it once (a
+//! flush does not clear it: the kernel sends one at every close of a copy of the
+//! descriptor, and a child that inherited it closes its copy at exec).
 //!
 //! A `setattr` (times, mode, owner; not the size) of a file whose only uncommitted bytes
 //! sit in one handle's buffer is held with those bytes ([`OpenFiles::hold_set`]) and

@@ -6,6 +6,14 @@
 //! request across an agent restart), [`files::OpenFiles`] (open handles, their write
 //! buffers and read-ahead). The pure parts — [`write::Coalescer`], [`readahead::Window`],
 //! [`dir::Listing`] and the `mount.shoal` argument parser — test without a kernel.
+//!
+//! fuser 0.18 with `--threads` FUSE threads (4), each request's reply moved into a task on
+//! one tokio runtime; inode numbers are the cluster's. Why the mount options are what they
+//! are (`default_permissions`, no writeback cache) is in the README's "Mount" section. At
+//! start the process joins the agent's reservation cgroup (`JoinReservation`); once
+//! mounted it raises the kernel's read-ahead on its device (`read_ahead_kb`, found through
+//! `/proc/self/mountinfo`) to 1 MiB, so a sequential reader's requests arrive whole rather
+//! than in 128 KiB pieces. Max write is 1 MiB.
 
 mod agent;
 mod attr;

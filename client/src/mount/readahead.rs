@@ -5,7 +5,11 @@
 //! kernel's reads from them; once a chunk has arrived in full, the next two are fetched in
 //! the background, while the mount holds fewer than [`PREFETCHED_CHUNKS`] such chunks in
 //! all. Random reads go straight to the agent. Any write to the inode through this mount
-//! drops the chunks.
+//! drops the chunks, and a read through the mount first commits its own pending writes.
+//!
+//! A read counts as following the previous one when it starts within 512 KiB of its end
+//! ([`NEAR_SLACK`]; a random reader lands that near once in about a thousand reads of a
+//! 1 GiB file). A read within one chunk is a slice of it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -8,6 +8,18 @@
 //! parent, then write the limits. The file operations go through [`V2Tree`], so the same
 //! logic runs against the kernel ([`SysTree`]) and against the in-memory model of the kernel
 //! used by the fake ([`crate::FakeCgroupV2`]).
+//!
+//! What real v2 and systemd showed (issue 17): a cgroup that enables controllers for its
+//! children can hold no process, and systemd starts the unit's next process in the unit's
+//! cgroup. So a clean stop turns the controllers off before the agent leaves (the mounts
+//! stay in the group, unconfined until the next agent takes them over); after a crash the
+//! unit's `ExecStopPost` (run in the unit's `.control` subgroup) does it, else systemd
+//! fails every restart with 219/CGROUP. Moving a mount below the cpuset controller needs
+//! CAP_SYS_NICE (the kernel's cpuset `can_attach`), so the unit keeps that one capability.
+//! The kernel keeps `memory.max` in whole pages (rounded down) and CPU lists in its own
+//! form ("0,1" reads "0-1"), and refuses a quota under 1 ms; the fake does the same
+//! (`mark_privileged`/`set_sys_nice` model the EPERM). systemd ≥ 254's `DelegateSubgroup=`
+//! would make the first two rules moot; RHEL 9 and Ubuntu 22.04 ship 252 and 249.
 
 use std::io;
 use std::path::PathBuf;

@@ -12,6 +12,15 @@
 //! page cache held, a power cut only what was synced), then it leaves the network. Its
 //! shard store keeps every shard whose put returned (a put is synced before it returns),
 //! as the disk store does.
+//!
+//! The seams in detail: the shard store is `NodeStore::Mem`, which outlives the node's
+//! crashes; `rot` changes a byte of a shard (read back without an error) and
+//! `make_unreadable` fails its reads with EIO until it is deleted. The bucket is
+//! `ObjectBackend::memory` under `Faulty` (outages, failed uploads, uploads that keep half
+//! and say they succeeded). Each node's election timeout is one value drawn from the seed
+//! (1 to 1.9 s). Settings: `[cluster] down_out_after` 20 s, orphan shard grace 40 s, a
+//! scrub pass every 20 s. Workers not run here: `facts`, `gpu`, `metrics`, `revocations`
+//! and `rejoin`.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -15,6 +15,25 @@
 //!   (redundancy full, nothing left behind), a drain that can finish finishes, and
 //!   rebalancing finishes (no shard left to move onto a node below its share).
 //!
+//! Also: an unlinked file a mount holds open is never purged (unless its node went `out`);
+//! each file's name names its inode once its rename was acknowledged; within 120 s of
+//! healing the stores hold every live stripe's shards where the metadata says, each
+//! matching its record's checksum, with no orphan shard, no freed stripe's shards and no
+//! unlinked inode left, and, with a cold tier (within 240 s), the bucket holds every live
+//! cold stripe's object and no unknown or garbage object. A check must tell "no such name"
+//! from "cannot read": a read that raced a kill read a fenced replica, and the simulator
+//! once took the I/O error for an absent name (seeds 21267 and 21438 looked like stale
+//! reads).
+//!
+//! Settings: five nodes (three voters, two learners once formed), 2+2 stripes, three
+//! clients per node plus one file client per node (`file_client.rs`: inline then striped
+//! writes, appends, overwrites, truncates, renames over others, unlinks, half while held
+//! open, `Reopen` after a restart), up to two joins. The families are [`Family::ALL`]
+//! (`Family::about` describes each); a drain or a loss starts only when a replica caught
+//! up by a read barrier shows no drain, as `shoal drain` asks. Not simulated yet: skewed
+//! wall clocks per node (the cluster clock that fences and leases use advances by the
+//! leader's monotonic stamps, not wall time), directories and renames across them.
+//!
 //! Everything is drawn from the seed: the schedule, the clients' choices, each node's
 //! election timeout and disk, every message's delay and loss.
 

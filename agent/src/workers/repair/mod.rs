@@ -16,6 +16,29 @@
 //! every rebuild, on the drain budget, and committed the same way. Once a pass finds
 //! nothing left on a draining node the leader marks it `drained` (the state machine
 //! checks that no live stripe names it).
+//!
+//! Numbers: pages of 1,024 records; a pass 5 s after the last ended (at once when the
+//! layout changes, or when a round committed something); at most 1,024 stripes queued per
+//! pass and 4 repaired at once. Each task takes `task.bytes` (k reads and the writes) from
+//! the governor (`Resources::take`); a stripe with at most one spare left is `urgent` and
+//! also gets `[background] repair_floor` (64 MiB/s) however busy the GPUs are. A task with
+//! no budget goes back to the queue and the worker says `Throttled` rather than sleeping
+//! inside a unit. The node's repair rate (over 20 s) travels in its gossip facts, so every
+//! status shows the cluster's rate and ETA. A round that committed nothing waits for the
+//! next pass (simulator seed 3032 of `repair`: it planned the same work in a loop).
+//!
+//! A rebuilt shard must match the record's crc32c, else `RebuildMismatch` and nothing is
+//! stored (`data/rebuild.rs`, which tries more sources when one fails). A slot changed
+//! meanwhile makes the compare-and-set a `Conflict`, and the shard written for nothing is
+//! an orphan. Commits carry when their pass began on the cluster clock
+//! (`RelocateShardsPlanned`): only a fence set at or after that refuses them, so a slot
+//! whose only home left is the node that disowned a copy is rebuilt there (seeds 202 of
+//! `repair`, 224 of `mixed`). It is proposed only while every alive agent runs this
+//! release; otherwise the older `RelocateShards`, which every fence refuses.
+//!
+//! Metrics: `shoal_redundancy_stripes{missing}`, `shoal_redundancy_bytes_to_repair`,
+//! `shoal_repair_{bytes,stripes,conflicts,moved_bytes,rebalanced_bytes,
+//! rebalance_conflicts}_total`, `shoal_repair_bytes_per_sec`.
 
 pub mod plan;
 

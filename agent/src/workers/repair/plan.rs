@@ -20,6 +20,13 @@
 //! copied to a new target as it is, no decode needed. Moves come after every rebuild,
 //! and only where they keep the stripe's spread: otherwise the shard stays (the drain
 //! assessment refuses such a drain up front).
+//!
+//! Rebalance moves a shard only onto a node holding clearly fewer shards than its weight's
+//! share ([`below_share`]: under 90% of it minus one shard, by the last pass's count), so
+//! a joining node takes about its share of slots; an undrained node is a target again, and
+//! some of its old shards may move back. Cost: while some node is below its share, one
+//! placement per healthy stripe per pass on every node; none otherwise. Status shows
+//! `rebalance_stripes`/`rebalance_bytes` left and `rebalanced_bytes` done.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -268,10 +268,11 @@ impl Node {
         if let Some(rejoiner) = group.rejoiner {
             w.spawn(rejoiner);
         }
+        let data_dir = self.config.node.data_dir.clone();
         w.spawn(facts::Facts::new(
             self.store.clone(),
             self.gossip.clone(),
-            self.config.node.data_dir.clone(),
+            Box::new(move || facts::disk_usage(&data_dir)),
             self.group.ballast.clone(),
         ));
         w.spawn(gpu::GpuPoller::new(

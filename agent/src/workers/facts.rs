@@ -2,7 +2,6 @@
 //! (whether it takes new shards, its room) and how full its filesystem is, when that
 //! changes and every 5 s; and sets the metadata's ballast aside again once there is room.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,11 +26,14 @@ const REFRESH_EVERY: Duration = Duration::from_secs(5);
 /// What the facts say about the store: whether it takes new shards, and its room.
 type StoreFacts = (bool, u64);
 
+/// The size and use of the node's filesystem, in bytes: [`disk_usage`] of the data dir
+/// in an agent, figures of its simulated disk in the simulator.
+pub type DiskFigures = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
+
 pub struct Facts {
     pub store: Arc<NodeStore>,
     pub gossip: GossipHandle,
-    /// The data dir, whose filesystem's size and use are published.
-    pub data_dir: PathBuf,
+    disk: DiskFigures,
     pub ballast: Arc<Ballast>,
     told: Option<(StoreFacts, Instant)>,
     ticker: Ticker,
@@ -41,13 +43,13 @@ impl Facts {
     pub fn new(
         store: Arc<NodeStore>,
         gossip: GossipHandle,
-        data_dir: PathBuf,
+        disk: DiskFigures,
         ballast: Arc<Ballast>,
     ) -> Facts {
         Facts {
             store,
             gossip,
-            data_dir,
+            disk,
             ballast,
             told: None,
             ticker: Ticker::every(CHECK_EVERY),
@@ -100,7 +102,7 @@ impl Worker for Facts {
         if self.told.is_some_and(|(t, _)| t.0 && !store.0) {
             warn!(room = store.1, ring = ?self.store.ring_health(), "the shard store takes no new shards; writers place elsewhere");
         }
-        let (capacity, used) = disk_usage(&self.data_dir);
+        let (capacity, used) = (self.disk)();
         self.gossip
             .publish(move |f| {
                 f.capacity_bytes = capacity;

@@ -34,6 +34,7 @@ use shoal_agent::consensus::{Group, MetaConfig};
 use shoal_agent::data::{ClusterView, StripeSettings, Stripes};
 use shoal_agent::fs::{FsService, OpenHandles};
 use shoal_agent::tier::{Tier, TierGc, TierHeat, TierMetrics, TierMover, TierWarm, TieringConfig};
+use shoal_agent::workers::facts::Facts;
 use shoal_agent::workers::repair::{Repair, RepairShared};
 use shoal_agent::workers::scrub::{Scrub, ScrubShared};
 use shoal_agent::workers::steward::Steward;
@@ -515,6 +516,13 @@ impl Cluster {
             gossip.clone(),
         ));
         let gossip_handle = gossip.clone();
+        let store = node.store.clone();
+        workers.spawn(Facts::new(
+            node.store.clone(),
+            gossip.clone(),
+            Box::new(move || disk_figures(&store)),
+            group.ballast.clone(),
+        ));
         workers.spawn(Steward::new(group.clone(), gossip.clone(), DOWN_OUT_AFTER));
         workers.spawn(gc::OrphanShards::new(group.clone(), stripes.clone()));
         workers.spawn(gc::StripeGc::new(group.clone(), stripes.clone()));
@@ -814,6 +822,15 @@ async fn note_leaders(id: u64, group: Arc<Group>, trace: Trace) {
             return;
         }
     }
+}
+
+/// The size and use of a node's simulated disk, which holds only its shard store (the
+/// figures its `facts` worker publishes: the same on every machine).
+fn disk_figures(store: &NodeStore) -> (u64, u64) {
+    (
+        STORE_BYTES,
+        shoal_store::ShardStore::usage(store).used_bytes,
+    )
 }
 
 /// What node `id` (gossiping as `me`) tells the others about itself when it starts: a

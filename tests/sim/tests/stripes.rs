@@ -299,3 +299,44 @@ fn a_write_with_two_of_five_nodes_down_is_durable_on_three_and_names_no_node_for
         );
     });
 }
+
+#[test]
+fn a_store_that_fills_is_left_out_of_new_stripes_once_its_facts_say_so() {
+    on_five_nodes(7, async |c| {
+        let writer = stripes(c, 1);
+        let places_on = async |node: u64| {
+            let layout = writer.placement_layout().await.expect("layout");
+            layout.eligible_nodes().any(|n| n.id.0 == node)
+        };
+        assert!(places_on(3).await, "node 3 takes shards at first");
+        // No write asks node 3 meanwhile: only its facts can tell node 1.
+        c.store_full(3, true);
+        let mut waited = Duration::ZERO;
+        while places_on(3).await {
+            assert!(
+                waited < Duration::from_secs(15),
+                "node 1 still places on node 3's full store {waited:?} later"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waited += Duration::from_millis(100);
+        }
+        let record = writer.write(data(100_000, 7), None).await.expect("written");
+        assert!(
+            record
+                .shards
+                .iter()
+                .all(|s| s.node.0 != 3 && s.node != NodeId::NONE),
+            "every slot on the four nodes with room: {record:?}"
+        );
+        c.store_full(3, false);
+        let mut waited = Duration::ZERO;
+        while !places_on(3).await {
+            assert!(
+                waited < Duration::from_secs(15),
+                "node 3 has room again, yet node 1 leaves it out {waited:?} later"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waited += Duration::from_millis(100);
+        }
+    });
+}

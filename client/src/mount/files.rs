@@ -7,9 +7,10 @@
 //! the data is buffered. All buffered and in-flight bytes together hold permits of one
 //! semaphore sized by `--write-buffer`. A chunk that overlaps a chunk in flight for the
 //! same inode waits for it, so the later write lands last. A background failure is kept on
-//! the handle: every later write and flush of it fails, until an fsync reports it once (a
-//! flush does not clear it: the kernel sends one at every close of a copy of the
-//! descriptor, and a child that inherited it closes its copy at exec).
+//! the handle: the next write of it fails, and every flush, until an fsync reports it once
+//! (a flush does not clear it: the kernel sends one at every close of a copy of the
+//! descriptor, and a child that inherited it closes its copy at exec); the fsync of
+//! another handle of the file reports each failure once too.
 //!
 //! A `setattr` (times, mode, owner; not the size) of a file whose only uncommitted bytes
 //! sit in one handle's buffer is held with those bytes ([`OpenFiles::hold_set`]) and
@@ -20,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -65,6 +66,8 @@ pub struct OpenFile {
     buffered: AtomicUsize,
     lanes: Arc<Semaphore>,
     outcome: Arc<Outcome>,
+    /// Other handles of the inode → their failures this handle's fsync has reported.
+    reported: Mutex<HashMap<u64, u64>>,
     reader: tokio::sync::Mutex<ReadCache>,
 }
 
@@ -77,7 +80,13 @@ struct Writer {
 /// What the handle's background writes left behind.
 #[derive(Default)]
 struct Outcome {
+    /// The first failure no fsync of the handle has reported yet.
     error: Mutex<Option<Errno>>,
+    /// Whether a write has reported `error` already: one write fails for it, the later
+    /// ones go on (flush and fsync still report it).
+    told_write: AtomicBool,
+    /// Failures so far: another handle's fsync reports each one once.
+    failures: AtomicU64,
     in_flight: Mutex<Vec<watch::Receiver<bool>>>,
 }
 
@@ -164,6 +173,7 @@ impl OpenFiles {
             buffered: AtomicUsize::new(0),
             lanes: Arc::new(Semaphore::new(LANES)),
             outcome: Arc::default(),
+            reported: Mutex::default(),
             reader: tokio::sync::Mutex::new(ReadCache::new(self.read_chunk)),
         });
         lock(&self.handles).insert(fh, file.clone());
@@ -194,9 +204,13 @@ impl OpenFiles {
         offset: u64,
         data: &[u8],
     ) -> Result<u32, Errno> {
-        // An earlier write of this handle failed: every later one fails too, until an
-        // fsync has reported it (a success now must not read as the file being whole).
-        file.error()?;
+        // An earlier write of this handle failed: the next write hears of it (flush and
+        // fsync still will).
+        if let Err(e) = file.error()
+            && !file.outcome.told_write.swap(true, Ordering::AcqRel)
+        {
+            return Err(e);
+        }
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         if len == 0 {
             return Ok(0);
@@ -274,12 +288,23 @@ impl OpenFiles {
     /// fsync is per file, not per descriptor: sends the buffers of every handle of the
     /// inode, waits for all of the inode's writes, and fails if any of them failed. This
     /// handle's failure is reported and cleared here (once per open file, as the
-    /// kernel's fsync does); another handle's is reported but kept for that handle.
+    /// kernel's fsync does); another handle's is reported once to this handle, and kept
+    /// for that handle's own fsync and close.
     pub async fn fsync(&self, file: &Arc<OpenFile>) -> Result<(), Errno> {
         self.flush_inode(file.ino).await;
         file.take_error()?;
         for other in self.handles_of(file.ino) {
-            if let Some(e) = *lock(&other.outcome.error) {
+            if Arc::ptr_eq(&other, file) {
+                continue;
+            }
+            let Some(e) = *lock(&other.outcome.error) else {
+                continue;
+            };
+            let failures = other.outcome.failures.load(Ordering::Acquire);
+            let mut reported = lock(&file.reported);
+            let seen = reported.entry(other.fh).or_insert(0);
+            if *seen < failures {
+                *seen = failures;
                 return Err(e);
             }
         }
@@ -637,7 +662,12 @@ impl OpenFile {
 
 impl Outcome {
     fn fail(&self, e: Errno) {
-        lock(&self.error).get_or_insert(e);
+        let mut error = lock(&self.error);
+        if error.is_none() {
+            *error = Some(e);
+            self.told_write.store(false, Ordering::Release);
+        }
+        self.failures.fetch_add(1, Ordering::AcqRel);
     }
 
     fn take_error(&self) -> Result<(), Errno> {
@@ -945,6 +975,11 @@ mod tests {
         // it first; the writer's own fsync and close must still.
         assert_eq!(files.flush(&f).await, Err(Errno::ENOSPC));
         assert_eq!(files.write(&f, 5, b"more").await, Err(Errno::ENOSPC));
+        assert_eq!(
+            files.write(&f, 5, b"more").await,
+            Ok(4),
+            "one write hears of it, the next goes on"
+        );
         assert_eq!(files.flush(&f).await, Err(Errno::ENOSPC));
         assert_eq!(files.fsync(&f).await, Err(Errno::ENOSPC));
         assert_eq!(files.fsync(&f).await, Ok(()), "reported once by fsync");
@@ -998,8 +1033,17 @@ mod tests {
             Err(Errno::ENOSPC),
             "a still hears of it"
         );
+        assert_eq!(files.fsync(&b).await, Ok(()), "reported to b once");
+        let c = files.open(3, 5);
+        files
+            .write(&a, 0, b"lost again")
+            .await
+            .expect_err("a hears of it");
+        files.write(&a, 0, b"lost again").await.expect("a goes on");
+        assert_eq!(files.fsync(&c).await, Err(Errno::ENOSPC), "a later failure");
+        assert_eq!(files.fsync(&b).await, Err(Errno::ENOSPC), "a later failure");
+        assert_eq!(files.fsync(&b).await, Ok(()));
         assert_eq!(files.fsync(&a).await, Err(Errno::ENOSPC));
-        assert_eq!(files.fsync(&b).await, Ok(()), "reported by a's fsync");
     }
 
     #[tokio::test]

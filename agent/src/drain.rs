@@ -342,8 +342,7 @@ pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan,
     Ok(plan)
 }
 
-/// The alive members that run another release than `mine`, as "name runs version".
-/// The alive members that run another release than this agent, in words.
+/// The alive members that run another release than this agent, as "name runs version".
 pub(crate) fn alive_on_other_releases(members: &[MemberView]) -> Vec<String> {
     other_releases(
         members

@@ -52,6 +52,11 @@ impl Launcher {
 
     /// [`Launcher::run`], failing instead of panicking (for a `Drop`).
     pub fn try_run(&mut self, program: &Path, args: &[&str]) -> std::io::Result<Output> {
+        if args.iter().any(|a| a.contains('\n')) {
+            return Err(std::io::Error::other(
+                "the launcher takes no newline in an argument",
+            ));
+        }
         self.runs += 1;
         let out = self.dir.join(format!("launched-{}.out", self.runs));
         let err = self.dir.join(format!("launched-{}.err", self.runs));

@@ -79,7 +79,7 @@ impl Ballast {
 
     /// Sets the ballast aside again once the filesystem has room for it and more.
     pub fn restore(&self) {
-        if self.held() {
+        if self.held() || self.path.as_os_str().is_empty() {
             return;
         }
         if std::fs::metadata(&self.path).is_ok_and(|m| m.len() >= BALLAST_BYTES) {

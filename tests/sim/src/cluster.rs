@@ -60,6 +60,9 @@ const DOWN_OUT_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
 pub const EC: EcProfile = EcProfile { k: 2, m: 2 };
 /// Each node's shard store holds this much.
 const STORE_BYTES: u64 = 1 << 30;
+/// Each node's simulated disk, as its facts tell it (the placement weight): the same at
+/// the start and in every later publication of the `facts` worker, so no weight changes.
+const DISK_BYTES: u64 = 1 << 40;
 /// How long shards no stripe names wait before the collector takes them (the agent's
 /// default is 600 s; a run is shorter).
 pub const ORPHAN_SHARD_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
@@ -827,10 +830,7 @@ async fn note_leaders(id: u64, group: Arc<Group>, trace: Trace) {
 /// The size and use of a node's simulated disk, which holds only its shard store (the
 /// figures its `facts` worker publishes: the same on every machine).
 fn disk_figures(store: &NodeStore) -> (u64, u64) {
-    (
-        STORE_BYTES,
-        shoal_store::ShardStore::usage(store).used_bytes,
-    )
+    (DISK_BYTES, shoal_store::ShardStore::usage(store).used_bytes)
 }
 
 /// What node `id` (gossiping as `me`) tells the others about itself when it starts: a
@@ -841,7 +841,9 @@ fn facts(me: MemberId, rpc_addr: SocketAddr) -> NodeFacts {
         failure_domain: format!("rack{}", me.node.0),
         rpc_addr,
         agent_version: shoal_agent::AGENT_VERSION.into(),
+        capacity_bytes: DISK_BYTES,
         used_bytes: 0,
+        store_room_bytes: STORE_BYTES,
         ..sim_facts(me)
     }
 }

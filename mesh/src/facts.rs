@@ -169,22 +169,23 @@ impl NodeFacts {
 /// The newest facts known for every node, shared between the foca broadcast handler and
 /// the rest of the membership code.
 #[derive(Clone, Default)]
-pub(crate) struct FactsTable(
-    Arc<Mutex<BTreeMap<NodeId, NodeFacts>>>,
+pub(crate) struct FactsTable {
+    newest: Arc<Mutex<BTreeMap<NodeId, NodeFacts>>>,
     /// Set when facts of a later life (generation) of a known node arrive.
-    Arc<std::sync::atomic::AtomicBool>,
-);
+    new_life: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl FactsTable {
     pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, NodeFacts>> {
         // A poisoned lock only means another thread panicked mid-update of a map of plain
         // values; the map itself is still consistent.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.newest.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether facts of a new life of a known node arrived since the last call.
     pub(crate) fn take_new_life(&self) -> bool {
-        self.1.swap(false, std::sync::atomic::Ordering::Relaxed)
+        self.new_life
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stores `facts` if they are newer than what is known; says whether they were.
@@ -197,7 +198,8 @@ impl FactsTable {
                 // sees no change (its new life may reuse the identity a renewal gave its
                 // previous one): the caller republishes ours.
                 if known.is_some_and(|k| k.generation < facts.generation) {
-                    self.1.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.new_life
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 table.insert(facts.node, facts);
                 true

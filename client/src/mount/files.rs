@@ -962,7 +962,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_write_is_reported_by_every_flush_and_write_until_an_fsync_reports_it() {
+    async fn a_failed_write_is_reported_by_the_next_write_and_every_flush_until_an_fsync() {
         let (files, _seen) = files_answering("fail", 1 << 30, |r| match r {
             Request::Fs(FsRequest::Write { .. }) => {
                 Some(Response::Fs(FsResponse::Error(FsError::NoSpace)))

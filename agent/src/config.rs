@@ -2,6 +2,8 @@
 //! documented in `agent/agent.example.toml`; unknown keys and impossible values are errors
 //! that name the key.
 
+pub mod tiering;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,7 +37,7 @@ pub struct AgentConfig {
     pub resources: Option<ResourcesConfig>,
     /// The cold tier; without it data stays on NVMe.
     #[serde(default)]
-    pub tiering: Option<crate::tier::TieringConfig>,
+    pub tiering: Option<tiering::TieringConfig>,
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
@@ -728,7 +730,7 @@ cluster_key = "/etc/shoal/tls/cluster.key"
         let t = c.tiering.expect("tiering section");
         t.validate()
             .expect("the example's tiering values are valid");
-        assert_eq!(t.store, crate::tier::config::StoreKind::S3);
+        assert_eq!(t.store, tiering::StoreKind::S3);
         assert_eq!(t.s3.expect("s3").bucket, "shoal-cold");
     }
 

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 
 use shoal_agent_api::FailureKind;
 
+use crate::failure::{mesh_kind, namespace_kind, store_kind, tier_kind};
+
 /// Why the agent could not start or keep running.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -186,46 +188,9 @@ impl AgentError {
     }
 }
 
-/// The local replica's failures: its own answers (no such inode) keep their class; a
-/// failure of its storage is internal.
-pub(crate) fn namespace_kind(e: &shoal_namespace::NamespaceError) -> FailureKind {
-    match e {
-        shoal_namespace::NamespaceError::Fs(e) => e.kind(),
-        _ => FailureKind::Internal,
-    }
-}
-
-/// Membership and transport: what may pass (a peer unreachable or busy) is unavailable, a
-/// peer without room no space, anything else internal.
-pub(crate) fn mesh_kind(e: &shoal_mesh::MeshError) -> FailureKind {
-    use shoal_mesh::{FailureClass, MeshError};
-    match e {
-        e if e.is_retryable() => FailureKind::Unavailable,
-        MeshError::RpcRemote {
-            class: FailureClass::NoSpace,
-            ..
-        } => FailureKind::NoSpace,
-        _ => FailureKind::Internal,
-    }
-}
-
-/// This node's shard store: full is no space, anything else internal.
-pub(crate) fn store_kind(e: &shoal_store::StoreError) -> FailureKind {
-    match e {
-        shoal_store::StoreError::Full { .. } | shoal_store::StoreError::NoRoom { .. } => {
-            FailureKind::NoSpace
-        }
-        _ => FailureKind::Internal,
-    }
-}
-
-/// The cold tier's store: an outage may pass, a missing object is not found, a refusal
-/// (credentials, bucket) or a bad configuration needs a person.
-fn tier_kind(e: &shoal_tiering::TierError) -> FailureKind {
-    match e {
-        e if e.is_retryable() => FailureKind::Unavailable,
-        shoal_tiering::TierError::NotFound(_) => FailureKind::NotFound,
-        _ => FailureKind::Internal,
+impl crate::worker::WorkError for AgentError {
+    fn is_retryable(&self) -> bool {
+        AgentError::is_retryable(self)
     }
 }
 

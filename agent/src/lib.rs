@@ -8,27 +8,26 @@
 //! It must never be depended on by the CLI: clients speak `shoal-agent-api` only.
 //!
 //! Background work (repair, scrub, the collectors, the tier, the steward, the batcher…)
-//! runs as [`workers::Worker`]s; `workers` lists every one of them and how they stop.
+//! runs as [`worker::Worker`]s (how they run and stop); `workers` lists every one of them.
 
-mod admin;
 mod config;
 pub mod consensus;
 pub mod data;
-mod drain;
 mod durable;
 mod error;
+mod failure;
 pub mod fs;
 mod identity_store;
 mod metrics_http;
 mod node;
-mod ok_to_stop;
+pub mod redundancy;
+mod releases;
 mod resources;
-mod revoke;
 pub mod runtime_threads;
 pub mod sim_thread;
-mod status;
 mod system_rpc;
 pub mod tier;
+pub mod worker;
 pub mod workers;
 
 pub use config::{

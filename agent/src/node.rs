@@ -1,6 +1,14 @@
 //! The composition root: one [`Node`] owns every subsystem of the agent, builds them in
 //! dependency order, and stops them in reverse: first what serves requests from outside,
-//! then the background workers, then Raft, then the transport.
+//! then the background workers, then Raft, then the transport. Beside it, what an operator
+//! asks of the whole node through the admin socket (`admin`): `status`, `drain` (and
+//! undrain, remove), `ok_to_stop`, `revoke`. Nothing below the node depends on it.
+
+mod admin;
+mod drain;
+mod ok_to_stop;
+mod revoke;
+mod status;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -24,10 +32,11 @@ use crate::data::{ClusterView, StripeSettings, Stripes};
 use crate::fs::{FsService, OpenHandles};
 use crate::system_rpc::{Ping, Pong};
 use crate::tier::{self, Tier, TierMetrics};
+use crate::worker::Workers;
 use crate::workers::repair::{self, RepairShared};
 use crate::workers::scrub::{self, ScrubShared};
-use crate::workers::{Workers, facts, gc, gpu, metrics, steward};
-use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, admin, metrics_http};
+use crate::workers::{facts, gc, gpu, metrics, steward};
+use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, metrics_http};
 
 /// How long an agent whose metadata member failed goes on (status and gossip say so, and
 /// the metadata leader replaces it as a voter after 30 s) before it exits.
@@ -280,7 +289,7 @@ impl Node {
             Resources::gpu_probe(),
         ));
         w.spawn(metrics::MetricsRefresh::new(self.group.clone()));
-        w.spawn(crate::revoke::RevocationsRefresh::new(
+        w.spawn(revoke::RevocationsRefresh::new(
             self.group.clone(),
             self.transport.clone(),
             self.certified.clone(),

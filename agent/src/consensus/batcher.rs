@@ -12,11 +12,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::debug;
 
+use super::ConsensusError;
 use super::metrics::MetaMetrics;
 use super::net::{Committed, ForwardRefused};
 use super::types::Raft;
-use crate::AgentError;
-use crate::workers::{Step, Worker};
+use crate::worker::{Step, Worker};
 
 /// Most proposals in one log entry.
 pub(super) const MAX_BATCH: usize = 1024;
@@ -92,11 +92,13 @@ impl Batcher {
 }
 
 impl Worker for Batcher {
+    type Error = ConsensusError;
+
     fn name(&self) -> &'static str {
         "batcher"
     }
 
-    async fn work(&mut self) -> Result<Step, AgentError> {
+    async fn work(&mut self) -> Result<Step, ConsensusError> {
         while self.answering.try_join_next().is_some() {}
         let Some(first) = self.carried.take() else {
             return Ok(Step::Idle);

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use shoal_mesh::GossipHandle;
 use tokio::sync::watch;
 
+use super::ConsensusError;
 use super::group::Group;
-use crate::AgentError;
-use crate::workers::{Step, Worker};
+use crate::worker::{Step, Worker};
 
 /// The worker (see the module doc).
 pub struct CoreWatch {
@@ -49,11 +49,13 @@ fn stopped(m: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> Option<String
 }
 
 impl Worker for CoreWatch {
+    type Error = ConsensusError;
+
     fn name(&self) -> &'static str {
         "meta-core-watch"
     }
 
-    async fn work(&mut self) -> Result<Step, AgentError> {
+    async fn work(&mut self) -> Result<Step, ConsensusError> {
         let reason = match stopped(&self.metrics.borrow_and_update()) {
             Some(reason) => reason,
             None if self.gone => "the Raft core ended without saying why".into(),

@@ -18,6 +18,15 @@ pub enum ConsensusError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The member's directory in the data dir could not be used.
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Gossip or the transport failed (publishing this member's facts, say).
+    #[error(transparent)]
+    Mesh(#[from] shoal_mesh::MeshError),
     /// The local replica (the namespace state machine) failed.
     #[error(transparent)]
     Namespace(#[from] NamespaceError),
@@ -73,6 +82,7 @@ impl ConsensusError {
             // A panic is a bug, not worth the mount's `--retry-for`; a task cancelled by a
             // stop is retried (the agent comes back).
             ConsensusError::Task(e) => e.is_cancelled(),
+            ConsensusError::Mesh(e) => e.is_retryable(),
             _ => false,
         }
     }
@@ -81,10 +91,17 @@ impl ConsensusError {
     /// their class, what may pass is unavailable, anything else internal.
     pub fn kind(&self) -> FailureKind {
         match self {
-            ConsensusError::Namespace(e) => crate::error::namespace_kind(e),
+            ConsensusError::Namespace(e) => crate::failure::namespace_kind(e),
+            ConsensusError::Mesh(e) => crate::failure::mesh_kind(e),
             e if e.is_retryable() => FailureKind::Unavailable,
             _ => FailureKind::Internal,
         }
+    }
+}
+
+impl crate::worker::WorkError for ConsensusError {
+    fn is_retryable(&self) -> bool {
+        ConsensusError::is_retryable(self)
     }
 }
 

@@ -137,8 +137,8 @@ impl Group {
         transport: Arc<Transport>,
         metrics: MetaMetrics,
         rejoin: Option<(String, Vec<SocketAddr>)>,
-    ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
-        let io = |source| crate::AgentError::DataDir {
+    ) -> Result<(Arc<Group>, GroupWorkers), ConsensusError> {
+        let io = |source| ConsensusError::DataDir {
             path: dir.to_owned(),
             source,
         };
@@ -176,8 +176,8 @@ impl Group {
         config: MetaConfig,
         transport: Arc<Transport>,
         metrics: MetaMetrics,
-    ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
-        let io = |source| crate::AgentError::DataDir {
+    ) -> Result<(Arc<Group>, GroupWorkers), ConsensusError> {
+        let io = |source| ConsensusError::DataDir {
             path: dir.to_owned(),
             source,
         };
@@ -208,7 +208,7 @@ impl Group {
         transport: Arc<Transport>,
         metrics: MetaMetrics,
         rejoin: Option<(String, Vec<SocketAddr>)>,
-    ) -> Result<(Arc<Group>, GroupWorkers), crate::AgentError> {
+    ) -> Result<(Arc<Group>, GroupWorkers), ConsensusError> {
         let Opened {
             mut log,
             store,

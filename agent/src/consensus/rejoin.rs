@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use shoal_mesh::{Rpc, Transport};
 use shoal_placement::NodeId;
 
+use super::ConsensusError;
 use super::net::ForwardRefused;
 
 /// Asks an agent what the cluster knows of node `node`.
@@ -173,13 +174,15 @@ impl Rejoiner {
     }
 }
 
-impl crate::workers::Worker for Rejoiner {
+impl crate::worker::Worker for Rejoiner {
+    type Error = ConsensusError;
+
     fn name(&self) -> &'static str {
         "rejoin"
     }
 
-    async fn work(&mut self) -> Result<crate::workers::Step, crate::AgentError> {
-        use crate::workers::Step;
+    async fn work(&mut self) -> Result<crate::worker::Step, ConsensusError> {
+        use crate::worker::Step;
         let Some(peer) = self.peers.get(self.next % self.peers.len().max(1)).copied() else {
             return Ok(Step::Done);
         };

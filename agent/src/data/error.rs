@@ -166,9 +166,9 @@ impl StripeError {
             // Not retried by a mount (nodes must come back first), but a matter of the
             // cluster's state, not of the request.
             StripeError::TooFewNodes { .. } => FailureKind::Unavailable,
-            StripeError::Layout(e) => crate::error::namespace_kind(e),
-            StripeError::Store(e) => crate::error::store_kind(e),
-            StripeError::Mesh(e) => crate::error::mesh_kind(e),
+            StripeError::Layout(e) => crate::failure::namespace_kind(e),
+            StripeError::Store(e) => crate::failure::store_kind(e),
+            StripeError::Mesh(e) => crate::failure::mesh_kind(e),
             StripeError::Placement(_)
             | StripeError::NotStored(_)
             | StripeError::NotDeleted { .. }

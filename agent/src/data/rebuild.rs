@@ -1,6 +1,6 @@
 //! Rebuilding lost shards of a stripe: decode from any k of the others (checked against
 //! the record), encode again, store each rebuilt shard on its target. What to rebuild and
-//! where is the repair planner's (`workers::repair::plan`); committing the new locations
+//! where is the repair planner's (`redundancy`); committing the new locations
 //! is the repair worker's, once this has returned them durable.
 
 use std::sync::Arc;

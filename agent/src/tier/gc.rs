@@ -17,7 +17,7 @@ use tracing::{debug, info};
 
 use super::Tier;
 use crate::AgentError;
-use crate::workers::{Step, Ticker, Worker};
+use crate::worker::{Step, Ticker, Worker};
 
 /// Garbage objects deleted per unit of work, at most.
 const PER_PASS: usize = 256;
@@ -140,6 +140,8 @@ impl TierGc {
 }
 
 impl Worker for TierGc {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "tier-gc"
     }

@@ -16,7 +16,7 @@ use shoal_namespace::{Command, Proposal};
 
 use super::{Tier, lock};
 use crate::AgentError;
-use crate::workers::{Step, Ticker, Worker};
+use crate::worker::{Step, Ticker, Worker};
 
 /// How often noted reads are proposed.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
@@ -93,6 +93,8 @@ impl TierHeat {
 }
 
 impl Worker for TierHeat {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "tier-heat"
     }

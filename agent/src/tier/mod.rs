@@ -23,7 +23,6 @@
 //! the leader).
 
 mod claim;
-pub mod config;
 mod gc;
 mod heat;
 mod metrics;
@@ -40,7 +39,7 @@ use shoal_mesh::GossipHandle;
 use shoal_tiering::ColdStore;
 use shoal_tiering::policy::Policy;
 
-pub use config::TieringConfig;
+pub use crate::config::tiering::{StoreKind, TieringConfig};
 pub use gc::TierGc;
 pub use heat::TierHeat;
 pub use metrics::TierMetrics;
@@ -165,7 +164,7 @@ impl Tier {
         let Ok(members) = self.gossip.members().await else {
             return false;
         };
-        crate::drain::alive_on_other_releases(&members).is_empty()
+        crate::releases::alive_on_other_releases(&members).is_empty()
     }
 
     /// Runs `f` against the store within `limit`; a timeout is a retryable store error.

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::{Tier, lock};
 use crate::AgentError;
-use crate::workers::{Step, Ticker, Worker};
+use crate::worker::{Step, Ticker, Worker};
 
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -151,6 +151,8 @@ impl TierMover {
 }
 
 impl Worker for TierMover {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "tier-mover"
     }

@@ -20,7 +20,7 @@ use tracing::{debug, info};
 use super::{PrefetchState, Tier, lock};
 use crate::AgentError;
 use crate::consensus::ConsensusError;
-use crate::workers::{Step, Worker};
+use crate::worker::{Step, Worker};
 
 /// Most stripes waiting to be warmed; one read again while this many wait is warmed
 /// when it is read again after that.
@@ -71,6 +71,8 @@ impl TierWarm {
 }
 
 impl Worker for TierWarm {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "tier-warm"
     }

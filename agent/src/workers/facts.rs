@@ -11,9 +11,9 @@ use shoal_mesh::GossipHandle;
 use shoal_store::{NodeStore, RingHealth};
 use tracing::warn;
 
-use super::{Step, Ticker, Worker};
 use crate::AgentError;
 use crate::consensus::ballast::Ballast;
+use crate::worker::{Step, Ticker, Worker};
 
 /// How often the worker looks at the store and the filesystem.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
@@ -86,6 +86,8 @@ pub fn disk_usage(dir: &std::path::Path) -> (u64, u64) {
 }
 
 impl Worker for Facts {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "facts"
     }

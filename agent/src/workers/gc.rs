@@ -33,11 +33,11 @@ use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, NodeId, NodeState, StripeId};
 use tracing::{debug, info};
 
-use super::{Step, Ticker, Worker};
 use crate::AgentError;
 use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
 use crate::fs::OpenHandles;
+use crate::worker::{Step, Ticker, Worker};
 
 /// Stripes freed per unit of work, at most.
 const STRIPES_PER_PASS: usize = 256;
@@ -222,6 +222,8 @@ impl OrphanShards {
 }
 
 impl Worker for OrphanShards {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "orphan-shards"
     }
@@ -281,6 +283,8 @@ impl StripeGc {
 }
 
 impl Worker for StripeGc {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "stripe-gc"
     }
@@ -359,6 +363,8 @@ impl OrphanPurge {
 }
 
 impl Worker for OrphanPurge {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "orphan-purge"
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use shoal_resource_guard::GpuProbe;
 use tracing::info;
 
-use super::{Step, Ticker, Worker};
+use crate::worker::{Step, Ticker, Worker};
 use crate::{AgentError, Resources};
 
 pub struct GpuPoller {
@@ -29,6 +29,8 @@ impl GpuPoller {
 }
 
 impl Worker for GpuPoller {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "gpu"
     }

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Step, Ticker, Worker};
 use crate::AgentError;
 use crate::consensus::Group;
+use crate::worker::{Step, Ticker, Worker};
 
 pub struct MetricsRefresh {
     group: Arc<Group>,
@@ -23,6 +23,8 @@ impl MetricsRefresh {
 }
 
 impl Worker for MetricsRefresh {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "metrics"
     }

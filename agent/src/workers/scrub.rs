@@ -37,9 +37,9 @@ use shoal_resource_guard::WorkClass;
 use shoal_store::{NodeStore, ShardKey, ShardStore, StoreError};
 use tracing::{debug, info, warn};
 
-use super::{Step, Ticker, Worker};
 use crate::consensus::Group;
 use crate::data::Stripes;
+use crate::worker::{Step, Ticker, Worker};
 use crate::{AgentError, Resources};
 
 /// Shards checked per unit of work.
@@ -400,6 +400,8 @@ impl Scrub {
 }
 
 impl Worker for Scrub {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "scrub"
     }

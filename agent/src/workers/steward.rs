@@ -43,10 +43,10 @@ use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, LayoutNode, NodeId, NodeState};
 use tracing::{debug, info, warn};
 
-use super::{Step, Ticker, Worker};
 use crate::AgentError;
 use crate::consensus::voters::{Candidate, VoterPlan, choose_voters};
 use crate::consensus::{ConsensusError, Group};
+use crate::worker::{Step, Ticker, Worker};
 
 const TICK: Duration = Duration::from_secs(1);
 /// Members must have been seen this long before a new cluster forms (gossip converges).
@@ -175,6 +175,8 @@ impl Steward {
 }
 
 impl Worker for Steward {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "steward"
     }

@@ -34,11 +34,12 @@ use shoal_agent::consensus::{Group, MetaConfig};
 use shoal_agent::data::{ClusterView, StripeSettings, Stripes};
 use shoal_agent::fs::{FsService, OpenHandles};
 use shoal_agent::tier::{Tier, TierGc, TierHeat, TierMetrics, TierMover, TierWarm, TieringConfig};
+use shoal_agent::worker::Workers;
 use shoal_agent::workers::facts::Facts;
+use shoal_agent::workers::gc;
 use shoal_agent::workers::repair::{Repair, RepairShared};
 use shoal_agent::workers::scrub::{Scrub, ScrubShared};
 use shoal_agent::workers::steward::Steward;
-use shoal_agent::workers::{Workers, gc};
 use shoal_agent::{BackgroundConfig, Resources};
 use shoal_disk::{Disk, SimDisk, SimFault, SplitMix64};
 use shoal_mesh::membership_sim::sim_facts;
@@ -78,7 +79,7 @@ pub type Bucket = Arc<Faulty<ObjectBackend>>;
 /// metadata never heard of is deleted after the shortest grace the agent allows.
 fn tier_config() -> TieringConfig {
     TieringConfig {
-        store: shoal_agent::tier::config::StoreKind::Dir,
+        store: shoal_agent::tier::StoreKind::Dir,
         dir: None,
         s3: None,
         cold_after: "30s".into(),

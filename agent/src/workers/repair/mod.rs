@@ -40,8 +40,6 @@
 //! `shoal_repair_{bytes,stripes,conflicts,moved_bytes,rebalanced_bytes,
 //! rebalance_conflicts}_total`, `shoal_repair_bytes_per_sec`.
 
-pub mod plan;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,11 +61,11 @@ use shoal_resource_guard::WorkClass;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use self::plan::{Health, Plan, Reason, Room, Summary, Task};
-use super::{Step, Ticker, Worker};
 use crate::consensus::Group;
 use crate::data::Rebuild;
 use crate::data::Stripes;
+use crate::redundancy::{self as plan, Health, Plan, Reason, Room, Summary, Task};
+use crate::worker::{Step, Ticker, Worker};
 use crate::{AgentError, Resources};
 
 /// Stripe records read per unit of scanning.
@@ -455,7 +453,7 @@ impl Repair {
                 );
             }
             self.queue = plan.tasks.into();
-            self.queue_planned_at = crate::drain::alive_on_other_releases(&members)
+            self.queue_planned_at = crate::releases::alive_on_other_releases(&members)
                 .is_empty()
                 .then_some(pass.planned_at_ms);
         } else {
@@ -762,6 +760,8 @@ async fn repair_one(
 }
 
 impl Worker for Repair {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "repair"
     }

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use shoal_agent::workers::repair::plan;
+use shoal_agent::redundancy as plan;
 use shoal_disk::SplitMix64;
 use shoal_placement::{Layout, NodeId, NodeState, PlacementError, place};
 

@@ -1,10 +1,10 @@
 //! How a lost node's rebuild spreads over the others: the real repair planner
-//! (`shoal_agent::workers::repair::plan`) over every stripe, once the node is `out`.
+//! (`shoal_agent::redundancy`) over every stripe, once the node is `out`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use shoal_agent::workers::repair::plan::{self, Health, Room};
+use shoal_agent::redundancy::{self as plan, Health, Room};
 use shoal_agent_api::StripeRecord;
 use shoal_placement::{NodeId, NodeState, PlacementError};
 

@@ -1,5 +1,7 @@
-//! The repair planner (pure): how each stripe stands, what the cluster's redundancy is,
-//! and which shards to rebuild in which order, from which sources, onto which targets.
+//! The redundancy judgement (pure), shared by repair, drain, ok-to-stop and status: how
+//! each stripe stands, what the cluster's redundancy is, what a drain or a stop would
+//! weaken, and which shards to rebuild in which order, from which sources, onto which
+//! targets.
 //!
 //! A slot is *available* when the node it names is in the layout, not `out`, and alive;
 //! *waiting* when that node is down but not yet `out` (it may come back with its shards:

@@ -32,7 +32,7 @@ use shoal_namespace::nodes::{NodeChange, state_name, transition};
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::{Layout, NodeId, NodeState};
 
-use crate::workers::repair::plan::{self, Health, Room, Weakened};
+use crate::redundancy::{self as plan, Health, Room, Weakened};
 use crate::{AgentError, Node};
 
 /// Stripes read from the replica per page.
@@ -342,29 +342,6 @@ pub async fn drain(node: &Node, which: &str, dry_run: bool) -> Result<DrainPlan,
     Ok(plan)
 }
 
-/// The alive members that run another release than this agent, as "name runs version".
-pub(crate) fn alive_on_other_releases(members: &[MemberView]) -> Vec<String> {
-    other_releases(
-        members
-            .iter()
-            .filter(|m| m.state == MemberState::Alive)
-            .filter_map(|m| m.facts.as_ref())
-            .map(|f| (f.name.as_str(), f.agent_version.as_str())),
-        crate::AGENT_VERSION,
-    )
-}
-
-fn other_releases<'a>(
-    versions: impl IntoIterator<Item = (&'a str, &'a str)>,
-    mine: &str,
-) -> Vec<String> {
-    versions
-        .into_iter()
-        .filter(|(_, v)| *v != mine)
-        .map(|(name, v)| format!("{name} runs {v}"))
-        .collect()
-}
-
 /// Proposes `change` for `node`; a refusal comes back as [`AgentError::Refused`]. Refused
 /// while an alive member runs another release: `ChangeNode` is new in the log, and an
 /// agent of an older release could not apply it.
@@ -374,7 +351,7 @@ async fn change_node(
     id: NodeId,
     change: NodeChange,
 ) -> Result<(), AgentError> {
-    let others = alive_on_other_releases(members);
+    let others = crate::releases::alive_on_other_releases(members);
     if !others.is_empty() {
         return Err(AgentError::Refused(format!(
             "node changes need every node on this release ({}): {}; finish the upgrade first",
@@ -533,7 +510,7 @@ pub async fn status(node: &Node, which: Option<&str>) -> Result<Vec<DrainProgres
 mod tests {
     use shoal_placement::{Spread, StripeId};
 
-    use super::{Weakened, other_releases, weakened_reasons};
+    use super::{Weakened, weakened_reasons};
 
     fn spread(shards: usize, domains: usize, most_in_one_domain: usize) -> Spread {
         Spread {
@@ -575,12 +552,5 @@ mod tests {
             "{reasons:?}"
         );
         assert!(weakened_reasons(&[], domains).is_empty());
-    }
-
-    #[test]
-    fn members_on_another_release_are_named() {
-        let versions = [("gpu1", "0.2.0"), ("gpu2", "0.1.0"), ("gpu3", "0.2.0")];
-        assert_eq!(other_releases(versions, "0.2.0"), ["gpu2 runs 0.1.0"]);
-        assert!(other_releases(versions[..1].iter().copied(), "0.2.0").is_empty());
     }
 }

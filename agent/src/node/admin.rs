@@ -19,7 +19,8 @@ use tracing::{debug, warn};
 
 use shoal_namespace::nodes::NodeChange;
 
-use crate::{AdminConfig, AgentError, Node, status};
+use super::status;
+use crate::{AdminConfig, AgentError, Node};
 
 /// Binds the socket, replacing a stale one left by a crashed agent but never one that a
 /// running agent still serves. The socket never exists at its path with looser permissions
@@ -182,27 +183,27 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
         },
         // The one-node form of protocol 5 to 8, answered in the form those clients decode.
         Request::OkToStop { node: which } => {
-            match crate::ok_to_stop::assess(node, std::slice::from_ref(&which)).await {
+            match super::ok_to_stop::assess(node, std::slice::from_ref(&which)).await {
                 Ok(r) => Response::OkToStop(Box::new(r.into_one())),
                 Err(e) => failed(e),
             }
         }
-        Request::OkToStopNodes { nodes } => match crate::ok_to_stop::assess(node, &nodes).await {
+        Request::OkToStopNodes { nodes } => match super::ok_to_stop::assess(node, &nodes).await {
             Ok(r) => Response::OkToStopNodes(Box::new(r)),
             Err(e) => failed(e),
         },
         Request::Drain {
             node: which,
             dry_run,
-        } => match crate::drain::drain(node, &which, dry_run).await {
+        } => match super::drain::drain(node, &which, dry_run).await {
             Ok(p) => Response::Drain(Box::new(p)),
             Err(e) => failed(e),
         },
         Request::Undrain { node: which } => {
-            done(crate::drain::change(node, &which, NodeChange::Undrain).await)
+            done(super::drain::change(node, &which, NodeChange::Undrain).await)
         }
         Request::RemoveNode { node: which } => {
-            done(crate::drain::change(node, &which, NodeChange::Remove).await)
+            done(super::drain::change(node, &which, NodeChange::Remove).await)
         }
         Request::Maintenance {
             node: which,
@@ -212,10 +213,10 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
                 Some(for_ms) => NodeChange::EnterMaintenance { for_ms },
                 None => NodeChange::ExitMaintenance,
             };
-            done(crate::drain::change(node, &which, change).await)
+            done(super::drain::change(node, &which, change).await)
         }
         Request::DrainStatus { node: which } => {
-            match crate::drain::status(node, which.as_deref()).await {
+            match super::drain::status(node, which.as_deref()).await {
                 Ok(d) => Response::Drains(d),
                 Err(e) => failed(e),
             }
@@ -229,7 +230,7 @@ async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) ->
         | Request::TierPrefetch { .. }
         | Request::TierPin { .. }
         | Request::ColdExtents { .. } => tier_request(node, request).await,
-        Request::RevokeCertificate { name } => done(crate::revoke::revoke(node, &name).await),
+        Request::RevokeCertificate { name } => done(super::revoke::revoke(node, &name).await),
     }
 }
 

@@ -26,7 +26,7 @@ use shoal_namespace::{Command, Outcome, Proposal};
 use tracing::error;
 
 use crate::consensus::Group;
-use crate::workers::{Step, Ticker, Worker};
+use crate::worker::{Step, Ticker, Worker};
 use crate::{AgentError, Node};
 
 /// How often the worker reads the list: the bound within which every agent refuses a
@@ -45,7 +45,7 @@ pub(crate) async fn revoke(node: &Node, name: &str) -> Result<String, AgentError
         return Err(AgentError::Invalid("a node name is needed".into()));
     }
     let members = node.gossip.members().await?;
-    let others = crate::drain::alive_on_other_releases(&members);
+    let others = crate::releases::alive_on_other_releases(&members);
     if !others.is_empty() {
         return Err(AgentError::Refused(format!(
             "revocations need every node on this release ({}): {}; finish the upgrade first",
@@ -120,6 +120,8 @@ impl RevocationsRefresh {
 }
 
 impl Worker for RevocationsRefresh {
+    type Error = AgentError;
+
     fn name(&self) -> &'static str {
         "revocations"
     }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shoal_tiering::{ColdStore, ObjectBackend, S3Settings, policy::Policy};
 
+use super::{duration_text, invalid};
 use crate::AgentError;
-use crate::config::{duration_text, invalid};
 
 /// Which kind of store holds the cold tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,8 +18,8 @@ use std::collections::BTreeSet;
 use shoal_agent_api::{MAX_STRIPES_NAMED, OkToStopNodes, StopNode, StripeAtRisk, StripeRecord};
 use shoal_placement::{Layout, NodeId};
 
-use crate::drain::Named;
-use crate::workers::repair::plan::Health;
+use super::drain::Named;
+use crate::redundancy::Health;
 use crate::{AgentError, Node};
 
 /// Stripes read from the replica per page.
@@ -205,13 +205,13 @@ pub async fn assess(node: &Node, which: &[String]) -> Result<OkToStopNodes, Agen
             "ok-to-stop needs at least one node".into(),
         ));
     }
-    crate::drain::catch_up(node).await;
+    super::drain::catch_up(node).await;
     let members = node.gossip.members().await?;
     let store = node.group.store();
-    let layout = crate::drain::committed_layout(node)?;
+    let layout = super::drain::committed_layout(node)?;
     let mut named: Vec<Named> = Vec::new();
     for w in which {
-        let n = crate::drain::find_node(&members, Some(&layout), w)?;
+        let n = super::drain::find_node(&members, Some(&layout), w)?;
         if !named.iter().any(|m| m.id == n.id) {
             named.push(n);
         }

@@ -61,6 +61,13 @@ pub enum AgentError {
         addr: String,
         source: std::io::Error,
     },
+    /// A listening socket's accept failed (out of descriptors, say): the server tries
+    /// again a moment later.
+    #[error("{what}: accept failed: {source}")]
+    Accept {
+        what: &'static str,
+        source: std::io::Error,
+    },
     /// The resource reservation was refused or could not be applied.
     #[error(transparent)]
     Guard(#[from] shoal_resource_guard::GuardError),
@@ -120,7 +127,7 @@ impl AgentError {
             AgentError::Consensus(e) => e.is_retryable(),
             AgentError::Mesh(e) => e.is_retryable(),
             AgentError::Tier(e) => e.is_retryable(),
-            AgentError::NotYet(_) => true,
+            AgentError::NotYet(_) | AgentError::Accept { .. } => true,
             _ => false,
         }
     }
@@ -149,6 +156,7 @@ impl AgentError {
             | AgentError::AdminSocket { .. }
             | AgentError::AdminSocketInUse { .. }
             | AgentError::Listen { .. }
+            | AgentError::Accept { .. }
             | AgentError::Guard(_)
             | AgentError::Setup { .. } => FailureKind::Internal,
         }

@@ -7,9 +7,11 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 use tracing::debug;
 
 use crate::AgentError;
+use crate::worker::{Step, Worker};
 
 const MAX_REQUEST: usize = 8192;
 
@@ -22,20 +24,69 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, AgentError> {
         })
 }
 
-pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let res =
-                tokio::time::timeout(Duration::from_secs(10), answer(stream, &registry)).await;
-            if let Ok(Err(e)) = res {
-                debug!(error = %e, "metrics request failed");
+/// The metrics endpoint's accept loop, as a worker (`metrics-http`): a unit starts
+/// answering one request on a task of its own (10 s at most); those tasks end with it.
+pub(crate) struct MetricsHttp {
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    requests: JoinSet<()>,
+    /// What the last wait brought: a connection, or why accept failed.
+    accepted: Option<std::io::Result<TcpStream>>,
+    /// The last accept failed: the next waits a moment first.
+    failed: bool,
+}
+
+impl MetricsHttp {
+    pub(crate) fn new(listener: TcpListener, registry: Arc<Registry>) -> MetricsHttp {
+        MetricsHttp {
+            listener,
+            registry,
+            requests: JoinSet::new(),
+            accepted: None,
+            failed: false,
+        }
+    }
+}
+
+impl Worker for MetricsHttp {
+    type Error = AgentError;
+
+    fn name(&self) -> &'static str {
+        "metrics-http"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        while self.requests.try_join_next().is_some() {}
+        self.failed = false;
+        match self.accepted.take() {
+            None => {}
+            Some(Ok(stream)) => {
+                let registry = self.registry.clone();
+                self.requests.spawn(async move {
+                    let answered = answer(stream, &registry);
+                    let res = tokio::time::timeout(Duration::from_secs(10), answered).await;
+                    if let Ok(Err(e)) = res {
+                        debug!(error = %e, "metrics request failed");
+                    }
+                });
             }
-        });
+            Some(Err(source)) => {
+                self.failed = true;
+                return Err(AgentError::Accept {
+                    what: "metrics endpoint",
+                    source,
+                });
+            }
+        }
+        Ok(Step::Idle)
+    }
+
+    /// Waits for a connection (cancel-safe).
+    async fn wait_for_work(&mut self) {
+        if self.failed {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.accepted = Some(self.listener.accept().await.map(|(s, _)| s));
     }
 }
 

@@ -78,8 +78,8 @@ pub struct Node {
     pub registry: Arc<Registry>,
     /// Background work (see `workers`).
     pub workers: Workers,
-    /// Tasks that serve from outside (admin socket, metrics, RPC, bulk lane, gossip), in
-    /// the order they are stopped.
+    /// Tasks that serve the cluster (RPC, bulk lane, gossip), in the order they are
+    /// stopped (the local clients' are front workers).
     services: Mutex<Vec<(&'static str, JoinHandle<()>)>>,
     /// Admin socket path, removed at shutdown.
     admin_socket: PathBuf,
@@ -336,35 +336,23 @@ impl Node {
         }
     }
 
-    /// Starts serving from outside, in the order these stop: local clients first, the
-    /// cluster's traffic last.
+    /// Starts serving from outside: local clients (the admin socket, the metrics
+    /// endpoint) as front workers, which stop first; then the cluster's traffic, in the
+    /// order it stops.
     fn start_services(self: &Arc<Self>, listeners: Listeners, gossip_task: JoinHandle<()>) {
-        let mut services = vec![(
-            "admin socket",
-            tokio::spawn(admin::serve(listeners.admin, self.clone())),
-        )];
+        self.workers
+            .spawn_front(admin::AdminSocket::new(listeners.admin, self.clone()));
         if let Some(listener) = listeners.metrics {
-            services.push((
-                "metrics",
-                tokio::spawn(metrics_http::serve(listener, self.registry.clone())),
-            ));
+            let registry = self.registry.clone();
+            self.workers
+                .spawn_front(metrics_http::MetricsHttp::new(listener, registry));
         }
-        services.push(("rpc", self.transport.serve()));
+        let mut services = vec![("rpc", self.transport.serve())];
         if let Some(bulk) = listeners.bulk {
             services.push(("bulk lane", bulk));
         }
         services.push(("gossip", gossip_task));
         *self.services.lock().unwrap_or_else(|p| p.into_inner()) = services;
-    }
-
-    fn stop_service(&self, name: &str) {
-        let mut services = self.services.lock().unwrap_or_else(|p| p.into_inner());
-        services.retain(|(n, task)| {
-            if *n == name {
-                task.abort();
-            }
-            *n != name
-        });
     }
 
     /// Resolves once this node's metadata member stopped on its own (a storage failure)
@@ -381,8 +369,7 @@ impl Node {
     /// flushed), the transport, and what is left of the services; last it leaves its
     /// cgroup.
     pub async fn shutdown(&self) {
-        self.stop_service("admin socket");
-        self.stop_service("metrics");
+        self.workers.stop_front().await;
         match tokio::time::timeout(Duration::from_secs(2), self.gossip.leave()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "could not announce leave"),

@@ -38,6 +38,9 @@ pub enum Step {
     /// again after `wait` (at most [`THROTTLE_WAIT_MAX`]). Status shows the worker
     /// throttled and on which budget, not busy.
     Throttled { budget: WorkClass, wait: Duration },
+    /// Another node does this work now (it runs on the metadata leader only): wait
+    /// for work as after [`Step::Idle`]; status shows the worker standing by.
+    Standby,
     /// Finished for good; the worker ends.
     Done,
 }
@@ -73,6 +76,8 @@ pub enum WorkerState {
     Busy,
     /// Waiting for the governor's budget before its next unit.
     Throttled,
+    /// Waiting while another node does this work (the leader's).
+    Standby,
     /// Its last unit failed; it tries again when there is work.
     Error,
     /// Finished for good.
@@ -88,6 +93,7 @@ impl WorkerState {
             WorkerState::Idle => "idle",
             WorkerState::Busy => "busy",
             WorkerState::Throttled => "throttled",
+            WorkerState::Standby => "standby",
             WorkerState::Error => "error",
             WorkerState::Done => "done",
             WorkerState::Stopped => "stopped",
@@ -115,8 +121,8 @@ struct Running {
     shared: Arc<Mutex<Shared>>,
     /// Cancelled when this worker is to stop (a child of [`Workers`]' own token).
     cancel: CancellationToken,
-    /// Stopped after the others (their last units may need it).
-    last: bool,
+    /// When it is stopped among the others.
+    stage: Stage,
     task: Option<JoinHandle<()>>,
 }
 
@@ -168,16 +174,23 @@ impl Workers {
 
     /// Starts `worker` on a task of its own.
     pub fn spawn<W: Worker>(&self, worker: W) {
-        self.start(worker, false);
+        self.start(worker, Stage::Middle);
+    }
+
+    /// Starts `worker`, which serves requests from outside (the admin socket, the metrics
+    /// endpoint): [`Workers::stop_front`] stops it on its own, before the node leaves
+    /// the cluster, and [`Workers::stop`] before the others.
+    pub fn spawn_front<W: Worker>(&self, worker: W) {
+        self.start(worker, Stage::Front);
     }
 
     /// Starts `worker`, which the others' units may need to finish (the leader's
     /// batcher commits them): [`Workers::stop`] stops it after all the others.
     pub fn spawn_last<W: Worker>(&self, worker: W) {
-        self.start(worker, true);
+        self.start(worker, Stage::Last);
     }
 
-    fn start<W: Worker>(&self, worker: W, last: bool) {
+    fn start<W: Worker>(&self, worker: W, stage: Stage) {
         let name = worker.name();
         let shared = Arc::new(Mutex::new(Shared {
             state: WorkerState::Idle,
@@ -195,9 +208,16 @@ impl Workers {
             name,
             shared,
             cancel,
-            last,
+            stage,
             task: Some(task),
         });
+    }
+
+    /// The state of the worker named `name` (the first started under it).
+    pub fn state_of(&self, name: &str) -> Option<WorkerState> {
+        let running = lock(&self.running);
+        let r = running.iter().find(|r| r.name == name)?;
+        Some(lock(&r.shared).state)
     }
 
     /// Each worker's state, in start order.
@@ -236,33 +256,53 @@ impl Workers {
         }
     }
 
+    /// Stops the workers started with [`Workers::spawn_front`] (see [`Workers::stop`]).
+    pub async fn stop_front(&self) {
+        self.stop_stage(Stage::Front).await;
+    }
+
     /// Stops every worker: a unit in progress is given [`UNIT_DEADLINE`] to finish, a wait
-    /// between units ends at once. First all the workers started with
-    /// [`Workers::spawn`], told together (so a stop takes one deadline, not one per
-    /// worker), then those started with [`Workers::spawn_last`], whose work the others'
-    /// last units may need. A task not ended [`STOP_WAIT`] after it was told is aborted.
+    /// between units ends at once. First those started with [`Workers::spawn_front`], then
+    /// all those started with [`Workers::spawn`], told together (so a stop takes one
+    /// deadline, not one per worker), then those started with [`Workers::spawn_last`],
+    /// whose work the others' last units may need. A task not ended [`STOP_WAIT`] after it
+    /// was told is aborted.
     pub async fn stop(&self) {
-        for last in [false, true] {
-            let told: Vec<Told> = lock(&self.running)
-                .iter_mut()
-                .rev()
-                .filter(|r| r.last == last)
-                .filter_map(|r| {
-                    let task = r.task.take()?;
-                    r.cancel.cancel();
-                    Some((r.name, r.shared.clone(), task))
-                })
-                .collect();
-            let deadline = tokio::time::Instant::now() + STOP_WAIT;
-            for (name, shared, mut task) in told {
-                if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                    warn!(worker = name, "worker did not stop in time; aborted");
-                    task.abort();
-                    lock(&shared).state = WorkerState::Stopped;
-                }
+        for stage in [Stage::Front, Stage::Middle, Stage::Last] {
+            self.stop_stage(stage).await;
+        }
+    }
+
+    async fn stop_stage(&self, stage: Stage) {
+        let told: Vec<Told> = lock(&self.running)
+            .iter_mut()
+            .rev()
+            .filter(|r| r.stage == stage)
+            .filter_map(|r| {
+                let task = r.task.take()?;
+                r.cancel.cancel();
+                Some((r.name, r.shared.clone(), task))
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        for (name, shared, mut task) in told {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                warn!(worker = name, "worker did not stop in time; aborted");
+                task.abort();
+                lock(&shared).state = WorkerState::Stopped;
             }
         }
     }
+}
+
+/// When a worker stops among the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Serves requests from outside: stopped first.
+    Front,
+    Middle,
+    /// What the others' last units may need (the batcher): stopped after them.
+    Last,
 }
 
 /// Runs one worker until it is done or cancelled.
@@ -320,6 +360,10 @@ async fn run<W: Worker>(
             }
             Ok(Step::Idle) => {
                 rounds.inc();
+                true
+            }
+            Ok(Step::Standby) => {
+                lock(&shared).state = WorkerState::Standby;
                 true
             }
             Ok(Step::Done) => {
@@ -621,6 +665,38 @@ mod tests {
             "the last worker went on while the others' units had their deadline"
         );
         assert!(workers.status().iter().all(|s| s.state == "stopped"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn front_workers_stop_on_their_own_and_first() {
+        let workers = Workers::default();
+        let (front, middle) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        workers.spawn(Slow(middle.clone()));
+        workers.spawn_front(Slow(front.clone()));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        workers.stop_front().await;
+        let states = || {
+            workers
+                .status()
+                .into_iter()
+                .map(|s| s.state)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(states(), ["busy", "stopped"], "only the front one stopped");
+        let (front_done, middle_done) =
+            (front.load(Ordering::SeqCst), middle.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            front.load(Ordering::SeqCst),
+            front_done,
+            "it starts no unit"
+        );
+        assert!(
+            middle.load(Ordering::SeqCst) >= middle_done + 2,
+            "the other works on"
+        );
+        workers.stop().await;
+        assert_eq!(states(), ["stopped", "stopped"]);
     }
 
     #[tokio::test]

@@ -164,7 +164,8 @@ pub struct ScrubStatus {
 pub struct WorkerStatus {
     pub name: String,
     /// `idle`, `busy`, `throttled` (its next unit waits for the governor's budget),
-    /// `error` (its last unit failed), `done` or `stopped`.
+    /// `standby` (another node does this work: the leader's), `error` (its last unit
+    /// failed), `done` or `stopped`.
     pub state: String,
     /// What it is at, when it has something to say.
     pub progress: Option<String>,

@@ -27,7 +27,8 @@ pub struct TierReport {
     /// Objects no stripe uses any more, waiting to be deleted from the bucket.
     pub garbage_objects: u64,
     pub garbage_bytes: u64,
-    /// `idle`, `moving`, `backing off`, or `standby` (not the leader).
+    /// The `tier-mover` worker's state in words: `idle`, `moving`, `backing off` (its
+    /// last upload failed), `standby` (not the leader), `throttled` or `stopped`.
     pub mover: String,
     /// The store answered the last request (false during an outage).
     pub store_ok: bool,

@@ -15,11 +15,14 @@ use shoal_agent_api::{
     API_VERSION, Failure, FailureKind, FsRequest, FsResponse, Request, Response,
 };
 use tokio::net::{UnixListener, UnixStream};
-use tracing::{debug, warn};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tracing::debug;
 
 use shoal_namespace::nodes::NodeChange;
 
 use super::status;
+use crate::worker::{Step, Worker};
 use crate::{AdminConfig, AgentError, Node};
 
 /// Binds the socket, replacing a stale one left by a crashed agent but never one that a
@@ -66,29 +69,79 @@ pub(crate) fn bind(config: &AdminConfig) -> Result<UnixListener, AgentError> {
 /// keeps a small pool of connections.
 const MAX_CLIENTS: usize = 512;
 
-/// Serves local clients until aborted; their connections go with it (the set of client
-/// tasks is dropped, which aborts them).
-pub(crate) async fn serve(listener: UnixListener, node: Arc<Node>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
-    let mut clients = tokio::task::JoinSet::new();
-    loop {
-        while clients.try_join_next().is_some() {}
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let node = node.clone();
-                clients.spawn(async move {
+/// The admin socket's accept loop, as a worker (`admin-socket`): a unit starts serving one
+/// local client on a task of its own; the clients' tasks end with it (their set is
+/// dropped, which aborts them). Started first among the front workers, stopped before the
+/// node leaves the cluster.
+pub(crate) struct AdminSocket {
+    listener: UnixListener,
+    node: Arc<Node>,
+    slots: Arc<Semaphore>,
+    clients: JoinSet<()>,
+    /// What the last wait brought: a client and its slot, or why accept failed.
+    accepted: Option<std::io::Result<(UnixStream, OwnedSemaphorePermit)>>,
+    /// The last accept failed: the next waits a moment first (out of descriptors, say).
+    failed: bool,
+}
+
+impl AdminSocket {
+    pub(crate) fn new(listener: UnixListener, node: Arc<Node>) -> AdminSocket {
+        AdminSocket {
+            listener,
+            node,
+            slots: Arc::new(Semaphore::new(MAX_CLIENTS)),
+            clients: JoinSet::new(),
+            accepted: None,
+            failed: false,
+        }
+    }
+}
+
+impl Worker for AdminSocket {
+    type Error = AgentError;
+
+    fn name(&self) -> &'static str {
+        "admin-socket"
+    }
+
+    async fn work(&mut self) -> Result<Step, AgentError> {
+        while self.clients.try_join_next().is_some() {}
+        self.failed = false;
+        match self.accepted.take() {
+            None => {}
+            Some(Ok((stream, slot))) => {
+                let node = self.node.clone();
+                self.clients.spawn(async move {
                     serve_client(stream, node).await;
                     drop(slot);
                 });
             }
-            Err(e) => {
-                warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Some(Err(source)) => {
+                self.failed = true;
+                return Err(AgentError::Accept {
+                    what: "admin socket",
+                    source,
+                });
             }
         }
+        Ok(Step::Idle)
+    }
+
+    /// Waits for a free slot, then for a client. Cancel-safe: a slot taken is given back,
+    /// and accept is cancel-safe.
+    async fn wait_for_work(&mut self) {
+        if self.failed {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let Ok(slot) = self.slots.clone().acquire_owned().await else {
+            return std::future::pending().await;
+        };
+        self.accepted = Some(self.listener.accept().await.map(|(s, _)| (s, slot)));
+    }
+
+    fn progress(&self) -> Option<String> {
+        let serving = MAX_CLIENTS - self.slots.available_permits();
+        (serving > 0).then(|| format!("{serving} local clients"))
     }
 }
 
@@ -242,7 +295,12 @@ async fn tier_request(node: &Node, request: Request) -> Response {
         ));
     };
     let answer = match request {
-        Request::TierStatus => tier.report().await.map(|r| Response::Tier(Box::new(r))),
+        Request::TierStatus => {
+            let mover = node.workers.state_of("tier-mover");
+            tier.report(mover)
+                .await
+                .map(|r| Response::Tier(Box::new(r)))
+        }
         Request::TierRelease { inos } => tier.release(&inos).await.map(Response::TierMoved),
         Request::TierPrefetch { inos, wait: true } => {
             tier.prefetch(&inos).await.map(Response::TierMoved)

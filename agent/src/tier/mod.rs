@@ -19,8 +19,8 @@
 //! release and warming stand still or are refused (`Tier::cluster_on_this_release`): an
 //! older agent could not apply their commands. Not yet: partly used objects are never
 //! compacted (an object is deleted only when none of its stripes is used); `tier status`
-//! counts come from the replica, but the mover's state is the local node's (`standby` off
-//! the leader).
+//! counts come from the replica, but the mover's state is the local node's: its worker's
+//! (`standby` off the leader, `backing off` after a failure).
 
 mod claim;
 mod gc;
@@ -53,7 +53,6 @@ use crate::{AgentError, Resources};
 /// What status shows of this node's tier work.
 #[derive(Debug, Default)]
 struct TierState {
-    mover: &'static str,
     store_ok: bool,
     last_error: Option<(String, SystemTime)>,
     moving_files: u64,
@@ -126,7 +125,6 @@ impl Tier {
             resources,
             gossip,
             state: Mutex::new(TierState {
-                mover: "idle",
                 store_ok: true,
                 ..TierState::default()
             }),

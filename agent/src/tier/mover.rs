@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use shoal_agent_api::Ino;
 use shoal_namespace::format::Timestamp;
 use shoal_tiering::policy::{self, Candidate, Fill};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::{Tier, lock};
 use crate::AgentError;
@@ -77,10 +77,6 @@ impl Tier {
             fill.capacity += f.capacity_bytes;
         }
         fill
-    }
-
-    fn set_mover(&self, state: &'static str) {
-        lock(&self.state).mover = state;
     }
 }
 
@@ -159,15 +155,13 @@ impl Worker for TierMover {
 
     async fn work(&mut self) -> Result<Step, AgentError> {
         if !self.tier.group.is_leader() {
-            self.tier.set_mover("standby");
-            return Ok(Step::Idle);
+            return Ok(Step::Standby);
         }
         if !self.backoff.ready(Instant::now()) {
             return Ok(Step::Idle);
         }
         let chosen = self.tier.choose().await?;
         if chosen.is_empty() {
-            self.tier.set_mover("idle");
             return Ok(Step::Idle);
         }
         // A few objects' worth per unit, so a stop or a leader change is never far off.
@@ -182,24 +176,21 @@ impl Worker for TierMover {
             bytes += hot;
         }
         let more = batch.len() < chosen.len();
-        self.tier.set_mover("moving");
         match self.tier.upload_files(&batch).await {
             Ok(moved) => {
                 debug!(files = moved.files, bytes = moved.bytes, "mover pass");
                 self.backoff.succeeded();
-                self.tier.set_mover("idle");
                 Ok(if more { Step::Busy } else { Step::Idle })
             }
-            Err(e) if e.is_retryable() => {
-                let retry_in = self.backoff.failed(Instant::now());
-                warn!(error = %e, ?retry_in, "cold-tier upload failed; backing off");
-                self.tier.failed(&e);
-                self.tier.set_mover("backing off");
-                Ok(Step::Idle)
-            }
             Err(e) => {
+                // The runner logs it and keeps it for status (the worker in state
+                // `error`, which `tier status` calls backing off); an outage may pass,
+                // so the next try waits out the backoff.
+                if e.is_retryable() {
+                    let retry_in = self.backoff.failed(Instant::now());
+                    debug!(?retry_in, "cold-tier upload failed; backing off");
+                }
                 self.tier.failed(&e);
-                self.tier.set_mover("idle");
                 Err(e)
             }
         }

@@ -9,9 +9,26 @@ use shoal_tiering::pack::object_key;
 
 use super::{Tier, lock};
 use crate::AgentError;
+use crate::worker::WorkerState;
+
+/// The word `tier status` shows for the mover worker's state (`mover`).
+pub fn mover_word(state: Option<WorkerState>) -> &'static str {
+    match state {
+        Some(WorkerState::Busy) => "moving",
+        Some(WorkerState::Idle) | None => "idle",
+        Some(WorkerState::Throttled) => "throttled",
+        Some(WorkerState::Standby) => "standby",
+        Some(WorkerState::Error) => "backing off",
+        Some(WorkerState::Done | WorkerState::Stopped) => "stopped",
+    }
+}
 
 impl Tier {
-    pub async fn report(self: &Arc<Self>) -> Result<TierReport, AgentError> {
+    /// This node's view of the tier; `mover` is its mover worker's state.
+    pub async fn report(
+        self: &Arc<Self>,
+        mover: Option<WorkerState>,
+    ) -> Result<TierReport, AgentError> {
         let store = self.group.store();
         let summary = store.tier_summary()?;
         let files = store.tier_files()?;
@@ -27,7 +44,7 @@ impl Tier {
             object_bytes: summary.object_bytes,
             garbage_objects: summary.garbage_objects,
             garbage_bytes: summary.garbage_bytes,
-            mover: s.mover.to_owned(),
+            mover: mover_word(mover).to_owned(),
             store_ok: s.store_ok,
             last_error: s.last_error.as_ref().map(|(e, _)| e.clone()),
             last_error_unix_ms: s.last_error.as_ref().map(|(_, at)| {

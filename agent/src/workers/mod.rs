@@ -8,10 +8,11 @@
 //! leader rebuild, drain and rebalance moves); `scrub` (reads every local shard back
 //! against its checksum); `stripe-gc` (shards of unreferenced stripes), `orphan-purge`
 //! (unlinked inodes no mount holds) and `orphan-shards` (shards no stripe record names) in
-//! `gc`; `revocations` (the revoked names, in `revoke`); `tier-heat`, `tier-mover`,
-//! `tier-gc` and `tier-warm` (the cold tier, in `tier`). What to do is decided by pure code
-//! beside each (`steward` uses `consensus::voters`, `repair` its `plan`, `gc` its
-//! `holders_to_ask`); the worker only carries it out.
+//! `gc`; `revocations` (the revoked names, in `revoke`); `tier-heat`, `tier-mover`, `tier-
+//! gc` and `tier-warm` (the cold tier, in `tier`); the front workers `admin-socket` (in
+//! `node::admin`) and `metrics-http` (in `metrics_http`), which serve local clients. What
+//! to do is decided by pure code beside each (`steward` uses `consensus::voters`, `repair`
+//! the crate's `redundancy`, `gc` its `holders_to_ask`); the worker only carries it out.
 
 pub mod facts;
 pub mod gc;

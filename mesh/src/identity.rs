@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-/// A node's stable identity (owned by `placement`, shared here).
-pub use shoal_placement::NodeId;
+/// A node's stable identity (from `shoal-ids`, which placement shares).
+pub use shoal_ids::NodeId;
 
 /// One life of a node in the SWIM protocol: the stable id, where it gossips, and a
 /// generation that grows with every restart (and every rejoin after being declared

@@ -1,4 +1,4 @@
-use crate::ids::NodeId;
+use shoal_ids::NodeId;
 
 /// Everything the placement crate can refuse. Each message names the value at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

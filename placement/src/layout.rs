@@ -3,8 +3,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlacementError;
-use crate::ids::NodeId;
 use crate::rendezvous::PlacementIndex;
+use shoal_ids::NodeId;
 
 /// Where a node can fail together with others (rack, power feed, switch). Shards of one
 /// stripe go to different failure domains whenever the layout has enough of them.

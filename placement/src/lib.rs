@@ -18,7 +18,6 @@
 mod error;
 mod geometry;
 mod hash;
-mod ids;
 mod layout;
 mod profile;
 mod rendezvous;
@@ -26,8 +25,8 @@ mod spread;
 
 pub use error::PlacementError;
 pub use geometry::{DEFAULT_SHARD_SIZE, SHARD_ALIGN, ShardSlice, StripeGeometry};
-pub use ids::{NodeId, StripeId};
 pub use layout::{FailureDomain, Layout, LayoutNode, NodeState};
 pub use profile::{EcProfile, MAX_SHARDS};
 pub use rendezvous::{place, place_degraded, place_repair};
+pub use shoal_ids::{NodeId, StripeId};
 pub use spread::{Move, Spread, place_moves};

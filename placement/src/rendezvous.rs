@@ -27,9 +27,9 @@ use std::collections::BTreeMap;
 
 use crate::error::PlacementError;
 use crate::hash::{draw, neg_log2_fixed, node_key, slot_key};
-use crate::ids::{NodeId, StripeId};
 use crate::layout::{Layout, LayoutNode};
 use crate::profile::EcProfile;
+use shoal_ids::{NodeId, StripeId};
 
 /// The eligible nodes of a layout with their hash keys and dense domain numbers,
 /// built once with the layout so that each placement only scores.

@@ -9,10 +9,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::ids::{NodeId, StripeId};
 use crate::layout::{FailureDomain, Layout};
 use crate::profile::EcProfile;
 use crate::rendezvous::place;
+use shoal_ids::{NodeId, StripeId};
 
 /// How a stripe's shards lie over failure domains (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

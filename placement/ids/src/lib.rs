@@ -1,3 +1,7 @@
+//! The ids every shoal crate shares: a node's ([`NodeId`]) and a stripe's ([`StripeId`]).
+//! Placement computes with them and the mesh names its members by them; neither depends on
+//! the other for that.
+
 use std::fmt;
 use std::num::ParseIntError;
 use std::str::FromStr;

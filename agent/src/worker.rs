@@ -363,6 +363,9 @@ async fn run<W: Worker>(
                 true
             }
             Ok(Step::Standby) => {
+                // Counted like an idle round: a test waiting on a leader's worker that
+                // lost the lead meanwhile still sees its rounds go by.
+                rounds.inc();
                 lock(&shared).state = WorkerState::Standby;
                 true
             }

@@ -4,7 +4,9 @@
 //!
 //! The check reads the sources: a module depends on another when any of its files names
 //! `crate::other` (directly, in a `crate::{…}` list, or through a name `lib.rs` re-exports
-//! from it). Comments are left out; test code counts like any other.
+//! from it), or reaches the crate root through `super::` (counted by the file's depth;
+//! a `mod` block inside a file is not seen, so its `super::` counts one level short).
+//! Comments are left out; test code counts like any other.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -50,6 +52,17 @@ fn the_check_sees_a_cycle_and_every_way_of_naming_a_module() {
     assert_eq!(cycle.len(), 5, "{cycle:?}");
     let acyclic = edges(&[("a", "use crate::b::X;"), ("b", "use crate::c;"), ("c", "")]);
     assert_eq!(find_cycle(&acyclic), None);
+}
+
+#[test]
+fn super_paths_count_when_they_climb_to_the_crate_root() {
+    assert_eq!(module_depth("drain.rs"), 1);
+    assert_eq!(module_depth("node/mod.rs"), 1);
+    assert_eq!(module_depth("node/admin.rs"), 2);
+    let text = "use super::super::b::X;\nuse super::sibling;\nuse super::super::{c, d::Y};";
+    assert_eq!(root_names_through_super(text, 2), ["b", "c", "d"]);
+    assert_eq!(root_names_through_super(text, 1), ["sibling"]);
+    assert!(root_names_through_super(text, 3).is_empty());
 }
 
 /// A graph of modules whose only file is the given text; `Reexported` is `e`'s.
@@ -147,6 +160,40 @@ fn strip_comments(text: &str) -> String {
         .map(|l| l.split("//").next().unwrap_or(""))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// How deep in the crate the module of the file at `path` (relative to `src`) is: 1 for
+/// `x.rs` and `x/mod.rs`, 2 for `x/y.rs`, and so on.
+fn module_depth(path: &str) -> usize {
+    let parts: Vec<&str> = path.split('/').collect();
+    match parts.last() {
+        Some(&"mod.rs") => parts.len() - 1,
+        _ => parts.len(),
+    }
+}
+
+/// The names reached through `super::` paths that climb to the crate root from a module
+/// `depth` levels down.
+fn root_names_through_super(text: &str, depth: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    for (at, _) in text.match_indices("super::") {
+        // Only the first `super::` of a run.
+        if text[..at].ends_with("super::") {
+            continue;
+        }
+        let mut after = &text[at..];
+        let mut ups = 0;
+        while let Some(next) = after.strip_prefix("super::") {
+            ups += 1;
+            after = next;
+        }
+        if ups == depth {
+            // The path ends with its statement (a `use` list may span lines).
+            let path = after.split(';').next().unwrap_or(after);
+            names.extend(crate_names(&format!("crate::{path}")));
+        }
+    }
+    names
 }
 
 /// The first name after each `crate::`, and each first name in a `crate::{…}` list.

@@ -53,6 +53,8 @@ use crate::{AgentError, Resources};
 /// What status shows of this node's tier work.
 #[derive(Debug, Default)]
 struct TierState {
+    /// The mover waits out a backoff after a failed upload (an outage of the store).
+    backing_off: bool,
     store_ok: bool,
     last_error: Option<(String, SystemTime)>,
     moving_files: u64,

@@ -155,6 +155,10 @@ impl Worker for TierMover {
 
     async fn work(&mut self) -> Result<Step, AgentError> {
         if !self.tier.group.is_leader() {
+            // A deposed leader's backoff is not this node's to wait out (a wait that
+            // stayed set would make every wait for work end at once).
+            self.backoff.succeeded();
+            lock(&self.tier.state).backing_off = false;
             return Ok(Step::Standby);
         }
         if !self.backoff.ready(Instant::now()) {
@@ -180,16 +184,18 @@ impl Worker for TierMover {
             Ok(moved) => {
                 debug!(files = moved.files, bytes = moved.bytes, "mover pass");
                 self.backoff.succeeded();
+                lock(&self.tier.state).backing_off = false;
                 Ok(if more { Step::Busy } else { Step::Idle })
             }
             Err(e) => {
                 // The runner logs it and keeps it for status (the worker in state
-                // `error`, which `tier status` calls backing off); an outage may pass,
-                // so the next try waits out the backoff.
+                // `error`); an outage may pass, so the next try waits out the backoff
+                // (`tier status` says backing off), anything else the next scan.
                 if e.is_retryable() {
                     let retry_in = self.backoff.failed(Instant::now());
                     debug!(?retry_in, "cold-tier upload failed; backing off");
                 }
+                lock(&self.tier.state).backing_off = self.backoff.retry_at().is_some();
                 self.tier.failed(&e);
                 Err(e)
             }
@@ -198,8 +204,8 @@ impl Worker for TierMover {
 
     async fn wait_for_work(&mut self) {
         match self.backoff.retry_at() {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => self.ticker.tick().await,
+            Some(at) if at > Instant::now() => tokio::time::sleep_until(at).await,
+            _ => self.ticker.tick().await,
         }
     }
 

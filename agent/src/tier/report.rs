@@ -11,14 +11,15 @@ use super::{Tier, lock};
 use crate::AgentError;
 use crate::worker::WorkerState;
 
-/// The word `tier status` shows for the mover worker's state (`mover`).
-pub fn mover_word(state: Option<WorkerState>) -> &'static str {
+/// The word `tier status` shows for the mover worker's state (`mover`): `moving` only
+/// while it uploads, `backing off` only while it waits out a failed upload's backoff.
+pub fn mover_word(state: Option<WorkerState>, backing_off: bool, uploading: bool) -> &'static str {
     match state {
-        Some(WorkerState::Busy) => "moving",
-        Some(WorkerState::Idle) | None => "idle",
+        Some(WorkerState::Busy) if uploading => "moving",
+        Some(WorkerState::Error) if backing_off => "backing off",
+        Some(WorkerState::Busy | WorkerState::Error | WorkerState::Idle) | None => "idle",
         Some(WorkerState::Throttled) => "throttled",
         Some(WorkerState::Standby) => "standby",
-        Some(WorkerState::Error) => "backing off",
         Some(WorkerState::Done | WorkerState::Stopped) => "stopped",
     }
 }
@@ -44,7 +45,7 @@ impl Tier {
             object_bytes: summary.object_bytes,
             garbage_objects: summary.garbage_objects,
             garbage_bytes: summary.garbage_bytes,
-            mover: mover_word(mover).to_owned(),
+            mover: mover_word(mover, s.backing_off, s.moving_files > 0).to_owned(),
             store_ok: s.store_ok,
             last_error: s.last_error.as_ref().map(|(e, _)| e.clone()),
             last_error_unix_ms: s.last_error.as_ref().map(|(_, at)| {
@@ -143,5 +144,32 @@ impl Tier {
                 Err(crate::consensus::ConsensusError::UnexpectedOutcome(Box::new(other)).into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod word_tests {
+    use super::mover_word;
+    use crate::worker::WorkerState;
+
+    #[test]
+    fn the_mover_says_moving_only_while_uploading_and_backing_off_only_in_a_backoff() {
+        let word = |state, backing_off, uploading| mover_word(Some(state), backing_off, uploading);
+        assert_eq!(word(WorkerState::Busy, false, true), "moving");
+        assert_eq!(
+            word(WorkerState::Busy, false, false),
+            "idle",
+            "a scan that moves nothing"
+        );
+        assert_eq!(word(WorkerState::Error, true, false), "backing off");
+        assert_eq!(
+            word(WorkerState::Error, false, false),
+            "idle",
+            "a failure not retried"
+        );
+        assert_eq!(word(WorkerState::Standby, false, false), "standby");
+        assert_eq!(word(WorkerState::Throttled, false, false), "throttled");
+        assert_eq!(word(WorkerState::Stopped, false, false), "stopped");
+        assert_eq!(mover_word(None, false, false), "idle");
     }
 }

@@ -146,6 +146,14 @@ impl TierMover {
     }
 }
 
+impl TierMover {
+    /// Tells `tier status` whether a backoff runs (it reads the tier's state, not this
+    /// worker).
+    fn show_backoff(&self) {
+        lock(&self.tier.state).backing_off = self.backoff.retry_at().is_some();
+    }
+}
+
 impl Worker for TierMover {
     type Error = AgentError;
 
@@ -158,7 +166,7 @@ impl Worker for TierMover {
             // A deposed leader's backoff is not this node's to wait out (a wait that
             // stayed set would make every wait for work end at once).
             self.backoff.succeeded();
-            lock(&self.tier.state).backing_off = false;
+            self.show_backoff();
             return Ok(Step::Standby);
         }
         if !self.backoff.ready(Instant::now()) {
@@ -184,7 +192,7 @@ impl Worker for TierMover {
             Ok(moved) => {
                 debug!(files = moved.files, bytes = moved.bytes, "mover pass");
                 self.backoff.succeeded();
-                lock(&self.tier.state).backing_off = false;
+                self.show_backoff();
                 Ok(if more { Step::Busy } else { Step::Idle })
             }
             Err(e) => {
@@ -195,7 +203,7 @@ impl Worker for TierMover {
                     let retry_in = self.backoff.failed(Instant::now());
                     debug!(?retry_in, "cold-tier upload failed; backing off");
                 }
-                lock(&self.tier.state).backing_off = self.backoff.retry_at().is_some();
+                self.show_backoff();
                 self.tier.failed(&e);
                 Err(e)
             }

@@ -148,8 +148,12 @@ impl FileClient {
             Ok(FsResponse::Opened { .. } | FsResponse::OpenedIn { .. } | FsResponse::Attr(_)) => {}
             _ => return self.unlink(fs, name).await,
         }
+        // Kept before the unlink is sent, as the mount keeps a handle from its open on:
+        // an agent that restarts while the unlink waits hears of the handle from the
+        // keepalive, not only once the unlink is answered (seed 300843 of `power-loss`:
+        // the unlink waited out the restart, the handle was announced after the new
+        // agent's grace, and the purge had taken the file).
         let began = self.model.event();
-        self.unlink(fs, name).await;
         lock(&self.held).push(Held {
             name: name.to_owned(),
             ino,
@@ -157,6 +161,7 @@ impl FileClient {
             began,
             on: fs.clone(),
         });
+        self.unlink(fs, name).await;
     }
 
     /// One held file, picked by the client's seed.

@@ -249,6 +249,101 @@ pub enum Command {
         moves: Vec<ShardMove>,
         planned_at_ms: u64,
     },
+    /// `holder` takes the lease on directory `dir` (see `lease.rs`): from now on only its
+    /// [`Command::LeasedBatch`] ops change the directory's entries (and the directory's
+    /// own attributes); every other command that would is refused with
+    /// [`Outcome::Leased`]. Answered with [`Outcome::DirLease`] and the lease's epoch (a
+    /// new one each time, a holder taking its own lease again included, so ops of an
+    /// earlier grant are refused), or [`Outcome::Leased`] when another node holds it.
+    TakeDirLease {
+        dir: Ino,
+        holder: NodeId,
+    },
+    /// Ends the lease on `dir` if its epoch is `epoch`: its holder returning it, or
+    /// another node breaking it after a recall went unanswered. [`Outcome::Done`], or
+    /// [`Outcome::Conflict`] (nothing changed) when the lease is another one or none.
+    ReturnDirLease {
+        dir: Ino,
+        epoch: u64,
+    },
+    /// Hands out `count` inode numbers (1 to [`MAX_INO_RANGE`]) for a lease holder to
+    /// create inodes with: [`Outcome::Inos`]. No other command allocates them.
+    TakeInos {
+        count: u64,
+    },
+    /// A lease holder's changes, in the order it answered them: each op applies only if
+    /// its directory's lease (and a rename's target directory's) is still `holder`'s at
+    /// the op's epoch, and is refused with [`Outcome::LeaseLost`] otherwise (the fence: a
+    /// holder cut off never changes a directory after another node acted on it). Answered
+    /// with [`Outcome::Batch`], one outcome per op.
+    LeasedBatch {
+        holder: NodeId,
+        ops: Vec<LeasedOp>,
+    },
+}
+
+/// The most inode numbers one [`Command::TakeInos`] hands out.
+pub const MAX_INO_RANGE: u64 = 1 << 20;
+
+/// One change a lease holder answered: in directory `dir`, under its lease of `epoch`,
+/// at the holder's time `now` (file times are the holder's, as it answered them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LeasedOp {
+    pub dir: Ino,
+    pub epoch: u64,
+    pub now: Timestamp,
+    pub change: LeasedChange,
+}
+
+/// What a [`LeasedOp`] does; each is the command of the same name with `dir` as the
+/// parent, and applies with the same rules.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LeasedChange {
+    /// A new inode numbered `ino`, one of the holder's [`Command::TakeInos`] numbers not
+    /// used before (else `Failed(Invalid)`).
+    MkNode {
+        ino: Ino,
+        name: String,
+        kind: FileKind,
+        perm: u16,
+        owner: Owner,
+        rdev: u32,
+        target: Option<String>,
+    },
+    Link {
+        ino: Ino,
+        name: String,
+    },
+    Unlink {
+        name: String,
+    },
+    /// A leased subdirectory goes only with its own lease held by the same holder (the
+    /// lease ends with it).
+    Rmdir {
+        name: String,
+    },
+    /// Into `new_dir`, under its lease of `new_epoch` (`dir` and `epoch` again for a
+    /// rename within the directory). A directory renamed over goes as with `Rmdir`.
+    Rename {
+        name: String,
+        new_dir: Ino,
+        new_epoch: u64,
+        new_name: String,
+        flags: RenameFlags,
+    },
+    /// Of an entry of the directory, or of the directory itself.
+    SetAttr {
+        ino: Ino,
+        set: SetAttr,
+    },
+    /// Into a file of the directory.
+    WriteInline {
+        ino: Ino,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        max_inline: u64,
+    },
 }
 
 /// One shard of a stripe moving from one node to another: the shard's index, the node
@@ -330,6 +425,17 @@ pub enum Outcome {
     Tiered(Vec<StripeId>),
     /// ObjectsOrphaned: the objects now garbage.
     Orphaned(Vec<u128>),
+    /// TakeDirLease: the lease is the asking node's, with this epoch.
+    DirLease { epoch: u64 },
+    /// Refused, nothing changed: the directory is leased to `holder`, whose lease must be
+    /// recalled (or broken) first.
+    Leased { holder: NodeId },
+    /// TakeInos: the numbers `[start, end)`.
+    Inos { start: Ino, end: Ino },
+    /// LeasedBatch: each op's outcome, in order.
+    Batch(Vec<Outcome>),
+    /// A leased op refused, nothing changed: the lease it was answered under has ended.
+    LeaseLost,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::format::{
     ColdLocation, FileKind, Owner, RenameFlags, RequestId, SetAttr, SetTime, ShardLocation,
     StripeRecord, Timestamp,
 };
-use crate::{Batch, Command, LeaderStamp, NewExtent, Proposal, ShardMove};
+use crate::{Batch, Command, LeaderStamp, LeasedChange, LeasedOp, NewExtent, Proposal, ShardMove};
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -261,6 +261,138 @@ fn the_snapshot_format_is_pinned() {
     );
 }
 
+/// One batch of each directory-lease command (each change of a leased batch once), with
+/// request ids, so the snapshot below also pins their outcomes in the dedup rows.
+fn lease_commands() -> Batch {
+    let op = |epoch, change| LeasedOp {
+        dir: 2,
+        epoch,
+        now: at(9),
+        change,
+    };
+    let changes = vec![
+        LeasedChange::MkNode {
+            ino: 3,
+            name: "f".into(),
+            kind: FileKind::File,
+            perm: 0o644,
+            owner: Owner { uid: 1, gid: 2 },
+            rdev: 0,
+            target: None,
+        },
+        LeasedChange::Link {
+            ino: 3,
+            name: "h".into(),
+        },
+        LeasedChange::WriteInline {
+            ino: 3,
+            offset: 0,
+            data: b"xy".to_vec(),
+            max_inline: 64,
+        },
+        LeasedChange::SetAttr {
+            ino: 3,
+            set: SetAttr {
+                perm: Some(0o600),
+                ..SetAttr::default()
+            },
+        },
+        LeasedChange::Rename {
+            name: "h".into(),
+            new_dir: 2,
+            new_epoch: 1,
+            new_name: "g".into(),
+            flags: RenameFlags::default(),
+        },
+        LeasedChange::Unlink { name: "g".into() },
+        LeasedChange::Rmdir {
+            name: "none".into(),
+        },
+    ];
+    let commands = vec![
+        Command::MkNode {
+            parent: 1,
+            name: "d".into(),
+            kind: FileKind::Dir,
+            perm: 0o755,
+            owner: Owner { uid: 1, gid: 2 },
+            rdev: 0,
+            target: None,
+        },
+        Command::TakeInos { count: 4 },
+        Command::TakeDirLease {
+            dir: 2,
+            holder: NodeId(10),
+        },
+        Command::LeasedBatch {
+            holder: NodeId(10),
+            ops: changes.into_iter().map(|c| op(1, c)).collect(),
+        },
+        Command::TakeDirLease {
+            dir: 1,
+            holder: NodeId(11),
+        },
+        Command::ReturnDirLease { dir: 1, epoch: 2 },
+    ];
+    Batch {
+        proposals: commands
+            .into_iter()
+            .enumerate()
+            .map(|(i, command)| Proposal {
+                id: Some(RequestId {
+                    client: 9,
+                    seq: i as u64,
+                }),
+                now: at(2_000 + i as i64),
+                command,
+            })
+            .collect(),
+        stamp: None,
+    }
+}
+
+#[test]
+fn the_lease_formats_are_pinned() {
+    let bytes = postcard::to_allocvec(&lease_commands()).expect("encode");
+    assert_eq!(
+        hex(&bytes),
+        GOLDEN_LEASE_BATCH,
+        "the log format changed: bump the log record version"
+    );
+    let back: Batch = postcard::from_bytes(&bytes).expect("decode");
+    assert_eq!(back, lease_commands());
+    let kit = crate::testkit::Kit::new();
+    let out = kit
+        .store
+        .apply(&[lease_commands()], b"marker")
+        .expect("apply");
+    assert!(
+        matches!(&out[0][3], crate::Outcome::Batch(o) if o.len() == 7),
+        "{out:?}"
+    );
+    let snap = kit.store.snapshot().expect("snapshot");
+    assert_eq!(snap[4], 8);
+    assert_eq!(
+        hex(&snap),
+        GOLDEN_LEASE_SNAPSHOT,
+        "the snapshot format changed: bump its version"
+    );
+}
+
+const GOLDEN_LEASE_BATCH: &str = concat!(
+    "06010900a01f070001016401ed0301020000010901a21f071a04010902a41f0718020a010903a61f",
+    "071b0a07020112070003016600a40301020000020112070103016802011207060300027879400201",
+    "12070503018003000000000002011207040168020101670000020112070201670201120703046e6f",
+    "6e65010904a81f0718010b010905aa1f0719010200",
+);
+const GOLDEN_LEASE_SNAPSHOT: &str = concat!(
+    "53484d530801066d61726b65720700030101ed0303000000a01f07a01f07a01f0700000100000201",
+    "ed0302010200a01f0712071207000001000003008003010102021207120712070001000002787902",
+    "0101640201020166030000000000060900000201ed0302010200a01f07a01f07a01f070009010d03",
+    "0709020b0109030e07000300a4030101020012071207120700000300a40302010200120712071207",
+    "00000300a4030201020212071207120700000300800302010202120712071207000101040009040b",
+    "0209050101090000000000000000000000000000010300000001020a0102e14dd441",
+);
 const GOLDEN_BATCH: &str = concat!(
     "17010900d00f070001016102ed03010200010174010901d20f070102010162010902d40f07020101",
     "62010903d60f0703010164010904d80f07040101610101630100010905da0f070502018003000001",

@@ -8,7 +8,7 @@
 //! The state holds the namespace (inodes, entries, attributes, inline data, extent maps,
 //! stripe records with reference counts, garbage, orphans, abandoned stripes), the cluster
 //! layout with the operators' node records, node generations, the cluster clock, the cold
-//! tier's tables, revoked certificates, and a request-id table that answers a repeated
+//! tier's tables, revoked certificates, directory leases (`lease.rs`), and a request-id table that answers a repeated
 //! request with its first outcome (`tx.rs`). Tested by unit tests and a seeded model test
 //! with restarts and snapshot installs (`tests/model.rs`).
 //!
@@ -21,6 +21,7 @@ mod error;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzz;
+mod lease;
 mod namespace;
 pub mod nodes;
 mod query;
@@ -33,8 +34,12 @@ mod tier;
 mod touched;
 mod tx;
 
-pub use command::{Batch, Command, LeaderStamp, NewExtent, Outcome, Proposal, ShardMove};
+pub use command::{
+    Batch, Command, LeaderStamp, LeasedChange, LeasedOp, MAX_INO_RANGE, NewExtent, Outcome,
+    Proposal, ShardMove,
+};
 pub use error::NamespaceError;
+pub use lease::DirLease;
 pub use query::{FileData, NamespaceStats};
 pub use revocations::RevokedName;
 pub use snapshot::snapshot_marker;

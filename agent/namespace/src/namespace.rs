@@ -68,6 +68,7 @@ pub(crate) fn mknode(
     owner: Owner,
     rdev: u32,
     target: Option<&str>,
+    ino: Option<Ino>,
 ) -> Result<Outcome, NamespaceError> {
     let mut dir = directory(tx, parent)?;
     check_name(name)?;
@@ -115,7 +116,7 @@ pub(crate) fn mknode(
         target,
         inline: Vec::new(),
     };
-    let ino = tx.allocate_ino();
+    let ino = ino.unwrap_or_else(|| tx.allocate_ino());
     tx.put_dirent(parent, name, DirentRecord { ino, kind })?;
     let attr = rec.attr(ino);
     tx.put_inode(ino, rec);

@@ -13,8 +13,8 @@ use shoal_placement::{Layout, NodeId, StripeId};
 
 use crate::format::ColdLocation;
 use crate::record::{
-    self, DIRENTS, DISOWNED, EXTENTS, GARBAGE, INODES, InodeRecord, KEY_LAYOUT, KEY_STRIPE_BYTES,
-    ORPHANS, STATE, STRIPES, decode,
+    self, DIR_LEASES, DIRENTS, DISOWNED, EXTENTS, GARBAGE, INODES, InodeRecord, KEY_LAYOUT,
+    KEY_STRIPE_BYTES, ORPHANS, STATE, STRIPES, decode,
 };
 use crate::{NamespaceError, NamespaceStore};
 
@@ -313,6 +313,15 @@ impl NamespaceStore {
                 .get(usize::from(index))
                 .map_or(NodeId::NONE, |s| s.node),
         ))
+    }
+
+    /// Who holds the lease on directory `dir`, if anyone (see `lease.rs`).
+    pub fn dir_lease(&self, dir: Ino) -> Result<Option<crate::DirLease>, NamespaceError> {
+        let txn = self.read()?;
+        match txn.open_table(DIR_LEASES)?.get(dir)? {
+            Some(v) => decode(v.value(), "directory lease").map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The live stripe `id`, if some extent references it.

@@ -67,6 +67,8 @@ pub(crate) const OBJECT_GARBAGE: TableDefinition<u128, Bytes> =
 pub(crate) const HEAT: TableDefinition<u64, Bytes> = TableDefinition::new("heat");
 /// Node id → the highest generation it was recorded running with (u64 record).
 pub(crate) const GENERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("generations");
+/// Directory inode → [`crate::DirLease`]: who may change its entries (see `lease.rs`).
+pub(crate) const DIR_LEASES: TableDefinition<u64, Bytes> = TableDefinition::new("dir_leases");
 /// Name → value; the names are the `KEY_*` constants.
 pub(crate) const STATE: TableDefinition<&str, Bytes> = TableDefinition::new("state");
 
@@ -94,6 +96,9 @@ pub(crate) const KEY_NODE_ADMIN: &str = "node_admin";
 pub(crate) const KEY_TIER_PINS: &str = "tier_pins";
 /// `state` key: revoked certificates (a `Vec<RevokedName>` record, by name).
 pub(crate) const KEY_REVOKED: &str = "revoked";
+
+/// `state` key: the epoch of the last directory lease granted (u64 record; absent: 0).
+pub(crate) const KEY_LEASE_EPOCH: &str = "lease_epoch";
 
 /// The first inode number handed out after the root.
 pub(crate) const FIRST_INO: Ino = 2;

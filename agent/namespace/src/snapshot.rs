@@ -1,12 +1,16 @@
 //! Whole-state snapshots for Raft: a consistent export and an atomic install.
 //!
 //! Format: the magic `SHMS`, one version byte ([`SNAPSHOT_VERSION`]), then the postcard
-//! encoding of [`SnapshotV1`], then (version 7) of [`Tail`] — sessions on the cluster
+//! encoding of [`SnapshotV1`], then (version 8) of [`Tail`] — sessions on the cluster
 //! clock, the clock itself, abandoned stripes, node generations ([`TailV3`]), disowned
 //! shards ([`DisownedV4`]), operators' node records ([`NodesV5`]), the cold tier and file
-//! heat ([`TierV6`]), revoked certificates ([`SecurityV7`]) — and the crc32c of all the
-//! bytes before it (u32 little-endian) at the end. Each version appended one part to the
-//! tail, so an older one installs with the later parts empty: version 6 ended after the
+//! heat ([`TierV6`]), revoked certificates ([`SecurityV7`]), directory leases
+//! ([`LeasesV8`]) — and the crc32c of all the bytes before it (u32 little-endian) at the
+//! end. A state that never had a directory lease is written as version 7 (without the last
+//! part), so agents of the release before leases can install it during a rolling upgrade.
+//! Each version appended one part to the
+//! tail, so an older one installs with the later parts empty: version 7 ended after the
+//! revoked certificates, version 6 after the
 //! cold tier, version 5 after the node records, version 4 after
 //! the disowned shards, version 3 after [`TailV3`]; version 2 carried [`ClientsV2`]
 //! (sessions on proposers' wall clocks; installed as last seen at cluster time 0),
@@ -20,19 +24,20 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use shoal_placement::Layout;
 
+use crate::lease::DirLease;
 use crate::nodes::NodeAdmins;
 use crate::record::{
-    self, ABANDONED, COLD, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS,
-    ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord, KEY_ABANDON_SWEEP,
-    KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO,
-    KEY_NODE_ADMIN, KEY_REVOKED, KEY_STRIPE_BYTES, KEY_TIER_PINS, LEGACY_CLIENTS, OBJECT_GARBAGE,
-    OBJECTS, ORPHANS, ObjectRecord, SESSIONS, STATE, STRIPES, StripeEntry, decode, decode_exact,
-    encode,
+    self, ABANDONED, COLD, ClockRecord, DEDUP, DIR_LEASES, DIRENTS, DISOWNED, DirentRecord,
+    EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord,
+    KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT,
+    KEY_LEASE_EPOCH, KEY_NEXT_INO, KEY_NODE_ADMIN, KEY_REVOKED, KEY_STRIPE_BYTES, KEY_TIER_PINS,
+    LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, ObjectRecord, SESSIONS, STATE, STRIPES,
+    StripeEntry, decode, decode_exact, encode,
 };
 use crate::{NamespaceError, NamespaceStore, Outcome};
 
 const MAGIC: &[u8; 4] = b"SHMS";
-const SNAPSHOT_VERSION: u8 = 7;
+const SNAPSHOT_VERSION: u8 = 8;
 
 /// Everything the state machine held in version 1 (later versions append a tail).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -120,6 +125,12 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
         security: SecurityV7 {
             revoked: record::read_state(&state, KEY_REVOKED)?.unwrap_or_default(),
         },
+        leases: LeasesV8 {
+            leases: rows(&txn.open_table(DIR_LEASES)?, "directory lease", |k, v| {
+                (k, v)
+            })?,
+            epoch: record::read_state_u64(&state, KEY_LEASE_EPOCH, 0)?,
+        },
     };
     Ok((snap, tail))
 }
@@ -132,13 +143,18 @@ impl NamespaceStore {
         let txn = self.db.begin_read()?;
         let (snap, tail) = export(&txn)?;
         let mut out = MAGIC.to_vec();
-        out.push(SNAPSHOT_VERSION);
+        out.push(if tail.leases.is_empty() {
+            7
+        } else {
+            SNAPSHOT_VERSION
+        });
         let encoding = |source| NamespaceError::Encode {
             what: "the snapshot",
             source,
         };
         let out = postcard::to_extend(&snap, out).map_err(encoding)?;
-        let mut out = postcard::to_extend(&tail, out).map_err(encoding)?;
+        let out = postcard::to_extend(&tail, out).map_err(encoding)?;
+        let mut out = tail.leases.extend(out).map_err(encoding)?;
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         Ok(out)
@@ -159,6 +175,7 @@ impl NamespaceStore {
         };
         let bytes = postcard::to_extend(&snap, Vec::new()).map_err(encoding)?;
         let bytes = postcard::to_extend(&tail, bytes).map_err(encoding)?;
+        let bytes = tail.leases.extend(bytes).map_err(encoding)?;
         Ok((applied, u64::from(crc32c::crc32c(&bytes))))
     }
 
@@ -233,8 +250,33 @@ struct SecurityV7 {
     revoked: Vec<crate::RevokedName>,
 }
 
+/// Appended by version 8: directory leases and the last epoch granted.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct LeasesV8 {
+    leases: Vec<(u64, DirLease)>,
+    epoch: u64,
+}
+
+impl LeasesV8 {
+    /// No lease was ever granted: the part is left out (version 7).
+    fn is_empty(&self) -> bool {
+        self.leases.is_empty() && self.epoch == 0
+    }
+
+    /// `out` with this part appended, unless it is empty.
+    fn extend(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
+        if self.is_empty() {
+            Ok(out)
+        } else {
+            postcard::to_extend(self, out)
+        }
+    }
+}
+
 /// The tail as this version writes it: its parts one after another (postcard encodes a
 /// struct as its fields in order, so each version's bytes begin with the previous one's).
+/// The last part, `leases`, is encoded on its own, only when there is one (see
+/// [`LeasesV8::extend`]).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Tail {
     base: TailV3,
@@ -242,6 +284,8 @@ struct Tail {
     nodes: NodesV5,
     tier: TierV6,
     security: SecurityV7,
+    #[serde(skip)]
+    leases: LeasesV8,
 }
 
 impl From<ClientsV2> for Tail {
@@ -284,6 +328,10 @@ fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
         3..=6 => (SecurityV7::default(), rest),
         _ => take_part(rest, "snapshot revoked certificates")?,
     };
+    let (leases, rest) = match version {
+        3..=7 => (LeasesV8::default(), rest),
+        _ => take_part(rest, "snapshot directory leases")?,
+    };
     if !rest.is_empty() {
         return Err(NamespaceError::Corrupt(format!(
             "snapshot tail: {} bytes left over",
@@ -296,6 +344,7 @@ fn parse_tail(version: u8, bytes: &[u8]) -> Result<Tail, NamespaceError> {
         nodes,
         tier,
         security,
+        leases,
     })
 }
 
@@ -370,6 +419,7 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     clear(txn, OBJECTS)?;
     clear(txn, OBJECT_GARBAGE)?;
     clear(txn, HEAT)?;
+    clear(txn, DIR_LEASES)?;
     clear(txn, STATE)?;
     txn.delete_table(LEGACY_CLIENTS)?;
 
@@ -437,8 +487,15 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     for (ino, at) in &tier.heat {
         t.insert(*ino, encode(at)?.as_slice())?;
     }
+    let mut t = txn.open_table(DIR_LEASES)?;
+    for (dir, lease) in &tail.leases.leases {
+        t.insert(*dir, encode(lease)?.as_slice())?;
+    }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;
+    if tail.leases.epoch != 0 {
+        t.insert(KEY_LEASE_EPOCH, encode(&tail.leases.epoch)?.as_slice())?;
+    }
     t.insert(KEY_STRIPE_BYTES, encode(&stripe_bytes)?.as_slice())?;
     if base.sweep != 0 {
         t.insert(KEY_CLIENT_SWEEP, encode(&base.sweep)?.as_slice())?;

@@ -8,12 +8,12 @@ use redb::{Database, Durability, ReadableDatabase};
 
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
-    ABANDONED, COLD, DEDUP, DIRENTS, DISOWNED, EXTENTS, GARBAGE, GENERATIONS, HEAT, INODES,
-    KEY_APPLIED, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS, STATE, STRIPES,
-    encode,
+    ABANDONED, COLD, DEDUP, DIR_LEASES, DIRENTS, DISOWNED, EXTENTS, GARBAGE, GENERATIONS, HEAT,
+    INODES, KEY_APPLIED, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS, STATE,
+    STRIPES, encode,
 };
 use crate::tx::Tx;
-use crate::{Batch, Command, NamespaceError, Outcome, data, shards};
+use crate::{Batch, Command, NamespaceError, Outcome, data, lease, shards};
 use shoal_agent_api::FsError;
 
 /// The metadata state machine: the namespace (inodes, directory entries, extents, stripe
@@ -61,6 +61,7 @@ impl NamespaceStore {
         txn.open_table(OBJECTS)?;
         txn.open_table(OBJECT_GARBAGE)?;
         txn.open_table(HEAT)?;
+        txn.open_table(DIR_LEASES)?;
         txn.open_table(STATE)?;
         migrate_legacy_clients(&txn)?;
         txn.commit()?;
@@ -171,6 +172,9 @@ fn migrate_legacy_clients(txn: &redb::WriteTransaction) -> Result<(), NamespaceE
 /// Applies one command. A namespace refusal comes back as `Err(NamespaceError::Fs)` before
 /// anything was written.
 fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome, NamespaceError> {
+    if let Some(holder) = lease::fenced_by(tx, command)? {
+        return Ok(Outcome::Leased { holder });
+    }
     match command {
         Command::MkNode {
             parent,
@@ -190,6 +194,7 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
             *owner,
             *rdev,
             target.as_deref(),
+            None,
         ),
         Command::Link {
             ino,
@@ -273,6 +278,10 @@ fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome
             node,
             before_ms,
         } => crate::revocations::revoke(tx, name, *node, *before_ms),
+        Command::TakeDirLease { dir, holder } => lease::take(tx, *dir, *holder),
+        Command::ReturnDirLease { dir, epoch } => lease::give_back(tx, *dir, *epoch),
+        Command::TakeInos { count } => lease::take_inos(tx, *count),
+        Command::LeasedBatch { holder, ops } => lease::apply_batch(tx, *holder, ops),
     }
 }
 

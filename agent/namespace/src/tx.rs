@@ -23,12 +23,13 @@ use shoal_agent_api::ROOT_INO;
 use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::{Layout, NodeId, StripeId};
 
+use crate::lease::DirLease;
 use crate::record::{
-    self, ABANDONED, COLD, ClockRecord, DEDUP, DIRENTS, DISOWNED, DirentRecord, EXTENTS,
-    ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord, KEY_ABANDON_SWEEP,
-    KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT, KEY_NEXT_INO,
-    KEY_NODE_ADMIN, KEY_STRIPE_BYTES, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS, STATE, STRIPES,
-    StripeEntry, decode, encode,
+    self, ABANDONED, COLD, ClockRecord, DEDUP, DIR_LEASES, DIRENTS, DISOWNED, DirentRecord,
+    EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord,
+    KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT,
+    KEY_LEASE_EPOCH, KEY_NEXT_INO, KEY_NODE_ADMIN, KEY_STRIPE_BYTES, OBJECT_GARBAGE, OBJECTS,
+    ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, encode,
 };
 use crate::{LeaderStamp, NamespaceError, Outcome};
 
@@ -115,6 +116,7 @@ pub(crate) struct Tx<'t> {
     pub(crate) objects: Lazy<'t, u128, Bytes>,
     pub(crate) object_garbage: Lazy<'t, u128, Bytes>,
     pub(crate) heat: Lazy<'t, u64, Bytes>,
+    dir_leases: Lazy<'t, u64, Bytes>,
     pub(crate) state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
@@ -144,6 +146,7 @@ impl<'t> Tx<'t> {
             objects: Lazy::new(txn, OBJECTS),
             object_garbage: Lazy::new(txn, OBJECT_GARBAGE),
             heat: Lazy::new(txn, HEAT),
+            dir_leases: Lazy::new(txn, DIR_LEASES),
             state,
             cache: BTreeMap::new(),
             next_ino,
@@ -241,6 +244,51 @@ impl<'t> Tx<'t> {
         let ino = self.next_ino;
         self.next_ino += 1;
         ino
+    }
+
+    /// The numbers `[start, start + count)`, never handed out again.
+    pub(crate) fn allocate_inos(&mut self, count: u64) -> (Ino, Ino) {
+        let start = self.next_ino;
+        self.next_ino = start.saturating_add(count);
+        (start, self.next_ino)
+    }
+
+    /// Whether `ino` was handed out (by [`Self::allocate_ino`] or a range).
+    pub(crate) fn ino_allocated(&self, ino: Ino) -> bool {
+        (FIRST_INO..self.next_ino).contains(&ino)
+    }
+
+    // --- directory leases ---
+
+    pub(crate) fn dir_lease(&self, dir: Ino) -> Result<Option<DirLease>, NamespaceError> {
+        match self.dir_leases.read()?.get(dir)? {
+            Some(v) => decode(v.value(), "directory lease").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn put_dir_lease(
+        &mut self,
+        dir: Ino,
+        lease: DirLease,
+    ) -> Result<(), NamespaceError> {
+        self.dir_leases
+            .write()?
+            .insert(dir, encode(&lease)?.as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_dir_lease(&mut self, dir: Ino) -> Result<(), NamespaceError> {
+        self.dir_leases.write()?.remove(dir)?;
+        Ok(())
+    }
+
+    /// A lease epoch no grant had before.
+    pub(crate) fn next_lease_epoch(&mut self) -> Result<u64, NamespaceError> {
+        let epoch = record::read_state_u64(&self.state, KEY_LEASE_EPOCH, 0)? + 1;
+        self.state
+            .insert(KEY_LEASE_EPOCH, encode(&epoch)?.as_slice())?;
+        Ok(epoch)
     }
 
     // --- directory entries ---

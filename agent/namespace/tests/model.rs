@@ -14,7 +14,8 @@ use shoal_namespace::format::{
     StripeRecord, Timestamp,
 };
 use shoal_namespace::{
-    Batch, Command, NamespaceError, NamespaceStore, NewExtent, Outcome, Proposal,
+    Batch, Command, DirLease, LeasedChange, LeasedOp, NamespaceError, NamespaceStore, NewExtent,
+    Outcome, Proposal,
 };
 use shoal_placement::{EcProfile, NodeId, StripeId};
 
@@ -74,6 +75,9 @@ struct Model {
     abandoned: BTreeSet<u128>,
     next_ino: Ino,
     dedup: BTreeMap<RequestId, Outcome>,
+    /// Directory → (holder, epoch) of its lease.
+    leases: BTreeMap<Ino, (NodeId, u64)>,
+    lease_epoch: u64,
 }
 
 fn check_name(name: &str) -> Result<(), FsError> {
@@ -120,6 +124,8 @@ impl Model {
             abandoned: BTreeSet::new(),
             next_ino: 2,
             dedup: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            lease_epoch: 0,
         }
     }
 
@@ -225,6 +231,9 @@ impl Model {
     }
 
     fn execute(&mut self, now: Timestamp, command: &Command) -> Result<Outcome, FsError> {
+        if let Some(holder) = self.fenced_by(command) {
+            return Ok(Outcome::Leased { holder });
+        }
         match command.clone() {
             Command::MkNode {
                 parent,
@@ -234,7 +243,7 @@ impl Model {
                 owner,
                 rdev,
                 target,
-            } => self.mknode(now, parent, &name, kind, perm, owner, rdev, target),
+            } => self.mknode(now, parent, &name, kind, perm, owner, rdev, target, None),
             Command::Link {
                 ino,
                 new_parent,
@@ -292,6 +301,45 @@ impl Model {
                 }
                 Ok(Outcome::Abandoned(fenced))
             }
+            Command::TakeDirLease { dir, holder } => {
+                self.directory(dir)?;
+                match self.leases.get(&dir) {
+                    Some(&(other, _)) if other != holder => Ok(Outcome::Leased { holder: other }),
+                    _ => {
+                        self.lease_epoch += 1;
+                        self.leases.insert(dir, (holder, self.lease_epoch));
+                        Ok(Outcome::DirLease {
+                            epoch: self.lease_epoch,
+                        })
+                    }
+                }
+            }
+            Command::ReturnDirLease { dir, epoch } => match self.leases.get(&dir) {
+                Some(&(_, e)) if e == epoch => {
+                    self.leases.remove(&dir);
+                    Ok(Outcome::Done)
+                }
+                _ => Ok(Outcome::Conflict),
+            },
+            Command::TakeInos { count } => {
+                if count == 0 || count > shoal_namespace::MAX_INO_RANGE {
+                    return Err(FsError::Invalid);
+                }
+                let start = self.next_ino;
+                self.next_ino += count;
+                Ok(Outcome::Inos {
+                    start,
+                    end: self.next_ino,
+                })
+            }
+            Command::LeasedBatch { holder, ops } => Ok(Outcome::Batch(
+                ops.iter()
+                    .map(|op| match self.leased(holder, op) {
+                        Ok(outcome) => outcome,
+                        Err(e) => Outcome::Failed(e),
+                    })
+                    .collect(),
+            )),
             Command::SetLayout { .. }
             | Command::RecordGenerations { .. }
             | Command::RelocateShards { .. }
@@ -310,6 +358,131 @@ impl Model {
         }
     }
 
+    /// The holder of a lease that refuses `command` (see `lease.rs`): a change of a
+    /// leased directory's entries or attributes, or the removal of a leased directory.
+    fn fenced_by(&self, command: &Command) -> Option<NodeId> {
+        let leased = |dir: &Ino| self.leases.get(dir).map(|l| l.0);
+        let leased_subdir = |dir: &Ino, name: &String| {
+            let child = self.dirents.get(&(*dir, name.clone()))?;
+            leased(child)
+        };
+        match command {
+            Command::MkNode { parent, .. } | Command::Unlink { parent, .. } => leased(parent),
+            Command::Link { new_parent, .. } => leased(new_parent),
+            Command::Rmdir { parent, name } => {
+                leased(parent).or_else(|| leased_subdir(parent, name))
+            }
+            Command::Rename {
+                parent,
+                new_parent,
+                new_name,
+                flags,
+                ..
+            } => leased(parent).or_else(|| leased(new_parent)).or_else(|| {
+                if flags.exchange {
+                    None
+                } else {
+                    leased_subdir(new_parent, new_name)
+                }
+            }),
+            Command::SetAttr { ino, .. } => leased(ino),
+            _ => None,
+        }
+    }
+
+    /// The holder's lease on `dir` at `epoch`, still.
+    fn holds(&self, holder: NodeId, dir: Ino, epoch: u64) -> bool {
+        self.leases.get(&dir) == Some(&(holder, epoch))
+    }
+
+    /// Entry `name` of `dir` if it is a directory leased: `Ok(Some(ino))` when `holder`
+    /// holds it, `Err(other)` when another node does.
+    fn removable(&self, holder: NodeId, dir: Ino, name: &str) -> Result<Option<Ino>, NodeId> {
+        let Some(&child) = self.dirents.get(&(dir, name.to_owned())) else {
+            return Ok(None);
+        };
+        match self.leases.get(&child) {
+            Some(&(h, _)) if h == holder => Ok(Some(child)),
+            Some(&(other, _)) => Err(other),
+            None => Ok(None),
+        }
+    }
+
+    fn leased(&mut self, holder: NodeId, op: &LeasedOp) -> Result<Outcome, FsError> {
+        let (dir, now) = (op.dir, op.now);
+        if !self.holds(holder, dir, op.epoch) {
+            return Ok(Outcome::LeaseLost);
+        }
+        match op.change.clone() {
+            LeasedChange::MkNode {
+                ino,
+                name,
+                kind,
+                perm,
+                owner,
+                rdev,
+                target,
+            } => {
+                if ino < 2 || ino >= self.next_ino || self.nodes.contains_key(&ino) {
+                    return Err(FsError::Invalid);
+                }
+                self.mknode(now, dir, &name, kind, perm, owner, rdev, target, Some(ino))
+            }
+            LeasedChange::Link { ino, name } => self.link(now, ino, dir, &name),
+            LeasedChange::Unlink { name } => self.unlink(now, dir, &name),
+            LeasedChange::Rmdir { name } => {
+                let child = match self.removable(holder, dir, &name) {
+                    Ok(child) => child,
+                    Err(other) => return Ok(Outcome::Leased { holder: other }),
+                };
+                let outcome = self.rmdir(now, dir, &name)?;
+                if let Some(child) = child {
+                    self.leases.remove(&child);
+                }
+                Ok(outcome)
+            }
+            LeasedChange::Rename {
+                name,
+                new_dir,
+                new_epoch,
+                new_name,
+                flags,
+            } => {
+                if !self.holds(holder, new_dir, new_epoch) {
+                    return Ok(Outcome::LeaseLost);
+                }
+                let src = self.dirents.get(&(dir, name.clone())).copied();
+                let over = if flags.exchange {
+                    None
+                } else {
+                    match self.removable(holder, new_dir, &new_name) {
+                        Ok(child) => child.filter(|c| Some(*c) != src),
+                        Err(other) => return Ok(Outcome::Leased { holder: other }),
+                    }
+                };
+                let outcome = self.rename(now, dir, &name, new_dir, &new_name, flags)?;
+                if let Some(child) = over {
+                    self.leases.remove(&child);
+                }
+                Ok(outcome)
+            }
+            LeasedChange::SetAttr { ino, set } => {
+                if let Some(&(other, _)) = self.leases.get(&ino)
+                    && other != holder
+                {
+                    return Ok(Outcome::Leased { holder: other });
+                }
+                self.setattr(now, ino, &set)
+            }
+            LeasedChange::WriteInline {
+                ino,
+                offset,
+                data,
+                max_inline,
+            } => self.write_inline(now, ino, offset, &data, max_inline),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn mknode(
         &mut self,
@@ -321,6 +494,7 @@ impl Model {
         owner: Owner,
         rdev: u32,
         target: Option<String>,
+        ino: Option<Ino>,
     ) -> Result<Outcome, FsError> {
         self.directory(parent)?;
         check_name(name)?;
@@ -341,8 +515,10 @@ impl Model {
                 perm |= 0o2000;
             }
         }
-        let ino = self.next_ino;
-        self.next_ino += 1;
+        let ino = ino.unwrap_or_else(|| {
+            self.next_ino += 1;
+            self.next_ino - 1
+        });
         let node = Node {
             attr: FileAttr {
                 ino,
@@ -737,7 +913,153 @@ impl Gen {
         }
     }
 
+    /// A node that may hold leases.
+    fn holder(&mut self) -> NodeId {
+        NodeId(1 + self.rng.below(2))
+    }
+
+    /// A lease command: mostly with the epochs the model holds, now and then stale ones.
+    fn lease_command(&mut self, model: &Model) -> Command {
+        match self.rng.below(10) {
+            0..=2 => Command::TakeDirLease {
+                dir: self.dir(model),
+                holder: self.holder(),
+            },
+            3..=4 => {
+                let leases: Vec<(Ino, u64)> = model.leases.iter().map(|(d, l)| (*d, l.1)).collect();
+                let (dir, epoch) = if leases.is_empty() || self.rng.chance(10) {
+                    (self.dir(model), self.rng.below(model.lease_epoch + 2))
+                } else {
+                    self.rng.pick(&leases)
+                };
+                Command::ReturnDirLease { dir, epoch }
+            }
+            5 => Command::TakeInos {
+                count: self.rng.below(4),
+            },
+            _ => {
+                let holder = self.holder();
+                let ops = (0..1 + self.rng.below(4))
+                    .map(|_| self.leased_op(model, holder))
+                    .collect();
+                Command::LeasedBatch { holder, ops }
+            }
+        }
+    }
+
+    /// One op of `holder`'s batch, mostly in a directory it holds.
+    fn leased_op(&mut self, model: &Model, holder: NodeId) -> LeasedOp {
+        let held: Vec<(Ino, u64)> = model
+            .leases
+            .iter()
+            .filter(|(_, l)| l.0 == holder)
+            .map(|(d, l)| (*d, l.1))
+            .collect();
+        let (dir, epoch) = if held.is_empty() || self.rng.chance(10) {
+            (self.dir(model), self.rng.below(model.lease_epoch + 2))
+        } else {
+            self.rng.pick(&held)
+        };
+        let named = |g: &mut Gen, want: fn(FileKind) -> bool| {
+            let names: Vec<String> = model
+                .entries(dir)
+                .into_iter()
+                .filter(|(_, i)| model.kind(*i).is_some_and(want))
+                .map(|(n, _)| n)
+                .collect();
+            if names.is_empty() || g.rng.chance(20) {
+                g.name()
+            } else {
+                g.rng.pick(&names)
+            }
+        };
+        let change = match self.rng.below(9) {
+            0..=2 => {
+                // A number handed out and not in use, or now and then one that is not.
+                let free: Vec<Ino> = (2..model.next_ino)
+                    .filter(|i| !model.nodes.contains_key(i))
+                    .collect();
+                let ino = if free.is_empty() || self.rng.chance(10) {
+                    self.ino(model)
+                } else {
+                    self.rng.pick(&free)
+                };
+                let kind =
+                    [FileKind::File, FileKind::Dir, FileKind::Symlink][self.rng.below(3) as usize];
+                LeasedChange::MkNode {
+                    ino,
+                    name: self.name(),
+                    kind,
+                    perm: 0o644,
+                    owner: Owner { uid: 1, gid: 1 },
+                    rdev: 0,
+                    target: (kind == FileKind::Symlink).then(|| "t".into()),
+                }
+            }
+            3 => LeasedChange::Link {
+                ino: self.file(model),
+                name: self.name(),
+            },
+            4 => LeasedChange::Unlink {
+                name: named(self, |k| k != FileKind::Dir),
+            },
+            5 => LeasedChange::Rmdir {
+                name: named(self, |k| k == FileKind::Dir),
+            },
+            6 => {
+                let (new_dir, new_epoch) = if held.is_empty() || self.rng.chance(50) {
+                    (dir, epoch)
+                } else {
+                    self.rng.pick(&held)
+                };
+                LeasedChange::Rename {
+                    name: named(self, |_| true),
+                    new_dir,
+                    new_epoch,
+                    new_name: self.name(),
+                    flags: RenameFlags {
+                        noreplace: self.rng.chance(10),
+                        exchange: self.rng.chance(10),
+                    },
+                }
+            }
+            7 => {
+                let ino = if self.rng.chance(20) {
+                    dir
+                } else {
+                    self.ino(model)
+                };
+                LeasedChange::SetAttr {
+                    ino,
+                    set: SetAttr {
+                        perm: Some(self.rng.below(0o10000) as u16),
+                        size: self.rng.chance(30).then(|| self.rng.below(40)),
+                        ..SetAttr::default()
+                    },
+                }
+            }
+            _ => LeasedChange::WriteInline {
+                ino: self.file(model),
+                offset: self.rng.below(20),
+                data: vec![9; self.rng.below(12) as usize],
+                max_inline: 32,
+            },
+        };
+        LeasedOp {
+            dir,
+            epoch,
+            now: Timestamp {
+                secs: 500 + self.rng.below(100) as i64,
+                nanos: 0,
+            },
+            change,
+        }
+    }
+
     fn command(&mut self, model: &Model) -> Command {
+        if self.rng.chance(15) {
+            return self.lease_command(model);
+        }
         let r = &mut self.rng;
         match r.below(100) {
             0..=21 => {
@@ -976,6 +1298,23 @@ fn check(store: &NamespaceStore, model: &Model, ctx: &str) {
         .collect();
     let want_garbage: Vec<u128> = model.garbage().into_iter().collect();
     assert_eq!(garbage, want_garbage, "{ctx}: garbage");
+    for (&ino, node) in &model.nodes {
+        if node.attr.kind == FileKind::Dir {
+            let want = model
+                .leases
+                .get(&ino)
+                .map(|&(holder, epoch)| DirLease { holder, epoch });
+            assert_eq!(
+                store.dir_lease(ino).expect("lease"),
+                want,
+                "{ctx}: lease of {ino}"
+            );
+        }
+    }
+    assert!(
+        model.leases.keys().all(|d| model.nodes.contains_key(d)),
+        "{ctx}: a lease outlived its directory"
+    );
     let live = model.referenced();
     let stats = store.stats().expect("stats");
     assert_eq!(stats.inodes, model.nodes.len() as u64, "{ctx}: inode count");

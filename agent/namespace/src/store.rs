@@ -171,7 +171,11 @@ fn migrate_legacy_clients(txn: &redb::WriteTransaction) -> Result<(), NamespaceE
 
 /// Applies one command. A namespace refusal comes back as `Err(NamespaceError::Fs)` before
 /// anything was written.
-fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome, NamespaceError> {
+pub(crate) fn execute(
+    tx: &mut Tx<'_>,
+    now: Timestamp,
+    command: &Command,
+) -> Result<Outcome, NamespaceError> {
     if let Some(holder) = lease::fenced_by(tx, command)? {
         return Ok(Outcome::Leased { holder });
     }

@@ -122,6 +122,9 @@ pub(crate) struct Tx<'t> {
     next_ino: Ino,
     stripe_bytes: u64,
     clock: ClockRecord,
+    /// Directory entries written and removed, kept when the apply is a speculation
+    /// (`speculate.rs`).
+    entry_writes: Option<BTreeMap<(Ino, String), Option<DirentRecord>>>,
 }
 
 impl<'t> Tx<'t> {
@@ -152,7 +155,31 @@ impl<'t> Tx<'t> {
             next_ino,
             stripe_bytes,
             clock,
+            entry_writes: None,
         })
+    }
+
+    /// Keeps the directory entries this apply writes, for [`Tx::into_writes`].
+    pub(crate) fn keep_writes(&mut self) {
+        self.entry_writes = Some(BTreeMap::new());
+    }
+
+    /// What this apply changed of the inodes (`None`: deleted) and, when
+    /// [`Tx::keep_writes`] was called first, of the directory entries; nothing is written.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn into_writes(
+        self,
+    ) -> (
+        BTreeMap<Ino, Option<InodeRecord>>,
+        BTreeMap<(Ino, String), Option<DirentRecord>>,
+    ) {
+        let inodes = self
+            .cache
+            .into_iter()
+            .filter(|(_, c)| c.dirty)
+            .map(|(ino, c)| (ino, c.record))
+            .collect();
+        (inodes, self.entry_writes.unwrap_or_default())
     }
 
     /// Writes the cached inodes, the counters and the applied marker.
@@ -310,11 +337,17 @@ impl<'t> Tx<'t> {
         self.dirents
             .write()?
             .insert((parent, name), encode(&entry)?.as_slice())?;
+        if let Some(writes) = &mut self.entry_writes {
+            writes.insert((parent, name.to_owned()), Some(entry));
+        }
         Ok(())
     }
 
     pub(crate) fn remove_dirent(&mut self, parent: Ino, name: &str) -> Result<(), NamespaceError> {
         self.dirents.write()?.remove((parent, name))?;
+        if let Some(writes) = &mut self.entry_writes {
+            writes.insert((parent, name.to_owned()), None);
+        }
         Ok(())
     }
 

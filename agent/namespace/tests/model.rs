@@ -1328,6 +1328,89 @@ fn check(store: &NamespaceStore, model: &Model, ctx: &str) {
     }
 }
 
+/// Every inode and directory entry the apply changed is in the speculation's overlay.
+fn check_overlay_complete(
+    before: &Model,
+    after: &Model,
+    overlay: &shoal_namespace::Overlay,
+    ctx: &str,
+) {
+    let keys: BTreeSet<&(Ino, String)> =
+        before.dirents.keys().chain(after.dirents.keys()).collect();
+    for key in keys {
+        let now = after.dirents.get(key);
+        if before.dirents.get(key) != now {
+            let want = now.map(|&ino| (ino, after.kind(ino).expect("entry of an inode")));
+            assert_eq!(
+                overlay.entry(key.0, &key.1),
+                Some(want),
+                "{ctx}: entry {key:?}"
+            );
+        }
+    }
+    let inos: BTreeSet<&Ino> = before.nodes.keys().chain(after.nodes.keys()).collect();
+    for &ino in inos {
+        let was = before
+            .nodes
+            .get(&ino)
+            .map(|n| (before.attr(ino), n.inline.clone()));
+        let now = after
+            .nodes
+            .get(&ino)
+            .map(|n| (after.attr(ino), n.inline.clone()));
+        if was != now {
+            let got = overlay
+                .inode(ino)
+                .map(|o| o.map(|o| (o.attr.clone(), o.inline.clone())));
+            let now = now.map(|(attr, inline)| (attr.into(), inline));
+            assert_eq!(got, Some(now), "{ctx}: inode {ino}");
+        }
+    }
+}
+
+/// What a speculation said it changed is what the apply left.
+fn check_overlay(store: &NamespaceStore, overlay: &shoal_namespace::Overlay, ctx: &str) {
+    for ino in 1..4096 {
+        match overlay.inode(ino) {
+            None => {}
+            Some(None) => assert_eq!(
+                fs_err(store.getattr(ino)),
+                FsError::NotFound,
+                "{ctx}: speculated deletion of {ino}"
+            ),
+            Some(Some(o)) => {
+                assert_eq!(
+                    store.getattr(ino).expect("getattr"),
+                    o.attr,
+                    "{ctx}: speculated {ino}"
+                );
+                if o.attr.kind == shoal_agent_api::FileKind::File {
+                    let data = store.file_data(ino).expect("file_data");
+                    assert_eq!(data.inline, o.inline, "{ctx}: speculated inline of {ino}");
+                }
+            }
+        }
+        let entries: Vec<(String, Option<(Ino, FileKind)>)> = overlay
+            .entries_of(ino)
+            .map(|(n, e)| (n.to_owned(), e))
+            .collect();
+        for (name, entry) in entries {
+            assert_eq!(overlay.entry(ino, &name), Some(entry));
+            match entry {
+                Some((child, _)) => assert_eq!(
+                    store.lookup(ino, &name).expect("lookup").ino,
+                    child,
+                    "{ctx}: speculated entry {ino}/{name}"
+                ),
+                None => assert!(
+                    store.lookup(ino, &name).is_err(),
+                    "{ctx}: speculated removal of {ino}/{name}"
+                ),
+            }
+        }
+    }
+}
+
 fn check_file(store: &NamespaceStore, model: &Model, ino: Ino, ctx: &str) {
     let node = &model.nodes[&ino];
     let data = store.file_data(ino).expect("file_data");
@@ -1486,7 +1569,27 @@ fn run_seed(seed: u64, applies: usize) {
             batches.push(Batch::new(proposals));
         }
         let marker = step.to_le_bytes();
+        let flat: Vec<Proposal> = batches.iter().flat_map(|b| b.proposals.clone()).collect();
+        let speculation = h.store().speculate(&flat).expect("speculate");
+        let before = model.clone();
         let got = h.store().apply(&batches, &marker).expect("apply");
+        let applied: Vec<&Outcome> = got.iter().flatten().collect();
+        for ((outcome, seen), (proposal, got)) in
+            speculation.outcomes.iter().zip(flat.iter().zip(&applied))
+        {
+            assert_eq!(
+                outcome, *got,
+                "seed {seed} step {step}: speculated outcome of {proposal:?}"
+            );
+            // Only a repeat of a request applied before this step was applied already.
+            let before = proposal.id.is_some_and(|id| model.dedup.contains_key(&id));
+            assert_eq!(*seen, before, "seed {seed} step {step}: {proposal:?}");
+        }
+        check_overlay(
+            h.store(),
+            &speculation.overlay,
+            &format!("seed {seed} step {step}"),
+        );
         for (batch, outcomes) in batches.iter().zip(&got) {
             assert_eq!(
                 batch.proposals.len(),
@@ -1502,6 +1605,7 @@ fn run_seed(seed: u64, applies: usize) {
             }
         }
         let ctx = format!("seed {seed} step {step} after {batches:?}");
+        check_overlay_complete(&before, &model, &speculation.overlay, &ctx);
         check(h.store(), &model, &ctx);
         match ops.rng.below(40) {
             0 => h.restart(),

@@ -418,6 +418,7 @@ impl Worker for OrphanPurge {
             return Ok(Step::Idle);
         }
         let n = proposals.len();
+        debug!(?due, ?held, peers = ?peers.iter().map(|p| p.0).collect::<Vec<_>>(), layout = ?layout.nodes().iter().map(|n| (n.id, n.state)).collect::<Vec<_>>(), epoch = layout.epoch(), "purging the unlinked inodes not held open");
         self.group.propose(proposals).await?;
         info!(inodes = n, "purged unlinked inodes");
         Ok(Step::Idle)

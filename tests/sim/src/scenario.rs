@@ -37,6 +37,7 @@
 //! Everything is drawn from the seed: the schedule, the clients' choices, each node's
 //! election timeout and disk, every message's delay and loss.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -48,7 +49,7 @@ use shoal_mesh::sim_net::Faults;
 use shoal_namespace::format::{FileKind, Owner, RequestId, Timestamp};
 use shoal_namespace::nodes::NodeChange;
 use shoal_namespace::{Command, NamespaceError, Proposal};
-use shoal_placement::{NodeId, NodeState};
+use shoal_placement::{Layout, NodeId, NodeState};
 
 use crate::audit::{audit, node_states};
 use crate::cluster::{
@@ -604,19 +605,38 @@ async fn check_digests(live: &Live, trace: &Trace, model: &Model) {
 /// node's replica holds them, until `stop`.
 async fn note_layouts(live: Live, trace: Trace, model: Model, stop: Arc<AtomicBool>) {
     let mut last = String::new();
+    // Per replica: the last layout seen in it.
+    let mut seen: BTreeMap<u64, Layout> = BTreeMap::new();
     while !stop.load(Ordering::Acquire) {
         tokio::time::sleep(Duration::from_millis(250)).await;
         // Every replica's view: a node out in the leader's layout loses its mounts' claim
         // on unlinked files they hold open (`held.rs`).
         for id in live.ids() {
-            let layout = live
+            let Some(layout) = live
                 .get(id)
-                .and_then(|g| g.store().cluster_layout().ok().flatten());
-            for node in layout.iter().flat_map(|l| l.nodes()) {
+                .and_then(|g| g.store().cluster_layout().ok().flatten())
+            else {
+                continue;
+            };
+            for node in layout.nodes() {
                 if node.state == NodeState::Out {
                     model.seen_out(node.id.0);
                 }
             }
+            // A layout that lived between two looks went unseen: a node not active on
+            // either side of it may have been out in it (seed 302680 of `partition`: a
+            // node back from a partition was out for a moment, and the purge decided then
+            // dropped its mount's claim).
+            if let Some(before) = seen.get(&id)
+                && layout.epoch() > before.epoch() + 1
+            {
+                for node in before.nodes().iter().chain(layout.nodes()) {
+                    if node.state != NodeState::Active {
+                        model.seen_out(node.id.0);
+                    }
+                }
+            }
+            seen.insert(id, layout);
         }
         let Some(layout) = live.layout() else {
             continue;

@@ -295,6 +295,64 @@ pub struct LeasedOp {
     pub change: LeasedChange,
 }
 
+impl LeasedOp {
+    /// The command this op applies as (a create's inode number aside).
+    pub fn command(&self) -> Command {
+        let dir = self.dir;
+        match self.change.clone() {
+            LeasedChange::MkNode {
+                name,
+                kind,
+                perm,
+                owner,
+                rdev,
+                target,
+                ..
+            } => Command::MkNode {
+                parent: dir,
+                name,
+                kind,
+                perm,
+                owner,
+                rdev,
+                target,
+            },
+            LeasedChange::Link { ino, name } => Command::Link {
+                ino,
+                new_parent: dir,
+                new_name: name,
+            },
+            LeasedChange::Unlink { name } => Command::Unlink { parent: dir, name },
+            LeasedChange::Rmdir { name } => Command::Rmdir { parent: dir, name },
+            LeasedChange::Rename {
+                name,
+                new_dir,
+                new_name,
+                flags,
+                ..
+            } => Command::Rename {
+                parent: dir,
+                name,
+                new_parent: new_dir,
+                new_name,
+                flags,
+            },
+            LeasedChange::SetAttr { ino, set } => Command::SetAttr { ino, set },
+            LeasedChange::WriteInline {
+                ino,
+                offset,
+                data,
+                max_inline,
+            } => Command::WriteInline {
+                ino,
+                offset,
+                data,
+                max_inline,
+            },
+        }
+    }
+}
+
 /// What a [`LeasedOp`] does; each is the command of the same name with `dir` as the
 /// parent, and applies with the same rules.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

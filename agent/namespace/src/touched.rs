@@ -27,6 +27,20 @@ impl Touched {
     /// Adds what `proposal` changed, given the outcome it was applied with. A refused or
     /// failed command changed nothing.
     pub fn add(&mut self, proposal: &Proposal, outcome: &Outcome) {
+        // A lease holder's batch: each op as the command it applies as.
+        if let (Command::LeasedBatch { ops, .. }, Outcome::Batch(outcomes)) =
+            (&proposal.command, outcome)
+        {
+            for (op, outcome) in ops.iter().zip(outcomes) {
+                let one = Proposal {
+                    id: proposal.id,
+                    now: op.now,
+                    command: op.command(),
+                };
+                self.add(&one, outcome);
+            }
+            return;
+        }
         if !matches!(outcome, Outcome::Attr(_) | Outcome::Done) {
             return;
         }
@@ -130,6 +144,50 @@ mod tests {
             &Outcome::Conflict,
         );
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_leased_batch_touches_what_each_op_applied_as_touches() {
+        use crate::command::{LeasedChange, LeasedOp};
+        let op = |change| LeasedOp {
+            dir: 7,
+            epoch: 1,
+            now: Timestamp::default(),
+            change,
+        };
+        let batch = from(
+            4,
+            Command::LeasedBatch {
+                holder: shoal_placement::NodeId(1),
+                ops: vec![
+                    op(LeasedChange::Unlink { name: "f".into() }),
+                    op(LeasedChange::Unlink {
+                        name: "lost".into(),
+                    }),
+                    op(LeasedChange::Rename {
+                        name: "a".into(),
+                        new_dir: 8,
+                        new_epoch: 2,
+                        new_name: "b".into(),
+                        flags: RenameFlags::default(),
+                    }),
+                ],
+            },
+        );
+        let mut t = Touched::default();
+        t.add(
+            &batch,
+            &Outcome::Batch(vec![Outcome::Done, Outcome::LeaseLost, Outcome::Done]),
+        );
+        assert_eq!(
+            t.names,
+            vec![
+                (4, 7, "f".to_string()),
+                (4, 7, "a".to_string()),
+                (4, 8, "b".to_string())
+            ]
+        );
+        assert_eq!(t.inodes, vec![(4, 7), (4, 7), (4, 8)]);
     }
 
     #[test]

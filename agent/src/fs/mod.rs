@@ -7,6 +7,7 @@
 
 mod answers;
 pub mod handles;
+pub mod lease_holder;
 mod service;
 mod write;
 

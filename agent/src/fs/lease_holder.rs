@@ -23,9 +23,19 @@
 //! writes of inodes created under a lease that have no name outside it. Anything else
 //! that touches a leased directory commits the pending batches first.
 //!
-//! Pure apart from the replica it speculates on: no clock, no network, no tasks.
+//! A holder answers from its leases only within [`LEASE_TERM`] of the start of its last
+//! successful round with the group (a grant, a commit, a barrier: the caller says when
+//! each began, [`LeaseHolder::renewed`]); a node that breaks a lease waits twice that after
+//! its recall went unanswered, so a holder cut off from the group has stopped answering by
+//! then. Its batches after a break are refused by the epoch fence whatever the clocks do:
+//! the term only bounds how long a cut-off holder's mount is answered from a lease it may
+//! have lost.
+//!
+//! Pure apart from the replica it speculates on: the caller passes the clock; no network,
+//! no tasks.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use shoal_agent_api::{FileAttr, FsError, Ino, RequestId};
 use shoal_namespace::format::Timestamp;
@@ -34,10 +44,15 @@ use shoal_namespace::{
     OverlayInode, Proposal,
 };
 use shoal_placement::NodeId;
+use tokio::time::Instant;
 
 /// Ops answered since the last batch: at most this many before one is sealed (each
 /// answer speculates over everything pending: about 1.2 µs per op pending, measured).
 pub const MAX_OPEN_OPS: usize = 256;
+
+/// How long after the start of its last successful round with the group a holder answers
+/// from its leases (see the module doc).
+pub const LEASE_TERM: Duration = Duration::from_secs(5);
 
 /// A batch sent (or to send) to the group, with what each of its ops was answered.
 struct Sealed {
@@ -68,6 +83,8 @@ pub struct LeaseHolder {
     open_answers: Vec<Outcome>,
     overlay: Overlay,
     failures: Vec<LostOp>,
+    /// When the last successful round with the group began.
+    renewed: Option<Instant>,
 }
 
 /// Whether an answer is a success the batch carries.
@@ -88,6 +105,7 @@ impl LeaseHolder {
             open_answers: Vec::new(),
             overlay: Overlay::default(),
             failures: Vec::new(),
+            renewed: None,
         }
     }
 
@@ -99,9 +117,21 @@ impl LeaseHolder {
         }
     }
 
-    /// The lease on `dir` was granted at `epoch`.
-    pub fn granted(&mut self, dir: Ino, epoch: u64) {
+    /// The lease on `dir` was granted at `epoch`, by a round that began at `began`.
+    pub fn granted(&mut self, dir: Ino, epoch: u64, began: Instant) {
         self.leases.insert(dir, epoch);
+        self.renewed(began);
+    }
+
+    /// A round with the group that began at `began` succeeded (a commit, a barrier).
+    pub fn renewed(&mut self, began: Instant) {
+        self.renewed = Some(self.renewed.map_or(began, |r| r.max(began)));
+    }
+
+    /// Whether the holder answers from its leases at `now` (see the module doc).
+    pub fn answering(&self, now: Instant) -> bool {
+        self.renewed
+            .is_some_and(|r| now.saturating_duration_since(r) < LEASE_TERM)
     }
 
     /// The epoch of the lease held on `dir`.
@@ -140,19 +170,23 @@ impl LeaseHolder {
     /// Answers `change` in leased directory `dir` at the holder's time `now` (a create's
     /// `ino` is filled in here, from the handed-out numbers). An answer that is not a
     /// success is not sent. `Err(FsError::Unavailable)` when no lease is held on `dir`
-    /// (or a rename's target), no inode number is left, or too many ops wait: the caller
-    /// takes the normal path, or seals and commits first.
+    /// (or a rename's target), no inode number is left, too many ops wait, or the lease
+    /// term ran out at `clock`: the caller takes the normal path, or commits first.
     pub fn answer(
         &mut self,
         store: &NamespaceStore,
         dir: Ino,
         mut change: LeasedChange,
         now: Timestamp,
+        clock: Instant,
     ) -> Result<Outcome, NamespaceError> {
         let unavailable = |why: &str| Err(NamespaceError::Fs(FsError::Unavailable(why.into())));
         let Some(epoch) = self.epoch(dir) else {
             return unavailable("no lease on the directory");
         };
+        if !self.answering(clock) {
+            return unavailable("no round with the metadata group within the lease term");
+        }
         if let LeasedChange::Rename {
             new_dir, new_epoch, ..
         } = &mut change

@@ -7,7 +7,9 @@ use shoal_namespace::{
 };
 use shoal_placement::NodeId;
 
-use super::{LeaseHolder, LostOp};
+use tokio::time::Instant;
+
+use super::{LEASE_TERM, LeaseHolder, LostOp};
 
 const ME: NodeId = NodeId(4);
 
@@ -20,6 +22,9 @@ struct Rig {
     store: NamespaceStore,
     holder: LeaseHolder,
     clock: i64,
+    /// The monotonic clock every grant and answer reads: fixed, so no test depends on
+    /// how fast it runs.
+    mono: Instant,
 }
 
 impl Rig {
@@ -31,6 +36,7 @@ impl Rig {
             store,
             holder: LeaseHolder::new(ME, 77),
             clock: 100,
+            mono: Instant::now(),
         }
     }
 
@@ -75,7 +81,7 @@ impl Rig {
         let Outcome::DirLease { epoch } = self.commit(take) else {
             panic!("no lease")
         };
-        self.holder.granted(dir, epoch);
+        self.holder.granted(dir, epoch, self.mono);
         if self.holder.inos_left() < 8 {
             let Outcome::Inos { start, end } = self.commit(Command::TakeInos { count: 16 }) else {
                 panic!("no numbers")
@@ -88,7 +94,7 @@ impl Rig {
     fn answer(&mut self, dir: Ino, change: LeasedChange) -> Outcome {
         self.clock += 1;
         self.holder
-            .answer(&self.store, dir, change, at(self.clock))
+            .answer(&self.store, dir, change, at(self.clock), self.mono)
             .expect("answer")
     }
 
@@ -226,7 +232,8 @@ fn a_broken_lease_makes_its_pending_answers_failures() {
     );
     assert_eq!(rig.holder.epoch(dir), None, "the lost lease is forgotten");
     assert!(matches!(
-        rig.holder.answer(&rig.store, dir, create("again"), at(1)),
+        rig.holder
+            .answer(&rig.store, dir, create("again"), at(1), rig.mono),
         Err(NamespaceError::Fs(FsError::Unavailable(_)))
     ));
     assert_eq!(
@@ -256,7 +263,7 @@ fn leased_directories_commit_in_one_order() {
     let Outcome::DirLease { epoch } = rig.commit(take) else {
         panic!("no lease on sub")
     };
-    rig.holder.granted(sub, epoch);
+    rig.holder.granted(sub, epoch, rig.mono);
     // Fill the subdirectory, move a file out of it into another leased directory, empty
     // it and remove it: every op depends on the ones before, across three directories.
     rig.answer(sub, create("f"));
@@ -272,7 +279,8 @@ fn leased_directories_commit_in_one_order() {
     );
     // Not in a leased directory: the caller takes the normal path.
     assert!(matches!(
-        rig.holder.answer(&rig.store, ROOT_INO, create("r"), at(1)),
+        rig.holder
+            .answer(&rig.store, ROOT_INO, create("r"), at(1), rig.mono),
         Err(NamespaceError::Fs(FsError::Unavailable(_)))
     ));
     rig.flush();
@@ -396,7 +404,7 @@ fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
                     let now = at(1_000 + step);
                     let answer = rig
                         .holder
-                        .answer(&rig.store, dir, change.clone(), now)
+                        .answer(&rig.store, dir, change.clone(), now, rig.mono)
                         .expect("answer");
                     // The same op, with the number the holder gave it, alone and at once.
                     let mut one = change;
@@ -472,4 +480,29 @@ fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
         tree(&mirror.store, ROOT_INO, &mut want);
         assert_eq!(got, want, "seed {seed}");
     }
+}
+
+#[test]
+fn a_holder_answers_only_within_the_term_of_its_last_round() {
+    let mut rig = Rig::new();
+    let dir = rig.leased_dir("d");
+    let granted = rig.mono;
+    let late = granted + LEASE_TERM + std::time::Duration::from_millis(1);
+    let refused = rig
+        .holder
+        .answer(&rig.store, dir, create("a"), at(1), late)
+        .expect_err("past the term");
+    assert!(matches!(
+        refused,
+        NamespaceError::Fs(FsError::Unavailable(_))
+    ));
+    assert!(!rig.holder.pending(), "nothing queued");
+    // A round that began later renews it; an older one does not move it back.
+    rig.holder.renewed(late - std::time::Duration::from_secs(1));
+    rig.holder.renewed(granted);
+    assert!(rig.holder.answering(late));
+    assert!(matches!(
+        rig.holder.answer(&rig.store, dir, create("a"), at(2), late),
+        Ok(Outcome::Attr(_))
+    ));
 }

@@ -485,9 +485,9 @@ pub enum Outcome {
     Orphaned(Vec<u128>),
     /// TakeDirLease: the lease is the asking node's, with this epoch.
     DirLease { epoch: u64 },
-    /// Refused, nothing changed: the directory is leased to `holder`, whose lease must be
-    /// recalled (or broken) first.
-    Leased { holder: NodeId },
+    /// Refused, nothing changed: directory `dir` is leased to `holder`, whose lease must
+    /// be recalled (or broken) first.
+    Leased { dir: Ino, holder: NodeId },
     /// TakeInos: the numbers `[start, end)`.
     Inos { start: Ino, end: Ino },
     /// LeasedBatch: each op's outcome, in order.

@@ -47,6 +47,7 @@ pub(crate) fn take(tx: &mut Tx<'_>, dir: Ino, holder: NodeId) -> Result<Outcome,
         && lease.holder != holder
     {
         return Ok(Outcome::Leased {
+            dir,
             holder: lease.holder,
         });
     }
@@ -75,21 +76,22 @@ pub(crate) fn take_inos(tx: &mut Tx<'_>, count: u64) -> Result<Outcome, Namespac
     Ok(Outcome::Inos { start, end })
 }
 
-/// The node whose lease keeps `command` out, if any: a change of a leased directory's
-/// entries or attributes, or the removal of a leased directory (its holder may have
-/// answered creates in it that are not committed yet).
+/// The leased directory that keeps `command` out, and its holder, if any: a change of a
+/// leased directory's entries or attributes, or the removal of a leased directory (its
+/// holder may have answered creates in it that are not committed yet).
 pub(crate) fn fenced_by(
     tx: &mut Tx<'_>,
     command: &Command,
-) -> Result<Option<NodeId>, NamespaceError> {
-    let leased =
-        |tx: &mut Tx<'_>, dir: Ino| Ok::<_, NamespaceError>(tx.dir_lease(dir)?.map(|l| l.holder));
+) -> Result<Option<(Ino, NodeId)>, NamespaceError> {
+    let leased = |tx: &mut Tx<'_>, dir: Ino| {
+        Ok::<_, NamespaceError>(tx.dir_lease(dir)?.map(|l| (dir, l.holder)))
+    };
     let holder = match command {
         Command::MkNode { parent, .. } | Command::Unlink { parent, .. } => leased(tx, *parent)?,
         Command::Link { new_parent, .. } => leased(tx, *new_parent)?,
         Command::Rmdir { parent, name } => match leased(tx, *parent)? {
             Some(h) => Some(h),
-            None => subdir_lease(tx, *parent, name)?.map(|(_, l)| l.holder),
+            None => subdir_lease(tx, *parent, name)?.map(|(d, l)| (d, l.holder)),
         },
         Command::Rename {
             parent,
@@ -100,7 +102,7 @@ pub(crate) fn fenced_by(
         } => match (leased(tx, *parent)?, leased(tx, *new_parent)?) {
             (Some(h), _) | (None, Some(h)) => Some(h),
             (None, None) if !flags.exchange => {
-                subdir_lease(tx, *new_parent, new_name)?.map(|(_, l)| l.holder)
+                subdir_lease(tx, *new_parent, new_name)?.map(|(d, l)| (d, l.holder))
             }
             (None, None) => None,
         },
@@ -148,17 +150,20 @@ fn holds(tx: &mut Tx<'_>, dir: Ino, holder: NodeId, epoch: u64) -> Result<bool, 
 
 /// Whether the directory entry `name` of `dir` may be removed by `holder`: not a leased
 /// directory, or one leased to `holder` (`Ok(Some(ino))`: its lease ends with it).
-/// `Err(other)`: leased to another node.
+/// `Err(refusal)`: leased to another node.
 fn removable(
     tx: &mut Tx<'_>,
     dir: Ino,
     name: &str,
     holder: NodeId,
-) -> Result<Result<Option<Ino>, NodeId>, NamespaceError> {
+) -> Result<Result<Option<Ino>, Outcome>, NamespaceError> {
     Ok(match subdir_lease(tx, dir, name)? {
         None => Ok(None),
         Some((ino, lease)) if lease.holder == holder => Ok(Some(ino)),
-        Some((_, lease)) => Err(lease.holder),
+        Some((ino, lease)) => Err(Outcome::Leased {
+            dir: ino,
+            holder: lease.holder,
+        }),
     })
 }
 
@@ -204,7 +209,7 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
         LeasedChange::Rmdir { name } => {
             let child = match removable(tx, dir, name, holder)? {
                 Ok(child) => child,
-                Err(other) => return Ok(Outcome::Leased { holder: other }),
+                Err(refusal) => return Ok(refusal),
             };
             let outcome = namespace::rmdir(tx, now, dir, name)?;
             if let Some(child) = child {
@@ -229,7 +234,7 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
                 match removable(tx, *new_dir, new_name, holder)? {
                     // A directory renamed onto itself stays, with its lease.
                     Ok(child) => child.filter(|c| Some(*c) != src),
-                    Err(other) => return Ok(Outcome::Leased { holder: other }),
+                    Err(refusal) => return Ok(refusal),
                 }
             };
             let outcome = namespace::rename(
@@ -254,6 +259,7 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
                 && lease.holder != holder
             {
                 return Ok(Outcome::Leased {
+                    dir: *ino,
                     holder: lease.holder,
                 });
             }
@@ -405,7 +411,7 @@ mod tests {
         let sub = kit.mkdir(other, "sub");
         take(&mut kit, dir, A);
         take(&mut kit, sub, A);
-        let leased = Outcome::Leased { holder: A };
+        let leased = |dir| Outcome::Leased { dir, holder: A };
         for command in [
             mknode_cmd(dir, "new", FileKind::File),
             Command::Unlink {
@@ -438,18 +444,19 @@ mod tests {
                     ..SetAttr::default()
                 },
             },
-            // A leased directory is not removed or replaced by another command.
-            Command::Rmdir {
-                parent: other,
-                name: "sub".into(),
-            },
         ] {
-            assert_eq!(kit.run(command.clone()), leased, "{command:?}");
+            assert_eq!(kit.run(command.clone()), leased(dir), "{command:?}");
         }
+        // A leased directory is not removed or replaced by another command.
+        let rmdir = Command::Rmdir {
+            parent: other,
+            name: "sub".into(),
+        };
+        assert_eq!(kit.run(rmdir), leased(sub));
         kit.mkdir(ROOT_INO, "empty");
         assert_eq!(
             kit.rename(ROOT_INO, "empty", other, "sub", RenameFlags::default()),
-            leased
+            leased(sub)
         );
         assert_eq!(kit.names(dir), ["f"]);
         // The files' own attributes and data are not the lease's, nor are other
@@ -484,7 +491,7 @@ mod tests {
         // Another node cannot take it; the holder taking it again gets a new epoch.
         assert_eq!(
             kit.run(Command::TakeDirLease { dir, holder: B }),
-            Outcome::Leased { holder: A }
+            Outcome::Leased { dir, holder: A }
         );
         let second = take(&mut kit, dir, A);
         assert_ne!(first, second);
@@ -598,8 +605,14 @@ mod tests {
         assert_eq!(
             out,
             [
-                Outcome::Leased { holder: B },
-                Outcome::Leased { holder: B },
+                Outcome::Leased {
+                    dir: theirs,
+                    holder: B
+                },
+                Outcome::Leased {
+                    dir: theirs,
+                    holder: B
+                },
                 Outcome::Done
             ]
         );
@@ -631,7 +644,11 @@ mod tests {
             )
         };
         let out = batch(&mut kit, A, vec![rename("theirs"), rename("over")]);
-        assert_eq!(out, [Outcome::Leased { holder: B }, Outcome::Done]);
+        let refused = Outcome::Leased {
+            dir: theirs,
+            holder: B,
+        };
+        assert_eq!(out, [refused, Outcome::Done]);
         assert_eq!(kit.store.dir_lease(over).expect("lease"), None);
         assert_eq!(kit.store.lookup(dir, "over").expect("over").ino, empty);
         // Into another directory only under its lease too.

@@ -176,8 +176,8 @@ pub(crate) fn execute(
     now: Timestamp,
     command: &Command,
 ) -> Result<Outcome, NamespaceError> {
-    if let Some(holder) = lease::fenced_by(tx, command)? {
-        return Ok(Outcome::Leased { holder });
+    if let Some((dir, holder)) = lease::fenced_by(tx, command)? {
+        return Ok(Outcome::Leased { dir, holder });
     }
     match command {
         Command::MkNode {

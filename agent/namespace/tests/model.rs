@@ -231,8 +231,8 @@ impl Model {
     }
 
     fn execute(&mut self, now: Timestamp, command: &Command) -> Result<Outcome, FsError> {
-        if let Some(holder) = self.fenced_by(command) {
-            return Ok(Outcome::Leased { holder });
+        if let Some((dir, holder)) = self.fenced_by(command) {
+            return Ok(Outcome::Leased { dir, holder });
         }
         match command.clone() {
             Command::MkNode {
@@ -304,7 +304,9 @@ impl Model {
             Command::TakeDirLease { dir, holder } => {
                 self.directory(dir)?;
                 match self.leases.get(&dir) {
-                    Some(&(other, _)) if other != holder => Ok(Outcome::Leased { holder: other }),
+                    Some(&(other, _)) if other != holder => {
+                        Ok(Outcome::Leased { dir, holder: other })
+                    }
                     _ => {
                         self.lease_epoch += 1;
                         self.leases.insert(dir, (holder, self.lease_epoch));
@@ -360,8 +362,8 @@ impl Model {
 
     /// The holder of a lease that refuses `command` (see `lease.rs`): a change of a
     /// leased directory's entries or attributes, or the removal of a leased directory.
-    fn fenced_by(&self, command: &Command) -> Option<NodeId> {
-        let leased = |dir: &Ino| self.leases.get(dir).map(|l| l.0);
+    fn fenced_by(&self, command: &Command) -> Option<(Ino, NodeId)> {
+        let leased = |dir: &Ino| self.leases.get(dir).map(|l| (*dir, l.0));
         let leased_subdir = |dir: &Ino, name: &String| {
             let child = self.dirents.get(&(*dir, name.clone()))?;
             leased(child)
@@ -396,14 +398,19 @@ impl Model {
     }
 
     /// Entry `name` of `dir` if it is a directory leased: `Ok(Some(ino))` when `holder`
-    /// holds it, `Err(other)` when another node does.
-    fn removable(&self, holder: NodeId, dir: Ino, name: &str) -> Result<Option<Ino>, NodeId> {
+    /// holds it, `Err((ino, other))` when another node does.
+    fn removable(
+        &self,
+        holder: NodeId,
+        dir: Ino,
+        name: &str,
+    ) -> Result<Option<Ino>, (Ino, NodeId)> {
         let Some(&child) = self.dirents.get(&(dir, name.to_owned())) else {
             return Ok(None);
         };
         match self.leases.get(&child) {
             Some(&(h, _)) if h == holder => Ok(Some(child)),
-            Some(&(other, _)) => Err(other),
+            Some(&(other, _)) => Err((child, other)),
             None => Ok(None),
         }
     }
@@ -433,7 +440,7 @@ impl Model {
             LeasedChange::Rmdir { name } => {
                 let child = match self.removable(holder, dir, &name) {
                     Ok(child) => child,
-                    Err(other) => return Ok(Outcome::Leased { holder: other }),
+                    Err((dir, other)) => return Ok(Outcome::Leased { dir, holder: other }),
                 };
                 let outcome = self.rmdir(now, dir, &name)?;
                 if let Some(child) = child {
@@ -457,7 +464,7 @@ impl Model {
                 } else {
                     match self.removable(holder, new_dir, &new_name) {
                         Ok(child) => child.filter(|c| Some(*c) != src),
-                        Err(other) => return Ok(Outcome::Leased { holder: other }),
+                        Err((dir, other)) => return Ok(Outcome::Leased { dir, holder: other }),
                     }
                 };
                 let outcome = self.rename(now, dir, &name, new_dir, &new_name, flags)?;
@@ -470,7 +477,10 @@ impl Model {
                 if let Some(&(other, _)) = self.leases.get(&ino)
                     && other != holder
                 {
-                    return Ok(Outcome::Leased { holder: other });
+                    return Ok(Outcome::Leased {
+                        dir: ino,
+                        holder: other,
+                    });
                 }
                 self.setattr(now, ino, &set)
             }

@@ -384,6 +384,21 @@ fn open_files_survive_unlink_and_rename_until_closed() {
     std::thread::sleep(Duration::from_secs(16).saturating_sub(up.elapsed()));
     c.wait_for_rounds(&[1, 2, 3], "orphan-purge", 3, Duration::from_secs(60));
     assert_eq!(inodes(), held, "inodes purged while open");
+    // The purge runs on the metadata leader; `shoal status` shows the others standing by.
+    let leader = c.meta_leader(1).expect("a metadata leader");
+    for i in 1..=3u8 {
+        let status = c.status(i).expect("status");
+        let purge = status["workers"]
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["name"] == "orphan-purge"))
+            .map(|w| w["state"].as_str().unwrap_or_default().to_owned())
+            .expect("the orphan-purge worker in status");
+        assert_eq!(
+            purge == "standby",
+            i != leader,
+            "node {i} (leader {leader}): {purge}"
+        );
+    }
     assert_bytes_eq(&read_at(&fa, 0, 1 << 20), &a, "a past the orphan grace");
     assert_bytes_eq(&read_at(&fb, 0, 1 << 20), &b, "b past the orphan grace");
     assert_bytes_eq(

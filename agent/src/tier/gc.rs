@@ -147,7 +147,10 @@ impl Worker for TierGc {
     }
 
     async fn work(&mut self) -> Result<Step, AgentError> {
-        if !self.tier.group.is_leader() || !self.tier.cluster_on_this_release().await {
+        if !self.tier.group.is_leader() {
+            return Ok(Step::Standby);
+        }
+        if !self.tier.cluster_on_this_release().await {
             return Ok(Step::Idle);
         }
         self.tier.claim().await?;

@@ -291,7 +291,7 @@ impl Worker for StripeGc {
 
     async fn work(&mut self) -> Result<Step, AgentError> {
         if !self.group.is_leader() {
-            return Ok(Step::Idle);
+            return Ok(Step::Standby);
         }
         let garbage = self.group.store().garbage(self.after, STRIPES_PER_PASS)?;
         // The next pass goes on after this page, or from the start after the last one.
@@ -371,7 +371,7 @@ impl Worker for OrphanPurge {
 
     async fn work(&mut self) -> Result<Step, AgentError> {
         if !self.group.is_leader() {
-            return Ok(Step::Idle);
+            return Ok(Step::Standby);
         }
         let cutoff = Timestamp::now().secs - self.group.config.orphan_grace_s as i64;
         let due: Vec<u64> = self

@@ -266,16 +266,24 @@ pub enum Command {
         dir: Ino,
         epoch: u64,
     },
-    /// Hands out `count` inode numbers (1 to [`MAX_INO_RANGE`]) for a lease holder to
-    /// create inodes with: [`Outcome::Inos`]. No other command allocates them.
+    /// Hands out `count` inode numbers (1 to [`MAX_INO_RANGE`]) for lease holder
+    /// `holder` to create inodes with, in increasing order: [`Outcome::Inos`]. No other
+    /// command allocates them, and only that holder's creates may use them.
     TakeInos {
+        holder: NodeId,
         count: u64,
     },
     /// A lease holder's changes, in the order it answered them: each op applies only if
     /// its directory's lease (and a rename's target directory's) is still `holder`'s at
     /// the op's epoch, and is refused with [`Outcome::LeaseLost`] otherwise (the fence: a
-    /// holder cut off never changes a directory after another node acted on it). Answered
-    /// with [`Outcome::Batch`], one outcome per op.
+    /// holder cut off never changes a directory after another node acted on it). The
+    /// holder sends only ops it answered as done, so an op that does not apply so (any
+    /// outcome but `Attr` or `Done`) means its view was wrong: the holder's leases on the
+    /// directories that op names end with it, and its later ops there are refused as
+    /// lost. Answered with [`Outcome::Batch`], one outcome per op.
+    ///
+    /// The four lease commands are proposed only while every member runs a release that
+    /// knows them.
     LeasedBatch {
         holder: NodeId,
         ops: Vec<LeasedOp>,
@@ -357,8 +365,8 @@ impl LeasedOp {
 /// parent, and applies with the same rules.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum LeasedChange {
-    /// A new inode numbered `ino`, one of the holder's [`Command::TakeInos`] numbers not
-    /// used before (else `Failed(Invalid)`).
+    /// A new inode numbered `ino`: one of the holder's [`Command::TakeInos`] numbers,
+    /// above every number it created with before (else `Failed(Invalid)`).
     MkNode {
         ino: Ino,
         name: String,
@@ -389,7 +397,8 @@ pub enum LeasedChange {
         new_name: String,
         flags: RenameFlags,
     },
-    /// Of an entry of the directory, or of the directory itself.
+    /// Of a file of the directory, or of the directory itself (another directory's own
+    /// attributes go under that directory's lease: `Failed(Invalid)`).
     SetAttr {
         ino: Ino,
         set: SetAttr,
@@ -447,6 +456,20 @@ impl Command {
             } if data.len() as u64 > *max_inline => Err(api::FsError::Invalid),
             _ => Ok(()),
         }
+    }
+}
+
+impl Outcome {
+    /// Whether a repeat of the request is answered with this outcome: every outcome but a
+    /// lease's refusal, which changed nothing (its proposer recalls the lease and asks
+    /// again with the same request id).
+    pub fn remembered(&self) -> bool {
+        !matches!(self, Outcome::Leased { .. })
+    }
+
+    /// Whether an op of a lease holder's batch applied as the holder answered it.
+    pub fn applied(&self) -> bool {
+        matches!(self, Outcome::Attr(_) | Outcome::Done)
     }
 }
 

@@ -6,18 +6,30 @@
 //! them later, in the order it answered them ([`Command::LeasedBatch`]). For that to be
 //! safe the state machine guarantees two things:
 //! - while a directory is leased, no other command changes its entries or its own
-//!   attributes: such a command is refused with [`Outcome::Leased`] and its proposer must
-//!   recall the lease (the holder commits what it answered and returns it) or, when the
-//!   holder does not answer, break it with [`Command::ReturnDirLease`];
+//!   attributes (but the ctime and parent a move of the directory itself sets): such a
+//!   command is refused with [`Outcome::Leased`], which is not kept for its request id,
+//!   and its proposer recalls the lease (the holder commits what it answered and returns
+//!   it) or, when the holder does not answer, breaks it with [`Command::ReturnDirLease`],
+//!   and asks again;
 //! - an op applies only under the very grant it was answered under: every grant has an
 //!   epoch no other grant had (a counter in the state), and an op whose epoch is not its
 //!   directory's lease now is refused with [`Outcome::LeaseLost`]. So a holder cut off
 //!   from the group, whose lease was broken, never changes the directory after another
 //!   node acted on it, however late its batch arrives.
 //!
-//! The holder's view of a directory is its replica's plus what it answered since: exact,
-//! because nothing else changes the entries. Attributes of the files are not fenced (a
-//! setattr by inode number from another node applies in log order, as two setattrs do).
+//! The holder's view of a directory is its replica's plus what it answered since: exact
+//! for the entries, which nothing else changes. Not fenced, and so not exact: attributes
+//! of the files (a setattr by inode number from another node applies in log order, as two
+//! setattrs do), whether an unleased subdirectory is empty, the directory's ancestors,
+//! the link count of an inode linked in. The holder sends only ops it answered as done,
+//! so an op that does not apply so shows its view was wrong there: the holder's leases on
+//! the directories the op names end with it, and its later ops in them are refused as
+//! lost (never applied with another meaning, such as an unlink of a name a refused rename
+//! was to replace).
+//!
+//! Inode numbers: each holder's ranges are recorded, and a holder creates with its own
+//! numbers in increasing order only, so no number is used twice, even once its inode was
+//! purged.
 
 use serde::{Deserialize, Serialize};
 use shoal_agent_api::FsError;
@@ -34,6 +46,34 @@ use crate::{NamespaceError, Outcome, data};
 pub struct DirLease {
     pub holder: NodeId,
     pub epoch: u64,
+}
+
+/// Inode numbers handed out to one lease holder: its ranges (in the order handed out, so
+/// increasing) and the lowest number it may still create with. A holder creates with its
+/// numbers in increasing order, so a number is never used twice, even after its inode
+/// was purged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InoRanges {
+    pub ranges: Vec<(Ino, Ino)>,
+    pub floor: Ino,
+}
+
+impl InoRanges {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Whether the holder may create with `ino` now.
+    fn allows(&self, ino: Ino) -> bool {
+        ino >= self.floor && self.ranges.iter().any(|&(s, e)| (s..e).contains(&ino))
+    }
+
+    /// `ino` was created with: it and every number below it are passed.
+    fn used(&mut self, ino: Ino) {
+        self.floor = ino + 1;
+        let floor = self.floor;
+        self.ranges.retain(|&(_, e)| e > floor);
+    }
 }
 
 /// [`Command::TakeDirLease`].
@@ -68,11 +108,18 @@ pub(crate) fn give_back(tx: &mut Tx<'_>, dir: Ino, epoch: u64) -> Result<Outcome
 }
 
 /// [`Command::TakeInos`].
-pub(crate) fn take_inos(tx: &mut Tx<'_>, count: u64) -> Result<Outcome, NamespaceError> {
+pub(crate) fn take_inos(
+    tx: &mut Tx<'_>,
+    holder: NodeId,
+    count: u64,
+) -> Result<Outcome, NamespaceError> {
     if count == 0 || count > MAX_INO_RANGE {
         return Err(FsError::Invalid.into());
     }
     let (start, end) = tx.allocate_inos(count);
+    let mut ranges = tx.ino_ranges(holder)?;
+    ranges.ranges.push((start, end));
+    tx.put_ino_ranges(holder, &ranges)?;
     Ok(Outcome::Inos { start, end })
 }
 
@@ -139,6 +186,24 @@ pub(crate) fn apply_batch(
             Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
             Err(e) => return Err(e),
         };
+        if !outcome.applied() {
+            // The holder answered this op as done: its view of the directories the op
+            // names was wrong, and its later ops there would apply with another meaning
+            // (an unlink of a name a refused rename was to replace). Its leases on them
+            // end; those ops are refused as lost.
+            let mut named = vec![(op.dir, op.epoch)];
+            if let LeasedChange::Rename {
+                new_dir, new_epoch, ..
+            } = op.change
+            {
+                named.push((new_dir, new_epoch));
+            }
+            for (dir, epoch) in named {
+                if holds(tx, dir, holder, epoch)? {
+                    tx.remove_dir_lease(dir)?;
+                }
+            }
+        }
         outcomes.push(outcome);
     }
     Ok(Outcome::Batch(outcomes))
@@ -188,10 +253,11 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
             rdev,
             target,
         } => {
-            if !tx.ino_allocated(*ino) || tx.inode(*ino)?.is_some() {
+            let mut ranges = tx.ino_ranges(holder)?;
+            if !ranges.allows(*ino) || tx.inode(*ino)?.is_some() {
                 return Err(FsError::Invalid.into());
             }
-            namespace::mknode(
+            let outcome = namespace::mknode(
                 tx,
                 now,
                 dir,
@@ -202,7 +268,10 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
                 *rdev,
                 target.as_deref(),
                 Some(*ino),
-            )
+            )?;
+            ranges.used(*ino);
+            tx.put_ino_ranges(holder, &ranges)?;
+            Ok(outcome)
         }
         LeasedChange::Link { ino, name } => namespace::link(tx, now, *ino, dir, name),
         LeasedChange::Unlink { name } => namespace::unlink(tx, now, dir, name),
@@ -254,14 +323,9 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
             Ok(outcome)
         }
         LeasedChange::SetAttr { ino, set } => {
-            // A subdirectory's own attributes are its lease's, if it has one.
-            if let Some(lease) = tx.dir_lease(*ino)?
-                && lease.holder != holder
-            {
-                return Ok(Outcome::Leased {
-                    dir: *ino,
-                    holder: lease.holder,
-                });
+            // Another directory's own attributes are its lease's, at its epoch.
+            if *ino != dir && tx.inode(*ino)?.is_some_and(|rec| rec.is_dir()) {
+                return Err(FsError::Invalid.into());
             }
             namespace::setattr(tx, now, *ino, set)
         }
@@ -295,7 +359,7 @@ mod tests {
     }
 
     fn inos(kit: &mut Kit, count: u64) -> (Ino, Ino) {
-        match kit.run(Command::TakeInos { count }) {
+        match kit.run(Command::TakeInos { holder: A, count }) {
             Outcome::Inos { start, end } => (start, end),
             other => panic!("no inode numbers: {other:?}"),
         }
@@ -363,11 +427,9 @@ mod tests {
                         flags: RenameFlags::default(),
                     },
                 ),
-                // The same name twice: the second is refused as a create would be.
-                op(dir, epoch, create(start + 2, "sub", FileKind::File)),
             ],
         );
-        assert_eq!(out.len(), 5);
+        assert_eq!(out.len(), 4);
         let Outcome::Attr(f) = &out[0] else {
             panic!("{out:?}")
         };
@@ -375,31 +437,61 @@ mod tests {
         assert!(matches!(&out[1], Outcome::Attr(a) if a.size == 5));
         assert!(matches!(&out[2], Outcome::Attr(a) if a.ino == start + 1));
         assert_eq!(out[3], Outcome::Done);
-        assert_eq!(out[4], Outcome::Failed(FsError::Exists));
         assert_eq!(kit.names(dir), ["g", "sub"]);
         assert_eq!(kit.store.lookup(dir, "g").expect("g").ino, start);
         assert_eq!(kit.nlink(dir), 3);
-        // A number not handed out, or one used already, is refused.
+        // An op refused as a plain command would be (the same name twice) ends the lease:
+        // the holder's view was wrong, and its later ops in the directory are lost.
         let out = batch(
             &mut kit,
             A,
             vec![
-                op(dir, epoch, create(end + 100, "x", FileKind::File)),
-                op(dir, epoch, create(start, "y", FileKind::File)),
+                op(dir, epoch, create(start + 2, "sub", FileKind::File)),
+                op(dir, epoch, create(start + 3, "later", FileKind::File)),
             ],
         );
-        assert_eq!(
-            out,
-            [
-                Outcome::Failed(FsError::Invalid),
-                Outcome::Failed(FsError::Invalid)
-            ]
+        assert_eq!(out, [Outcome::Failed(FsError::Exists), Outcome::LeaseLost]);
+        assert_eq!(kit.store.dir_lease(dir).expect("lease"), None);
+        // A number not the holder's, passed already, or below one it created with, is
+        // refused (each ends the lease again).
+        let (other, _) = match kit.run(Command::TakeInos {
+            holder: B,
+            count: 1,
+        }) {
+            Outcome::Inos { start, end } => (start, end),
+            o => panic!("{o:?}"),
+        };
+        for ino in [end + 100, start, start + 1, other] {
+            let epoch = take(&mut kit, dir, A);
+            let out = batch(
+                &mut kit,
+                A,
+                vec![op(dir, epoch, create(ino, "x", FileKind::File))],
+            );
+            assert_eq!(out, [Outcome::Failed(FsError::Invalid)], "number {ino}");
+        }
+        // The next number up is fine: numbers go up, each used once.
+        let epoch = take(&mut kit, dir, A);
+        let out = batch(
+            &mut kit,
+            A,
+            vec![op(dir, epoch, create(start + 3, "x", FileKind::File))],
+        );
+        assert!(
+            matches!(&out[0], Outcome::Attr(a) if a.ino == start + 3),
+            "{out:?}"
         );
         // Numbers handed out are never handed out again, by a range or a create.
         assert!(kit.mkfile(ROOT_INO, "after") >= end);
         let (again, _) = inos(&mut kit, 1);
         assert!(again > end);
-        assert_eq!(kit.fail(Command::TakeInos { count: 0 }), FsError::Invalid);
+        assert_eq!(
+            kit.fail(Command::TakeInos {
+                holder: A,
+                count: 0
+            }),
+            FsError::Invalid
+        );
     }
 
     #[test]
@@ -480,6 +572,28 @@ mod tests {
             kit.rename(ROOT_INO, "d", other, "d", RenameFlags::default()),
             Outcome::Done
         );
+    }
+
+    #[test]
+    fn a_request_refused_by_a_lease_is_applied_when_asked_again_after_the_recall() {
+        use crate::format::RequestId;
+        let mut kit = Kit::new();
+        let dir = kit.mkdir(ROOT_INO, "d");
+        let epoch = take(&mut kit, dir, A);
+        let id = Some(RequestId { client: 3, seq: 1 });
+        let mkdir = mknode_cmd(dir, "x", FileKind::Dir);
+        assert_eq!(
+            kit.run_with(id, mkdir.clone()),
+            Outcome::Leased { dir, holder: A }
+        );
+        assert_eq!(
+            kit.run(Command::ReturnDirLease { dir, epoch }),
+            Outcome::Done
+        );
+        let again = kit.run_with(id, mkdir.clone());
+        assert!(matches!(again, Outcome::Attr(_)), "{again:?}");
+        // And that outcome is the one kept for the request.
+        assert_eq!(kit.run_with(id, mkdir), again);
     }
 
     #[test]
@@ -568,69 +682,77 @@ mod tests {
         let mine = kit.mkdir(dir, "mine");
         let theirs = kit.mkdir(dir, "theirs");
         let over = kit.mkdir(dir, "over");
-        let epoch = take(&mut kit, dir, A);
         take(&mut kit, mine, A);
         take(&mut kit, theirs, B);
+        let refused_by_theirs = Outcome::Leased {
+            dir: theirs,
+            holder: B,
+        };
+        let set = SetAttr {
+            perm: Some(0o700),
+            ..SetAttr::default()
+        };
+        // Each refusal ends the holder's lease on the directory: take it again each time.
+        for (change, refused) in [
+            (
+                LeasedChange::Rmdir {
+                    name: "theirs".into(),
+                },
+                refused_by_theirs.clone(),
+            ),
+            // A subdirectory's own attributes go under its own lease, at its epoch.
+            (
+                LeasedChange::SetAttr {
+                    ino: theirs,
+                    set: set.clone(),
+                },
+                Outcome::Failed(FsError::Invalid),
+            ),
+            (
+                LeasedChange::SetAttr {
+                    ino: mine,
+                    set: set.clone(),
+                },
+                Outcome::Failed(FsError::Invalid),
+            ),
+        ] {
+            let epoch = take(&mut kit, dir, A);
+            assert_eq!(batch(&mut kit, A, vec![op(dir, epoch, change)]), [refused]);
+            assert_eq!(kit.store.dir_lease(dir).expect("lease"), None);
+        }
+        let mine_epoch = kit
+            .store
+            .dir_lease(mine)
+            .expect("lease")
+            .expect("held")
+            .epoch;
+        let chmod = op(mine, mine_epoch, LeasedChange::SetAttr { ino: mine, set });
+        assert!(matches!(&batch(&mut kit, A, vec![chmod])[0], Outcome::Attr(a) if a.perm == 0o700));
+        let epoch = take(&mut kit, dir, A);
         let out = batch(
             &mut kit,
             A,
-            vec![
-                op(
-                    dir,
-                    epoch,
-                    LeasedChange::Rmdir {
-                        name: "theirs".into(),
-                    },
-                ),
-                op(
-                    dir,
-                    epoch,
-                    LeasedChange::SetAttr {
-                        ino: theirs,
-                        set: SetAttr {
-                            perm: Some(0o700),
-                            ..SetAttr::default()
-                        },
-                    },
-                ),
-                op(
-                    dir,
-                    epoch,
-                    LeasedChange::Rmdir {
-                        name: "mine".into(),
-                    },
-                ),
-            ],
-        );
-        assert_eq!(
-            out,
-            [
-                Outcome::Leased {
-                    dir: theirs,
-                    holder: B
+            vec![op(
+                dir,
+                epoch,
+                LeasedChange::Rmdir {
+                    name: "mine".into(),
                 },
-                Outcome::Leased {
-                    dir: theirs,
-                    holder: B
-                },
-                Outcome::Done
-            ]
+            )],
         );
+        assert_eq!(out, [Outcome::Done]);
         assert_eq!(kit.names(dir), ["over", "theirs"]);
         assert_eq!(kit.store.dir_lease(mine).expect("lease"), None);
         // A directory renamed over goes with its lease (same holder), not another's.
-        let empty = {
-            let (start, _) = inos(&mut kit, 1);
-            let made = batch(
-                &mut kit,
-                A,
-                vec![op(dir, epoch, create(start, "empty", FileKind::Dir))],
-            );
-            assert!(matches!(made[0], Outcome::Attr(_)), "{made:?}");
-            start
-        };
+        let (start, _) = inos(&mut kit, 1);
+        let made = batch(
+            &mut kit,
+            A,
+            vec![op(dir, epoch, create(start, "empty", FileKind::Dir))],
+        );
+        assert!(matches!(made[0], Outcome::Attr(_)), "{made:?}");
         take(&mut kit, over, A);
-        let rename = |to: &str| {
+        let rename = |epoch, to: &str| {
             op(
                 dir,
                 epoch,
@@ -643,37 +765,40 @@ mod tests {
                 },
             )
         };
-        let out = batch(&mut kit, A, vec![rename("theirs"), rename("over")]);
-        let refused = Outcome::Leased {
-            dir: theirs,
-            holder: B,
-        };
-        assert_eq!(out, [refused, Outcome::Done]);
+        let out = batch(
+            &mut kit,
+            A,
+            vec![rename(epoch, "theirs"), rename(epoch, "over")],
+        );
+        assert_eq!(out, [refused_by_theirs, Outcome::LeaseLost]);
+        let epoch = take(&mut kit, dir, A);
+        assert_eq!(
+            batch(&mut kit, A, vec![rename(epoch, "over")]),
+            [Outcome::Done]
+        );
         assert_eq!(kit.store.dir_lease(over).expect("lease"), None);
-        assert_eq!(kit.store.lookup(dir, "over").expect("over").ino, empty);
+        assert_eq!(kit.store.lookup(dir, "over").expect("over").ino, start);
         // Into another directory only under its lease too.
         let other = kit.mkdir(ROOT_INO, "other");
-        let moved = op(
-            dir,
-            epoch,
-            LeasedChange::Rename {
-                name: "over".into(),
-                new_dir: other,
-                new_epoch: epoch,
-                new_name: "x".into(),
-                flags: RenameFlags::default(),
-            },
-        );
-        assert_eq!(
-            batch(&mut kit, A, vec![moved.clone()]),
-            [Outcome::LeaseLost]
-        );
+        let moved = |new_epoch| {
+            op(
+                dir,
+                epoch,
+                LeasedChange::Rename {
+                    name: "over".into(),
+                    new_dir: other,
+                    new_epoch,
+                    new_name: "x".into(),
+                    flags: RenameFlags::default(),
+                },
+            )
+        };
+        assert_eq!(batch(&mut kit, A, vec![moved(epoch)]), [Outcome::LeaseLost]);
+        let epoch = take(&mut kit, dir, A);
         let other_epoch = take(&mut kit, other, A);
-        let mut moved = moved;
-        if let LeasedChange::Rename { new_epoch, .. } = &mut moved.change {
-            *new_epoch = other_epoch;
-        }
-        assert_eq!(batch(&mut kit, A, vec![moved]), [Outcome::Done]);
+        let mut move_it = moved(other_epoch);
+        move_it.epoch = epoch;
+        assert_eq!(batch(&mut kit, A, vec![move_it]), [Outcome::Done]);
         assert_eq!(kit.names(other), ["x"]);
     }
 

@@ -69,6 +69,8 @@ pub(crate) const HEAT: TableDefinition<u64, Bytes> = TableDefinition::new("heat"
 pub(crate) const GENERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("generations");
 /// Directory inode → [`crate::DirLease`]: who may change its entries (see `lease.rs`).
 pub(crate) const DIR_LEASES: TableDefinition<u64, Bytes> = TableDefinition::new("dir_leases");
+/// Node → [`crate::lease::InoRanges`]: inode numbers handed out to that lease holder.
+pub(crate) const INO_RANGES: TableDefinition<u64, Bytes> = TableDefinition::new("ino_ranges");
 /// Name → value; the names are the `KEY_*` constants.
 pub(crate) const STATE: TableDefinition<&str, Bytes> = TableDefinition::new("state");
 

@@ -24,11 +24,11 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use shoal_placement::Layout;
 
-use crate::lease::DirLease;
+use crate::lease::{DirLease, InoRanges};
 use crate::nodes::NodeAdmins;
 use crate::record::{
     self, ABANDONED, COLD, ClockRecord, DEDUP, DIR_LEASES, DIRENTS, DISOWNED, DirentRecord,
-    EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord,
+    EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INO_RANGES, INODES, InodeRecord,
     KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT,
     KEY_LEASE_EPOCH, KEY_NEXT_INO, KEY_NODE_ADMIN, KEY_REVOKED, KEY_STRIPE_BYTES, KEY_TIER_PINS,
     LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, ObjectRecord, SESSIONS, STATE, STRIPES,
@@ -130,6 +130,7 @@ fn export(txn: &ReadTransaction) -> Result<(SnapshotV1, Tail), NamespaceError> {
                 (k, v)
             })?,
             epoch: record::read_state_u64(&state, KEY_LEASE_EPOCH, 0)?,
+            ranges: rows(&txn.open_table(INO_RANGES)?, "inode ranges", |k, v| (k, v))?,
         },
     };
     Ok((snap, tail))
@@ -250,17 +251,20 @@ struct SecurityV7 {
     revoked: Vec<crate::RevokedName>,
 }
 
-/// Appended by version 8: directory leases and the last epoch granted.
+/// Appended by version 8: directory leases, the last epoch granted, and the inode
+/// numbers handed out to lease holders.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct LeasesV8 {
     leases: Vec<(u64, DirLease)>,
     epoch: u64,
+    ranges: Vec<(u64, InoRanges)>,
 }
 
 impl LeasesV8 {
-    /// No lease was ever granted: the part is left out (version 7).
+    /// No lease was ever granted and no numbers handed out: the part is left out
+    /// (version 7).
     fn is_empty(&self) -> bool {
-        self.leases.is_empty() && self.epoch == 0
+        self.leases.is_empty() && self.epoch == 0 && self.ranges.is_empty()
     }
 
     /// `out` with this part appended, unless it is empty.
@@ -420,6 +424,7 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     clear(txn, OBJECT_GARBAGE)?;
     clear(txn, HEAT)?;
     clear(txn, DIR_LEASES)?;
+    clear(txn, INO_RANGES)?;
     clear(txn, STATE)?;
     txn.delete_table(LEGACY_CLIENTS)?;
 
@@ -490,6 +495,10 @@ fn write_all(txn: &WriteTransaction, snap: &SnapshotV1, tail: &Tail) -> Result<(
     let mut t = txn.open_table(DIR_LEASES)?;
     for (dir, lease) in &tail.leases.leases {
         t.insert(*dir, encode(lease)?.as_slice())?;
+    }
+    let mut t = txn.open_table(INO_RANGES)?;
+    for (node, ranges) in &tail.leases.ranges {
+        t.insert(*node, encode(ranges)?.as_slice())?;
     }
     let mut t = txn.open_table(STATE)?;
     t.insert(KEY_NEXT_INO, encode(&snap.next_ino)?.as_slice())?;

@@ -2,9 +2,12 @@
 //! to the replica's state by the same code that will apply them from the log, in a write
 //! transaction that is then thrown away.
 //!
-//! A directory lease (`lease.rs`) keeps every other node's changes out of the directory,
-//! so the outcome a speculation gives is the outcome the committed batch will give: the
-//! holder answers its mount with it at once. Proposals the replica has applied already
+//! A directory lease (`lease.rs`) keeps every other node's changes out of the directory's
+//! entries, so for what the lease fences the outcome a speculation gives is the outcome
+//! the committed batch will give: the holder answers its mount with it at once (what the
+//! lease does not fence is listed in `lease.rs`). Like an apply of entries without leader
+//! stamps, a speculation does not move the cluster clock, so a command whose outcome
+//! depends on it is not speculated exactly. Proposals the replica has applied already
 //! (their request id is in the request-id table) are not applied again: their first
 //! outcome is given back, so a holder may pass everything it has not yet seen committed,
 //! however far the replica's apply has gone meanwhile.
@@ -108,7 +111,9 @@ impl NamespaceStore {
                     Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
                     Err(e) => return Err(e),
                 };
-                if let Some(id) = proposal.id {
+                if let Some(id) = proposal.id
+                    && outcome.remembered()
+                {
                     tx.dedup_put(id, &outcome)?;
                     seen.insert(id);
                 }
@@ -162,7 +167,10 @@ mod tests {
         }) else {
             panic!("no lease")
         };
-        let Outcome::Inos { start, .. } = kit.run(Command::TakeInos { count: 2 }) else {
+        let Outcome::Inos { start, .. } = kit.run(Command::TakeInos {
+            holder: NodeId(3),
+            count: 2,
+        }) else {
             panic!("no numbers")
         };
         let create = |ino, name: &str| LeasedOp {

@@ -9,8 +9,8 @@ use redb::{Database, Durability, ReadableDatabase};
 use crate::namespace::{self, RenameArgs};
 use crate::record::{
     ABANDONED, COLD, DEDUP, DIR_LEASES, DIRENTS, DISOWNED, EXTENTS, GARBAGE, GENERATIONS, HEAT,
-    INODES, KEY_APPLIED, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS, STATE,
-    STRIPES, encode,
+    INO_RANGES, INODES, KEY_APPLIED, LEGACY_CLIENTS, OBJECT_GARBAGE, OBJECTS, ORPHANS, SESSIONS,
+    STATE, STRIPES, encode,
 };
 use crate::tx::Tx;
 use crate::{Batch, Command, NamespaceError, Outcome, data, lease, shards};
@@ -62,6 +62,7 @@ impl NamespaceStore {
         txn.open_table(OBJECT_GARBAGE)?;
         txn.open_table(HEAT)?;
         txn.open_table(DIR_LEASES)?;
+        txn.open_table(INO_RANGES)?;
         txn.open_table(STATE)?;
         migrate_legacy_clients(&txn)?;
         txn.commit()?;
@@ -126,7 +127,9 @@ impl NamespaceStore {
                         Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
                         Err(e) => return Err(e),
                     };
-                    if let Some(id) = proposal.id {
+                    if let Some(id) = proposal.id
+                        && outcome.remembered()
+                    {
                         tx.dedup_put(id, &outcome)?;
                         tx.expire_idle_clients()?;
                     }
@@ -284,7 +287,7 @@ pub(crate) fn execute(
         } => crate::revocations::revoke(tx, name, *node, *before_ms),
         Command::TakeDirLease { dir, holder } => lease::take(tx, *dir, *holder),
         Command::ReturnDirLease { dir, epoch } => lease::give_back(tx, *dir, *epoch),
-        Command::TakeInos { count } => lease::take_inos(tx, *count),
+        Command::TakeInos { holder, count } => lease::take_inos(tx, *holder, *count),
         Command::LeasedBatch { holder, ops } => lease::apply_batch(tx, *holder, ops),
     }
 }

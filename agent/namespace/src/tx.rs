@@ -23,10 +23,10 @@ use shoal_agent_api::ROOT_INO;
 use crate::format::{Ino, RequestId, StripeRecord, Timestamp};
 use shoal_placement::{Layout, NodeId, StripeId};
 
-use crate::lease::DirLease;
+use crate::lease::{DirLease, InoRanges};
 use crate::record::{
     self, ABANDONED, COLD, ClockRecord, DEDUP, DIR_LEASES, DIRENTS, DISOWNED, DirentRecord,
-    EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INODES, InodeRecord,
+    EXTENTS, ExtentRecord, FIRST_INO, GARBAGE, GENERATIONS, HEAT, INO_RANGES, INODES, InodeRecord,
     KEY_ABANDON_SWEEP, KEY_APPLIED, KEY_CLIENT_SWEEP, KEY_CLOCK, KEY_DISOWN_SWEEP, KEY_LAYOUT,
     KEY_LEASE_EPOCH, KEY_NEXT_INO, KEY_NODE_ADMIN, KEY_STRIPE_BYTES, OBJECT_GARBAGE, OBJECTS,
     ORPHANS, SESSIONS, STATE, STRIPES, StripeEntry, decode, encode,
@@ -117,6 +117,7 @@ pub(crate) struct Tx<'t> {
     pub(crate) object_garbage: Lazy<'t, u128, Bytes>,
     pub(crate) heat: Lazy<'t, u64, Bytes>,
     dir_leases: Lazy<'t, u64, Bytes>,
+    ino_ranges: Lazy<'t, u64, Bytes>,
     pub(crate) state: Table<'t, &'static str, Bytes>,
     cache: BTreeMap<Ino, Cached>,
     next_ino: Ino,
@@ -150,6 +151,7 @@ impl<'t> Tx<'t> {
             object_garbage: Lazy::new(txn, OBJECT_GARBAGE),
             heat: Lazy::new(txn, HEAT),
             dir_leases: Lazy::new(txn, DIR_LEASES),
+            ino_ranges: Lazy::new(txn, INO_RANGES),
             state,
             cache: BTreeMap::new(),
             next_ino,
@@ -280,9 +282,27 @@ impl<'t> Tx<'t> {
         (start, self.next_ino)
     }
 
-    /// Whether `ino` was handed out (by [`Self::allocate_ino`] or a range).
-    pub(crate) fn ino_allocated(&self, ino: Ino) -> bool {
-        (FIRST_INO..self.next_ino).contains(&ino)
+    /// The inode numbers handed out to lease holder `node` and not passed yet.
+    pub(crate) fn ino_ranges(&self, node: NodeId) -> Result<InoRanges, NamespaceError> {
+        match self.ino_ranges.read()?.get(node.0)? {
+            Some(v) => decode(v.value(), "inode ranges"),
+            None => Ok(InoRanges::default()),
+        }
+    }
+
+    pub(crate) fn put_ino_ranges(
+        &mut self,
+        node: NodeId,
+        ranges: &InoRanges,
+    ) -> Result<(), NamespaceError> {
+        if ranges.is_empty() {
+            self.ino_ranges.write()?.remove(node.0)?;
+        } else {
+            self.ino_ranges
+                .write()?
+                .insert(node.0, encode(ranges)?.as_slice())?;
+        }
+        Ok(())
     }
 
     // --- directory leases ---

@@ -78,6 +78,8 @@ struct Model {
     /// Directory → (holder, epoch) of its lease.
     leases: BTreeMap<Ino, (NodeId, u64)>,
     lease_epoch: u64,
+    /// Holder → (its ranges of inode numbers, the lowest it may still create with).
+    ranges: BTreeMap<NodeId, (Vec<(Ino, Ino)>, Ino)>,
 }
 
 fn check_name(name: &str) -> Result<(), FsError> {
@@ -126,6 +128,7 @@ impl Model {
             dedup: BTreeMap::new(),
             leases: BTreeMap::new(),
             lease_epoch: 0,
+            ranges: BTreeMap::new(),
         }
     }
 
@@ -224,7 +227,11 @@ impl Model {
             Ok(outcome) => outcome,
             Err(e) => Outcome::Failed(e),
         };
-        if let Some(id) = proposal.id {
+        // A lease's refusal changed nothing and is not remembered: the same request is
+        // asked again once the lease is recalled.
+        if let Some(id) = proposal.id
+            && !matches!(outcome, Outcome::Leased { .. })
+        {
             self.dedup.insert(id, outcome.clone());
         }
         outcome
@@ -323,25 +330,46 @@ impl Model {
                 }
                 _ => Ok(Outcome::Conflict),
             },
-            Command::TakeInos { count } => {
+            Command::TakeInos { holder, count } => {
                 if count == 0 || count > shoal_namespace::MAX_INO_RANGE {
                     return Err(FsError::Invalid);
                 }
                 let start = self.next_ino;
                 self.next_ino += count;
+                let ranges = self.ranges.entry(holder).or_default();
+                ranges.0.push((start, self.next_ino));
                 Ok(Outcome::Inos {
                     start,
                     end: self.next_ino,
                 })
             }
-            Command::LeasedBatch { holder, ops } => Ok(Outcome::Batch(
-                ops.iter()
-                    .map(|op| match self.leased(holder, op) {
+            Command::LeasedBatch { holder, ops } => {
+                let mut outcomes = Vec::new();
+                for op in &ops {
+                    let outcome = match self.leased(holder, op) {
                         Ok(outcome) => outcome,
                         Err(e) => Outcome::Failed(e),
-                    })
-                    .collect(),
-            )),
+                    };
+                    // Not applied as answered: the holder's leases on the directories the
+                    // op names end.
+                    if !matches!(outcome, Outcome::Attr(_) | Outcome::Done) {
+                        let mut named = vec![(op.dir, op.epoch)];
+                        if let LeasedChange::Rename {
+                            new_dir, new_epoch, ..
+                        } = op.change
+                        {
+                            named.push((new_dir, new_epoch));
+                        }
+                        for (dir, epoch) in named {
+                            if self.holds(holder, dir, epoch) {
+                                self.leases.remove(&dir);
+                            }
+                        }
+                    }
+                    outcomes.push(outcome);
+                }
+                Ok(Outcome::Batch(outcomes))
+            }
             Command::SetLayout { .. }
             | Command::RecordGenerations { .. }
             | Command::RelocateShards { .. }
@@ -430,10 +458,20 @@ impl Model {
                 rdev,
                 target,
             } => {
-                if ino < 2 || ino >= self.next_ino || self.nodes.contains_key(&ino) {
+                let (ranges, floor) = self.ranges.get(&holder).cloned().unwrap_or_default();
+                let in_range = ranges.iter().any(|&(s, e)| (s..e).contains(&ino));
+                if !in_range || ino < floor || self.nodes.contains_key(&ino) {
                     return Err(FsError::Invalid);
                 }
-                self.mknode(now, dir, &name, kind, perm, owner, rdev, target, Some(ino))
+                let made =
+                    self.mknode(now, dir, &name, kind, perm, owner, rdev, target, Some(ino))?;
+                let entry = self.ranges.entry(holder).or_default();
+                entry.1 = ino + 1;
+                entry.0.retain(|&(_, e)| e > ino + 1);
+                if entry.0.is_empty() {
+                    self.ranges.remove(&holder);
+                }
+                Ok(made)
             }
             LeasedChange::Link { ino, name } => self.link(now, ino, dir, &name),
             LeasedChange::Unlink { name } => self.unlink(now, dir, &name),
@@ -474,13 +512,8 @@ impl Model {
                 Ok(outcome)
             }
             LeasedChange::SetAttr { ino, set } => {
-                if let Some(&(other, _)) = self.leases.get(&ino)
-                    && other != holder
-                {
-                    return Ok(Outcome::Leased {
-                        dir: ino,
-                        holder: other,
-                    });
+                if ino != dir && self.kind(ino) == Some(FileKind::Dir) {
+                    return Err(FsError::Invalid);
                 }
                 self.setattr(now, ino, &set)
             }
@@ -945,7 +978,8 @@ impl Gen {
                 Command::ReturnDirLease { dir, epoch }
             }
             5 => Command::TakeInos {
-                count: self.rng.below(4),
+                holder: self.holder(),
+                count: self.rng.below(8),
             },
             _ => {
                 let holder = self.holder();
@@ -985,9 +1019,13 @@ impl Gen {
         };
         let change = match self.rng.below(9) {
             0..=2 => {
-                // A number handed out and not in use, or now and then one that is not.
-                let free: Vec<Ino> = (2..model.next_ino)
-                    .filter(|i| !model.nodes.contains_key(i))
+                // A number handed out to the holder and not passed, or now and then any.
+                let (ranges, floor) = model.ranges.get(&holder).cloned().unwrap_or_default();
+                let free: Vec<Ino> = ranges
+                    .iter()
+                    .flat_map(|&(s, e)| s..e)
+                    .filter(|&i| i >= floor && !model.nodes.contains_key(&i))
+                    .take(3)
                     .collect();
                 let ino = if free.is_empty() || self.rng.chance(10) {
                     self.ino(model)

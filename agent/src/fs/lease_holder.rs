@@ -10,6 +10,13 @@
 //! never sent. What the answered ops changed (the speculation's overlay) answers lookups
 //! and attributes before the replica does.
 //!
+//! Exact for what the lease fences, which is all a holder answers by design; not for
+//! what it does not: whether an unleased subdirectory is empty (for an `rmdir` or a
+//! rename over it), the ancestors of a leased directory (it may be moved), the link count
+//! of an inode linked in, or inline data another node moved to stripes. An answer those
+//! make wrong comes back as a failure, and the state machine ends the holder's leases on
+//! the directories that op named, so nothing after it applies with another meaning.
+//!
 //! Ops go to the group in the order they were answered, in every leased directory
 //! together: one stream of batches ([`LeaseHolder::seal`]), each committed before the
 //! next is sent (a rename between two leased directories, or an `rmdir` of a leased
@@ -76,8 +83,9 @@ pub struct LeaseHolder {
     next_seq: u64,
     /// Directory → epoch of the lease held on it.
     leases: BTreeMap<Ino, u64>,
-    /// Inode numbers handed out to this node (`TakeInos`) and not used.
-    inos: VecDeque<Ino>,
+    /// Inode numbers handed out to this node (`TakeInos`) and not used, as ranges in
+    /// increasing order (the state machine takes each holder's numbers in that order).
+    inos: VecDeque<(Ino, Ino)>,
     sealed: VecDeque<Sealed>,
     open: Vec<LeasedOp>,
     open_answers: Vec<Outcome>,
@@ -109,15 +117,26 @@ impl LeaseHolder {
         }
     }
 
-    /// The proposal that takes the lease on `dir` for this node.
-    pub fn take_command(&self, dir: Ino) -> Command {
-        Command::TakeDirLease {
+    /// The proposal that takes the lease on `dir` for this node; `None` while it holds it
+    /// (a new grant would refuse every op pending under the one it has).
+    pub fn take_command(&self, dir: Ino) -> Option<Command> {
+        (!self.leases.contains_key(&dir)).then_some(Command::TakeDirLease {
             dir,
             holder: self.node,
+        })
+    }
+
+    /// The proposal that hands this node `count` more inode numbers.
+    pub fn inos_command(&self, count: u64) -> Command {
+        Command::TakeInos {
+            holder: self.node,
+            count,
         }
     }
 
-    /// The lease on `dir` was granted at `epoch`, by a round that began at `began`.
+    /// The lease on `dir` was granted at `epoch`, by a round that began at `began`. The
+    /// replica must have applied the grant (a commit's answer comes from the leader's
+    /// apply: wait for the local one first), or the speculations refuse every op under it.
     pub fn granted(&mut self, dir: Ino, epoch: u64, began: Instant) {
         self.leases.insert(dir, epoch);
         self.renewed(began);
@@ -141,12 +160,28 @@ impl LeaseHolder {
 
     /// Inode numbers `[start, end)` were handed out to this node.
     pub fn add_inos(&mut self, start: Ino, end: Ino) {
-        self.inos.extend(start..end);
+        if start < end {
+            self.inos.push_back((start, end));
+        }
     }
 
     /// How many handed-out inode numbers are left.
-    pub fn inos_left(&self) -> usize {
-        self.inos.len()
+    pub fn inos_left(&self) -> u64 {
+        self.inos.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// The number the next create would get.
+    #[cfg(test)]
+    fn peek_ino(&self) -> Option<Ino> {
+        self.inos.front().map(|r| r.0)
+    }
+
+    fn next_ino(&mut self) -> Option<Ino> {
+        let (start, end) = self.inos.pop_front()?;
+        if start + 1 < end {
+            self.inos.push_front((start + 1, end));
+        }
+        Some(start)
     }
 
     /// Whether ops wait to be committed (answered, sealed or not).
@@ -201,7 +236,7 @@ impl LeaseHolder {
         }
         let number = match &mut change {
             LeasedChange::MkNode { ino, .. } => {
-                let Some(next) = self.inos.pop_front() else {
+                let Some(next) = self.next_ino() else {
                     return unavailable("no inode numbers left");
                 };
                 *ino = next;
@@ -244,7 +279,7 @@ impl LeaseHolder {
     fn undo_last(&mut self, number: Option<Ino>) {
         self.open.pop();
         if let Some(ino) = number {
-            self.inos.push_front(ino);
+            self.inos.push_front((ino, ino + 1));
         }
     }
 
@@ -299,25 +334,36 @@ impl LeaseHolder {
         self.sealed.front().map(|s| &s.proposal)
     }
 
-    /// The oldest sealed batch committed with `outcome`: ops that did not go as answered
-    /// become failures, a lease found lost is forgotten, and the overlay is what is
-    /// still pending. `store` must have applied the batch.
+    /// The oldest sealed batch committed with `outcome` (its outcome from the log, never a
+    /// failure to send it: that batch is sent again): ops that did not go as answered
+    /// become failures, leases that ended are forgotten, and the overlay is what is still
+    /// pending. `store` must have applied the batch (see [`LeaseHolder::granted`]). An
+    /// outcome that is not this batch's leaves it pending and is an error.
     pub fn committed(
         &mut self,
         store: &NamespaceStore,
         outcome: &Outcome,
     ) -> Result<(), NamespaceError> {
+        let Some(sealed) = self.sealed.front() else {
+            return Ok(());
+        };
+        let len = match &sealed.proposal.command {
+            Command::LeasedBatch { ops, .. } => ops.len(),
+            _ => 0,
+        };
+        let committed: Vec<Outcome> = match outcome {
+            Outcome::Batch(outcomes) if outcomes.len() == len => outcomes.clone(),
+            other => {
+                return Err(NamespaceError::Corrupt(format!(
+                    "a batch of {len} ops committed with {other:?}"
+                )));
+            }
+        };
         let Some(sealed) = self.sealed.pop_front() else {
             return Ok(());
         };
         let Command::LeasedBatch { ops, .. } = sealed.proposal.command else {
-            return Err(NamespaceError::Corrupt(
-                "a sealed batch is not a leased batch".into(),
-            ));
-        };
-        let committed: Vec<Outcome> = match outcome {
-            Outcome::Batch(outcomes) if outcomes.len() == ops.len() => outcomes.clone(),
-            other => vec![other.clone(); ops.len()],
+            return Ok(());
         };
         for ((op, answered), got) in ops.into_iter().zip(sealed.answers).zip(committed) {
             if got != answered {

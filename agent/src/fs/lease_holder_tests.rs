@@ -77,13 +77,14 @@ impl Rig {
     /// A directory leased to the holder, with inode numbers to create in it.
     fn leased_dir(&mut self, name: &str) -> Ino {
         let dir = self.mkdir(ROOT_INO, name);
-        let take = self.holder.take_command(dir);
+        let take = self.holder.take_command(dir).expect("not held yet");
         let Outcome::DirLease { epoch } = self.commit(take) else {
             panic!("no lease")
         };
         self.holder.granted(dir, epoch, self.mono);
         if self.holder.inos_left() < 8 {
-            let Outcome::Inos { start, end } = self.commit(Command::TakeInos { count: 16 }) else {
+            let take = self.holder.inos_command(16);
+            let Outcome::Inos { start, end } = self.commit(take) else {
                 panic!("no numbers")
             };
             self.holder.add_inos(start, end);
@@ -190,6 +191,9 @@ fn ops_answered_while_a_batch_is_in_flight_build_on_it() {
         Outcome::Failed(FsError::Exists.into())
     );
     assert_eq!(rig.holder.next_to_commit(), Some(&first));
+    // Not this batch's outcome (a caller's mistake): refused, and the batch stays.
+    assert!(rig.holder.committed(&rig.store, &Outcome::Done).is_err());
+    assert_eq!(rig.holder.next_to_commit(), Some(&first));
     rig.holder
         .committed(&rig.store, &outcome)
         .expect("committed");
@@ -259,7 +263,8 @@ fn leased_directories_commit_in_one_order() {
         a.ino
     };
     rig.flush();
-    let take = rig.holder.take_command(sub);
+    let take = rig.holder.take_command(sub).expect("not held yet");
+    assert_eq!(rig.holder.take_command(from), None, "held already");
     let Outcome::DirLease { epoch } = rig.commit(take) else {
         panic!("no lease on sub")
     };
@@ -340,7 +345,8 @@ fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
             dirs.push(dir);
         }
         for r in [&mut rig, &mut mirror] {
-            let Outcome::Inos { start, end } = r.commit(Command::TakeInos { count: 1000 }) else {
+            let take = r.holder.inos_command(1000);
+            let Outcome::Inos { start, end } = r.commit(take) else {
                 panic!("no numbers")
             };
             r.holder.add_inos(start, end);
@@ -408,10 +414,12 @@ fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
                         .expect("answer");
                     // The same op, with the number the holder gave it, alone and at once.
                     let mut one = change;
-                    if let (LeasedChange::MkNode { ino, .. }, Outcome::Attr(a)) =
-                        (&mut one, &answer)
-                    {
-                        *ino = a.ino;
+                    if let LeasedChange::MkNode { ino, .. } = &mut one {
+                        *ino = match &answer {
+                            Outcome::Attr(a) => a.ino,
+                            // Refused: its number went back, to be the next one.
+                            _ => rig.holder.peek_ino().expect("numbers left"),
+                        };
                     }
                     if let LeasedChange::Rename {
                         new_dir, new_epoch, ..
@@ -420,7 +428,7 @@ fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
                         *new_epoch = mirror.holder.epoch(*new_dir).expect("leased");
                     }
                     let epoch = mirror.holder.epoch(dir).expect("leased");
-                    let alone = mirror.commit(Command::LeasedBatch {
+                    let alone = Command::LeasedBatch {
                         holder: ME,
                         ops: vec![shoal_namespace::LeasedOp {
                             dir,
@@ -428,15 +436,25 @@ fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
                             now,
                             change: one,
                         }],
-                    });
+                    };
                     if matches!(answer, Outcome::Attr(_) | Outcome::Done) {
+                        let alone = mirror.commit(alone);
                         assert_eq!(alone, Outcome::Batch(vec![answer.clone()]), "{ctx}");
-                    } else if matches!(answer, Outcome::Failed(_)) {
-                        // Refused and not sent: undo nothing on the mirror, which refused
-                        // it too (a create's number aside: the holder's went back).
-                        assert!(
-                            matches!(&alone, Outcome::Batch(o) if matches!(o[0], Outcome::Failed(_))),
-                            "{ctx}: {answer:?} vs {alone:?}"
+                    } else {
+                        // Refused and never sent; the other replica would refuse it too
+                        // (asked without applying it: a refused op ends a lease there).
+                        let asked = mirror
+                            .store
+                            .speculate(&[Proposal {
+                                id: None,
+                                now,
+                                command: alone,
+                            }])
+                            .expect("speculate");
+                        assert_eq!(
+                            asked.outcomes[0].0,
+                            Outcome::Batch(vec![answer.clone()]),
+                            "{ctx}"
                         );
                     }
                 }

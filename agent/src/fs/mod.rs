@@ -8,6 +8,7 @@
 mod answers;
 pub mod handles;
 pub mod lease_holder;
+pub mod leases;
 mod service;
 mod write;
 

@@ -1,0 +1,233 @@
+//! Directory leases on five simulated nodes, through the agent's own `Leases`
+//! (`agent/src/fs/leases.rs`) on the real metadata group: a holder's answers commit in
+//! order and reach every replica; a holder cut off stops answering within the lease term,
+//! and once another node broke its lease and acted, nothing it answered lands; a power
+//! cut of the holder loses only what it had not committed.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use shoal_agent::fs::lease_holder::LEASE_TERM;
+use shoal_agent::fs::leases::Leases;
+use shoal_agent_api::{FileKind, FsError, FsRequest, FsResponse, Ino, Owner, ROOT_INO};
+use shoal_namespace::format::{FileKind as Kind, Owner as NsOwner, Timestamp};
+use shoal_namespace::{Command, LeasedChange, Outcome, Proposal};
+use shoal_placement::NodeId;
+use shoal_sim::cluster::{Cluster, Stop, addr};
+
+use common::{NODES, PROTOCOL, fs, id, member};
+
+fn ip(node: u64) -> IpAddr {
+    addr(node).ip()
+}
+
+/// Makes directory `name` in the root through node `node`'s fs service.
+async fn mkdir(c: &Cluster, node: u64, name: &str) -> Ino {
+    match make(c, node, ROOT_INO, name, FileKind::Dir).await {
+        FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
+        other => panic!("mkdir {name}: {other:?}"),
+    }
+}
+
+/// A create through node `node`'s fs service, as a mount sends it.
+async fn make(c: &Cluster, node: u64, parent: Ino, name: &str, kind: FileKind) -> FsResponse {
+    let req = FsRequest::MkNode {
+        id: id(9),
+        parent,
+        name: name.into(),
+        kind,
+        perm: 0o755,
+        owner: Owner { uid: 0, gid: 0 },
+        rdev: 0,
+        target: None,
+    };
+    fs(c, node).handle(req, None, PROTOCOL).await
+}
+
+fn create(name: &str) -> LeasedChange {
+    LeasedChange::MkNode {
+        ino: 0,
+        name: name.into(),
+        kind: Kind::File,
+        perm: 0o644,
+        owner: NsOwner { uid: 1, gid: 1 },
+        rdev: 0,
+        target: None,
+    }
+}
+
+/// The names in `dir` as node `node`'s replica has them after a read barrier.
+async fn names(c: &Cluster, node: u64, dir: Ino) -> BTreeSet<String> {
+    let group = c.live.get(node).expect("node runs");
+    group.barrier().await.expect("barrier");
+    group
+        .store()
+        .readdir(dir)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+fn leases_on(c: &Cluster, node: u64, session: u64) -> Leases {
+    Leases::new(c.live.get(node).expect("node runs"), NodeId(node), session)
+}
+
+fn answered(outcome: Result<Outcome, FsError>) -> bool {
+    matches!(outcome, Ok(Outcome::Attr(_) | Outcome::Done))
+}
+
+#[test]
+fn a_holders_answers_commit_in_order_and_reach_every_replica() {
+    common::on_five_nodes(
+        71,
+        |c| c,
+        async |c| {
+            let dir = mkdir(c, 1, "d").await;
+            let leases = leases_on(c, 1, 0x1ea5e);
+            leases.take(dir).await.expect("take").expect("granted");
+            for i in 0..40 {
+                assert!(answered(leases.answer(dir, create(&format!("f{i}")))));
+            }
+            assert!(answered(
+                leases.answer(dir, LeasedChange::Unlink { name: "f3".into() })
+            ));
+            let rename = LeasedChange::Rename {
+                name: "f4".into(),
+                new_dir: dir,
+                new_epoch: 0,
+                new_name: "g4".into(),
+                flags: Default::default(),
+            };
+            assert!(answered(leases.answer(dir, rename)));
+            // Answered from the pending changes, before anything is committed.
+            assert!(leases.entry(dir, "g4").is_some_and(|e| e.is_some()));
+            assert_eq!(leases.entry(dir, "f3"), Some(None));
+            assert!(names(c, 3, dir).await.is_empty(), "nothing committed yet");
+            // Another node's change in the leased directory is refused until the lease is
+            // given back.
+            assert!(matches!(
+                make(c, 3, dir, "theirs", FileKind::File).await,
+                FsResponse::Error(_)
+            ));
+            leases.flush().await.expect("flush");
+            assert!(leases.take_failures().is_empty());
+            let mut want: BTreeSet<String> = (0..40).map(|i| format!("f{i}")).collect();
+            want.remove("f3");
+            want.remove("f4");
+            want.insert("g4".into());
+            for node in NODES {
+                assert_eq!(names(c, node, dir).await, want, "node {node}");
+            }
+            leases.give_back(dir).await.expect("give back");
+            assert!(matches!(
+                make(c, 3, dir, "theirs", FileKind::File).await,
+                FsResponse::Entry(_) | FsResponse::EntryAt { .. }
+            ));
+        },
+    );
+}
+
+#[test]
+fn a_holder_cut_off_stops_answering_and_nothing_it_answered_lands_after_a_break() {
+    common::on_five_nodes(
+        72,
+        |c| c,
+        async |c| {
+            let dir = mkdir(c, 2, "d").await;
+            let leases = leases_on(c, 2, 0xb4ea4);
+            let epoch = leases.take(dir).await.expect("take").expect("granted");
+            assert!(answered(leases.answer(dir, create("x"))));
+            assert!(answered(leases.answer(dir, create("y"))));
+            // Node 2 is cut off from every other node before it commits anything.
+            for other in NODES.into_iter().filter(|&n| n != 2) {
+                c.net.cut(ip(2), ip(other));
+                c.net.cut(ip(other), ip(2));
+            }
+            tokio::time::sleep(LEASE_TERM + Duration::from_secs(1)).await;
+            assert!(
+                matches!(
+                    leases.answer(dir, create("z")),
+                    Err(FsError::Unavailable(_))
+                ),
+                "no answers from a lease past its term"
+            );
+            // Another node, its recall unanswered for twice the term, breaks the lease and
+            // creates the same name.
+            tokio::time::sleep(LEASE_TERM).await;
+            let others = c.live.get(4).expect("node runs");
+            let broke = others
+                .propose_one(Proposal {
+                    id: None,
+                    now: Timestamp::now(),
+                    command: Command::ReturnDirLease { dir, epoch },
+                })
+                .await
+                .expect("the others commit");
+            assert_eq!(broke, Outcome::Done);
+            let theirs = match make(c, 4, dir, "x", FileKind::Dir).await {
+                FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
+                other => panic!("their create: {other:?}"),
+            };
+            c.net.heal();
+            member(c, 2).await;
+            // The holder's batch lands after the break: refused whole, both answers lost.
+            leases.flush().await.expect("flush");
+            let lost = leases.take_failures();
+            assert_eq!(lost.len(), 2, "{lost:?}");
+            assert!(lost.iter().all(|l| l.committed == Outcome::LeaseLost));
+            assert_eq!(leases.epoch(dir), None, "the broken lease is forgotten");
+            for node in NODES {
+                assert_eq!(
+                    names(c, node, dir).await,
+                    BTreeSet::from(["x".to_string()]),
+                    "node {node}"
+                );
+            }
+            let group = c.live.get(1).expect("node runs");
+            assert_eq!(group.store().lookup(dir, "x").expect("x").ino, theirs);
+        },
+    );
+}
+
+#[test]
+fn a_power_cut_of_the_holder_loses_only_what_it_had_not_committed() {
+    common::on_five_nodes(
+        73,
+        |c| c,
+        async |c| {
+            let dir = mkdir(c, 3, "d").await;
+            let leases = leases_on(c, 3, 0x9c07);
+            leases.take(dir).await.expect("take").expect("granted");
+            for name in ["a", "b", "c"] {
+                assert!(answered(leases.answer(dir, create(name))));
+            }
+            leases.flush().await.expect("flush");
+            for name in ["d", "e"] {
+                assert!(answered(leases.answer(dir, create(name))));
+            }
+            drop(leases);
+            c.stop(3, Stop::PowerCut).await;
+            c.start(3).await.expect("restart");
+            member(c, 3).await;
+            let committed = BTreeSet::from(["a".into(), "b".into(), "c".into()]);
+            for node in NODES {
+                assert_eq!(names(c, node, dir).await, committed, "node {node}");
+            }
+            // The restarted node takes its lease again (a new epoch) and goes on.
+            let leases = leases_on(c, 3, 0x9c08);
+            leases
+                .take(dir)
+                .await
+                .expect("take")
+                .expect("granted again");
+            assert!(answered(leases.answer(dir, create("d"))));
+            leases.flush().await.expect("flush");
+            assert!(leases.take_failures().is_empty());
+            assert!(names(c, 1, dir).await.contains("d"));
+        },
+    );
+}

@@ -228,6 +228,7 @@ impl Node {
             gossip.clone(),
             handles.clone(),
             tier.clone(),
+            transport.clone(),
         ));
         info!(
             node = %identity.node,

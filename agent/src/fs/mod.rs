@@ -9,6 +9,7 @@ mod answers;
 pub mod handles;
 pub mod lease_holder;
 pub mod leases;
+mod recall;
 mod service;
 mod write;
 

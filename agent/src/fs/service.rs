@@ -23,16 +23,22 @@ use shoal_agent_api::{
     DELIVERY_WAIT_MS, FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino,
     MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, RequestId,
 };
-use shoal_mesh::{GossipHandle, MemberState};
+use shoal_mesh::{GossipHandle, MemberState, Transport};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, NamespaceError, Outcome, Proposal};
 use shoal_placement::DEFAULT_SHARD_SIZE;
 use tokio::task::JoinSet;
 
 use super::handles::OpenHandles;
+use super::leases::Leases;
+use super::recall;
 use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
 use crate::tier::Tier;
+
+/// How many times one change is asked again after a lease was recalled (another node
+/// may take the lease again meanwhile).
+const MAX_RECALLS: u32 = 8;
 
 pub struct FsService {
     pub(super) group: Arc<Group>,
@@ -40,6 +46,10 @@ pub struct FsService {
     gossip: GossipHandle,
     handles: Arc<OpenHandles>,
     tier: Option<Arc<Tier>>,
+    transport: Arc<Transport>,
+    /// This node's directory leases (none is taken for the mount's requests yet: the
+    /// simulator drives them; `leases.rs`).
+    leases: Arc<Leases>,
     /// Whether the replica has caught up with the group once since this agent started
     /// (see [`FsService::caught_up`]).
     caught_up: std::sync::atomic::AtomicBool,
@@ -52,13 +62,23 @@ impl FsService {
         gossip: GossipHandle,
         handles: Arc<OpenHandles>,
         tier: Option<Arc<Tier>>,
+        transport: Arc<Transport>,
     ) -> Self {
+        let session = rand::random::<u64>();
+        let leases = Arc::new(Leases::new(
+            group.clone(),
+            shoal_placement::NodeId(group.me),
+            session,
+        ));
+        recall::serve(&leases, &transport);
         FsService {
             group,
             stripes,
             gossip,
             handles,
             tier,
+            transport,
+            leases,
             caught_up: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -388,17 +408,41 @@ impl FsService {
         self.apply(id, command).await
     }
 
-    /// Commits one command and turns its outcome into an answer.
+    /// This node's directory leases.
+    pub fn leases(&self) -> &Arc<Leases> {
+        &self.leases
+    }
+
+    /// Commits one command and turns its outcome into an answer. A command refused by
+    /// another node's directory lease is asked again, with the same request id, once
+    /// the lease is recalled or broken (`recall.rs`).
     async fn apply(&self, id: RequestId, command: Command) -> Result<FsResponse, FsError> {
         command.precheck()?;
-        let outcome = self
-            .group
-            .propose_one(Proposal {
-                id: Some(id.into()),
-                now: Timestamp::now(),
-                command,
-            })
-            .await?;
+        let mut recalls = 0;
+        let outcome = loop {
+            let outcome = self
+                .group
+                .propose_one(Proposal {
+                    id: Some(id.into()),
+                    now: Timestamp::now(),
+                    command: command.clone(),
+                })
+                .await?;
+            match outcome {
+                Outcome::Leased { dir, holder } if recalls < MAX_RECALLS => {
+                    recalls += 1;
+                    if holder.0 == self.group.me {
+                        // This node's own lease (its mount took another path): what it
+                        // answered in the directory commits first.
+                        self.leases.give_back(dir).await?;
+                    } else {
+                        recall::recall(&self.group, &self.gossip, &self.transport, dir, holder)
+                            .await?;
+                    }
+                }
+                outcome => break outcome,
+            }
+        };
         match outcome {
             Outcome::Attr(a) => Ok(FsResponse::Attr(a.into())),
             Outcome::Done => Ok(FsResponse::Done),

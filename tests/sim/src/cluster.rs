@@ -512,6 +512,7 @@ impl Cluster {
             gossip.clone(),
             handles.clone(),
             tier.clone(),
+            transport.clone(),
         ));
         let workers = Arc::new(Workers::default());
         workers.spawn_last(workers_of_group.batcher);

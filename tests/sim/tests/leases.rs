@@ -1,21 +1,22 @@
-//! Directory leases on five simulated nodes, through the agent's own `Leases`
+//! Directory leases on five simulated nodes, through each node's own `Leases`
 //! (`agent/src/fs/leases.rs`) on the real metadata group: a holder's answers commit in
-//! order and reach every replica; a holder cut off stops answering within the lease term,
-//! and once another node broke its lease and acted, nothing it answered lands; a power
-//! cut of the holder loses only what it had not committed.
+//! order and reach every replica, and another node's change in the directory recalls the
+//! lease first (`recall.rs`); a holder cut off stops answering within the lease term, the
+//! other node breaks its lease after twice the term, and nothing the holder answered lands
+//! after that; a power cut of the holder loses only what it had not committed.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_agent::fs::lease_holder::LEASE_TERM;
 use shoal_agent::fs::leases::Leases;
 use shoal_agent_api::{FileKind, FsError, FsRequest, FsResponse, Ino, Owner, ROOT_INO};
-use shoal_namespace::format::{FileKind as Kind, Owner as NsOwner, Timestamp};
-use shoal_namespace::{Command, LeasedChange, Outcome, Proposal};
-use shoal_placement::NodeId;
+use shoal_namespace::format::{FileKind as Kind, Owner as NsOwner};
+use shoal_namespace::{LeasedChange, Outcome};
 use shoal_sim::cluster::{Cluster, Stop, addr};
 
 use common::{NODES, PROTOCOL, fs, id, member};
@@ -72,8 +73,16 @@ async fn names(c: &Cluster, node: u64, dir: Ino) -> BTreeSet<String> {
         .collect()
 }
 
-fn leases_on(c: &Cluster, node: u64, session: u64) -> Leases {
-    Leases::new(c.live.get(node).expect("node runs"), NodeId(node), session)
+/// Node `node`'s own leases (the ones its `meta/recall-lease` endpoint gives back).
+fn leases_on(c: &Cluster, node: u64) -> Arc<Leases> {
+    fs(c, node).leases().clone()
+}
+
+fn entry_ino(response: FsResponse) -> Ino {
+    match response {
+        FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
+        other => panic!("not an entry: {other:?}"),
+    }
 }
 
 fn answered(outcome: Result<Outcome, FsError>) -> bool {
@@ -87,7 +96,7 @@ fn a_holders_answers_commit_in_order_and_reach_every_replica() {
         |c| c,
         async |c| {
             let dir = mkdir(c, 1, "d").await;
-            let leases = leases_on(c, 1, 0x1ea5e);
+            let leases = leases_on(c, 1);
             leases.take(dir).await.expect("take").expect("granted");
             for i in 0..40 {
                 assert!(answered(leases.answer(dir, create(&format!("f{i}")))));
@@ -107,26 +116,25 @@ fn a_holders_answers_commit_in_order_and_reach_every_replica() {
             assert!(leases.entry(dir, "g4").is_some_and(|e| e.is_some()));
             assert_eq!(leases.entry(dir, "f3"), Some(None));
             assert!(names(c, 3, dir).await.is_empty(), "nothing committed yet");
-            // Another node's change in the leased directory is refused until the lease is
-            // given back.
-            assert!(matches!(
-                make(c, 3, dir, "theirs", FileKind::File).await,
-                FsResponse::Error(_)
-            ));
-            leases.flush().await.expect("flush");
+            // Another node's change in the leased directory recalls the lease: the holder
+            // commits what it answered and gives the lease back, then the change applies.
+            let theirs = entry_ino(make(c, 3, dir, "theirs", FileKind::File).await);
+            assert_eq!(leases.epoch(dir), None, "given back");
+            assert!(!leases.pending());
             assert!(leases.take_failures().is_empty());
             let mut want: BTreeSet<String> = (0..40).map(|i| format!("f{i}")).collect();
             want.remove("f3");
             want.remove("f4");
             want.insert("g4".into());
+            want.insert("theirs".into());
             for node in NODES {
                 assert_eq!(names(c, node, dir).await, want, "node {node}");
             }
-            leases.give_back(dir).await.expect("give back");
-            assert!(matches!(
-                make(c, 3, dir, "theirs", FileKind::File).await,
-                FsResponse::Entry(_) | FsResponse::EntryAt { .. }
-            ));
+            let group = c.live.get(5).expect("node runs");
+            assert_eq!(
+                group.store().lookup(dir, "theirs").expect("theirs").ino,
+                theirs
+            );
         },
     );
 }
@@ -138,8 +146,8 @@ fn a_holder_cut_off_stops_answering_and_nothing_it_answered_lands_after_a_break(
         |c| c,
         async |c| {
             let dir = mkdir(c, 2, "d").await;
-            let leases = leases_on(c, 2, 0xb4ea4);
-            let epoch = leases.take(dir).await.expect("take").expect("granted");
+            let leases = leases_on(c, 2);
+            leases.take(dir).await.expect("take").expect("granted");
             assert!(answered(leases.answer(dir, create("x"))));
             assert!(answered(leases.answer(dir, create("y"))));
             // Node 2 is cut off from every other node before it commits anything.
@@ -155,23 +163,14 @@ fn a_holder_cut_off_stops_answering_and_nothing_it_answered_lands_after_a_break(
                 ),
                 "no answers from a lease past its term"
             );
-            // Another node, its recall unanswered for twice the term, breaks the lease and
-            // creates the same name.
-            tokio::time::sleep(LEASE_TERM).await;
-            let others = c.live.get(4).expect("node runs");
-            let broke = others
-                .propose_one(Proposal {
-                    id: None,
-                    now: Timestamp::now(),
-                    command: Command::ReturnDirLease { dir, epoch },
-                })
-                .await
-                .expect("the others commit");
-            assert_eq!(broke, Outcome::Done);
-            let theirs = match make(c, 4, dir, "x", FileKind::Dir).await {
-                FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
-                other => panic!("their create: {other:?}"),
-            };
+            // Another node creates one of the same names: its recall goes unanswered, it
+            // breaks the lease after twice the term, and its create applies.
+            let asked = tokio::time::Instant::now();
+            let theirs = entry_ino(make(c, 4, dir, "x", FileKind::Dir).await);
+            assert!(
+                asked.elapsed() >= LEASE_TERM * 2,
+                "broken only after twice the term"
+            );
             c.net.heal();
             member(c, 2).await;
             // The holder's batch lands after the break: refused whole, both answers lost.
@@ -200,7 +199,7 @@ fn a_power_cut_of_the_holder_loses_only_what_it_had_not_committed() {
         |c| c,
         async |c| {
             let dir = mkdir(c, 3, "d").await;
-            let leases = leases_on(c, 3, 0x9c07);
+            let leases = leases_on(c, 3);
             leases.take(dir).await.expect("take").expect("granted");
             for name in ["a", "b", "c"] {
                 assert!(answered(leases.answer(dir, create(name))));
@@ -218,7 +217,7 @@ fn a_power_cut_of_the_holder_loses_only_what_it_had_not_committed() {
                 assert_eq!(names(c, node, dir).await, committed, "node {node}");
             }
             // The restarted node takes its lease again (a new epoch) and goes on.
-            let leases = leases_on(c, 3, 0x9c08);
+            let leases = leases_on(c, 3);
             leases
                 .take(dir)
                 .await

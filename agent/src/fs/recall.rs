@@ -1,0 +1,108 @@
+//! Getting another node's directory lease out of the way of a change: a node whose
+//! command was refused with `Leased { dir, holder }` asks the holder to commit what it
+//! answered in the directory and give the lease back (`meta/recall-lease`), and asks
+//! again with the same request id. A holder that does not answer within twice the lease
+//! term has stopped answering from it by then (`lease_holder.rs`): the lease is broken
+//! (`ReturnDirLease` with its epoch), and the holder's late batches are refused by the
+//! epoch fence.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use shoal_agent_api::{FsError, Ino};
+use shoal_mesh::{FailureClass, GossipHandle, Refusal, Rpc, Transport};
+use shoal_namespace::format::Timestamp;
+use shoal_namespace::{Command, Outcome, Proposal};
+use shoal_placement::NodeId;
+use tokio::time::Instant;
+
+use super::lease_holder::LEASE_TERM;
+use super::leases::Leases;
+use crate::consensus::Group;
+
+/// Asks the holder of the lease on `dir` at `epoch` to commit and give it back.
+#[derive(Serialize, Deserialize)]
+pub struct RecallLease {
+    pub dir: Ino,
+    pub epoch: u64,
+}
+
+impl Rpc for RecallLease {
+    const ENDPOINT: &'static str = "meta/recall-lease";
+    type Response = ();
+}
+
+/// Serves [`RecallLease`] from this node's leases: commits what was answered and returns
+/// the lease (nothing to do when it is not held at that epoch any more).
+pub fn serve(leases: &Arc<Leases>, transport: &Transport) {
+    let leases = leases.clone();
+    transport.register(move |_from, msg: RecallLease| {
+        let leases = leases.clone();
+        async move {
+            if leases.epoch(msg.dir) != Some(msg.epoch) {
+                return Ok(());
+            }
+            leases
+                .give_back(msg.dir)
+                .await
+                .map_err(|e| Refusal::new(FailureClass::Retryable, e.to_string()))
+        }
+    });
+}
+
+/// Gets the lease of `holder` on `dir` out of the way: recalled, or broken once the
+/// holder has not answered for twice the lease term. Returns when the lease is gone, or
+/// is another one (the caller asks again and sees).
+pub async fn recall(
+    group: &Group,
+    gossip: &GossipHandle,
+    transport: &Transport,
+    dir: Ino,
+    holder: NodeId,
+) -> Result<(), FsError> {
+    let started = Instant::now();
+    // The refusal came from the leader's apply; this replica has applied it too (a
+    // proposal is answered once it has).
+    let Some(lease) = group.store().dir_lease(dir)? else {
+        return Ok(());
+    };
+    if lease.holder != holder {
+        return Ok(());
+    }
+    let patience = LEASE_TERM * 2;
+    if let Some(addr) = address_of(gossip, holder).await {
+        let asked = RecallLease {
+            dir,
+            epoch: lease.epoch,
+        };
+        match transport.call_to(holder, addr, &asked, patience).await {
+            Ok(()) => return Ok(()),
+            Err(e) => tracing::debug!(%holder, dir, error = %e, "lease recall not answered"),
+        }
+    }
+    tokio::time::sleep_until(started + patience).await;
+    let broke = group
+        .propose_one(Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::ReturnDirLease {
+                dir,
+                epoch: lease.epoch,
+            },
+        })
+        .await?;
+    if broke == Outcome::Done {
+        tracing::info!(%holder, dir, epoch = lease.epoch, "broke a lease its holder did not return");
+    }
+    Ok(())
+}
+
+/// The RPC address gossip has for `node`, while it is alive.
+async fn address_of(gossip: &GossipHandle, node: NodeId) -> Option<SocketAddr> {
+    let members = gossip.members().await.ok()?;
+    members
+        .iter()
+        .find(|m| m.id.node == node && m.state == shoal_mesh::MemberState::Alive)
+        .and_then(|m| m.facts.as_ref().map(|f| f.rpc_addr))
+}

@@ -23,7 +23,7 @@ use shoal_agent_api as api;
 
 use crate::format::{FileKind, Ino};
 use crate::record::InodeRecord;
-use crate::store::execute;
+use crate::store::apply_one;
 use crate::tx::Tx;
 use crate::{NamespaceError, NamespaceStore, Outcome, Proposal};
 
@@ -95,29 +95,16 @@ impl NamespaceStore {
             let mut tx = Tx::open(&txn)?;
             tx.keep_writes();
             let mut outcomes = Vec::with_capacity(proposals.len());
-            // Ids first seen here: a repeat of one is answered as the log would answer
+            // Ids first applied here: a repeat of one is answered as the log would answer
             // it, but was not applied by the replica.
             let mut seen = BTreeSet::new();
             for proposal in proposals {
-                if let Some(id) = proposal.id
-                    && let Some(first) = tx.dedup_get(id)?
-                {
-                    outcomes.push((first, !seen.contains(&id)));
-                    continue;
-                }
-                tx.ensure_root(proposal.now)?;
-                let outcome = match execute(&mut tx, proposal.now, &proposal.command) {
-                    Ok(outcome) => outcome,
-                    Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
-                    Err(e) => return Err(e),
-                };
-                if let Some(id) = proposal.id
-                    && outcome.remembered()
-                {
-                    tx.dedup_put(id, &outcome)?;
+                let (outcome, repeat) = apply_one(&mut tx, proposal)?;
+                let replica_had_it = repeat && proposal.id.is_some_and(|id| !seen.contains(&id));
+                if !repeat && let Some(id) = proposal.id {
                     seen.insert(id);
                 }
-                outcomes.push((outcome, false));
+                outcomes.push((outcome, replica_had_it));
             }
             let (inodes, entries) = tx.into_writes();
             Speculation {

@@ -13,7 +13,7 @@ use crate::record::{
     STATE, STRIPES, encode,
 };
 use crate::tx::Tx;
-use crate::{Batch, Command, NamespaceError, Outcome, data, lease, shards};
+use crate::{Batch, Command, NamespaceError, Outcome, Proposal, data, lease, shards};
 use shoal_agent_api::FsError;
 
 /// The metadata state machine: the namespace (inodes, directory entries, extents, stripe
@@ -115,25 +115,7 @@ impl NamespaceStore {
                 tx.advance_clock(batch.stamp);
                 let mut outcomes = Vec::with_capacity(batch.proposals.len());
                 for proposal in &batch.proposals {
-                    if let Some(id) = proposal.id
-                        && let Some(first) = tx.dedup_get(id)?
-                    {
-                        outcomes.push(first);
-                        continue;
-                    }
-                    tx.ensure_root(proposal.now)?;
-                    let outcome = match execute(&mut tx, proposal.now, &proposal.command) {
-                        Ok(outcome) => outcome,
-                        Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
-                        Err(e) => return Err(e),
-                    };
-                    if let Some(id) = proposal.id
-                        && outcome.remembered()
-                    {
-                        tx.dedup_put(id, &outcome)?;
-                        tx.expire_idle_clients()?;
-                    }
-                    outcomes.push(outcome);
+                    outcomes.push(apply_one(&mut tx, proposal)?.0);
                 }
                 out.push(outcomes);
             }
@@ -172,13 +154,37 @@ fn migrate_legacy_clients(txn: &redb::WriteTransaction) -> Result<(), NamespaceE
     Ok(())
 }
 
+/// One proposal as the log applies it (and a speculation, `speculate.rs`): a request id
+/// seen before is answered with its first outcome (`true`: nothing applied now);
+/// otherwise the command applies and its outcome is kept for its id, when it is one a
+/// repeat is answered with.
+pub(crate) fn apply_one(
+    tx: &mut Tx<'_>,
+    proposal: &Proposal,
+) -> Result<(Outcome, bool), NamespaceError> {
+    if let Some(id) = proposal.id
+        && let Some(first) = tx.dedup_get(id)?
+    {
+        return Ok((first, true));
+    }
+    tx.ensure_root(proposal.now)?;
+    let outcome = match execute(tx, proposal.now, &proposal.command) {
+        Ok(outcome) => outcome,
+        Err(NamespaceError::Fs(e)) => Outcome::Failed(e.into()),
+        Err(e) => return Err(e),
+    };
+    if let Some(id) = proposal.id
+        && outcome.remembered()
+    {
+        tx.dedup_put(id, &outcome)?;
+        tx.expire_idle_clients()?;
+    }
+    Ok((outcome, false))
+}
+
 /// Applies one command. A namespace refusal comes back as `Err(NamespaceError::Fs)` before
 /// anything was written.
-pub(crate) fn execute(
-    tx: &mut Tx<'_>,
-    now: Timestamp,
-    command: &Command,
-) -> Result<Outcome, NamespaceError> {
+fn execute(tx: &mut Tx<'_>, now: Timestamp, command: &Command) -> Result<Outcome, NamespaceError> {
     if let Some((dir, holder)) = lease::fenced_by(tx, command)? {
         return Ok(Outcome::Leased { dir, holder });
     }

@@ -64,7 +64,7 @@ impl FsService {
         tier: Option<Arc<Tier>>,
         transport: Arc<Transport>,
     ) -> Self {
-        let session = rand::random::<u64>();
+        let session = crate::sim_thread::random_u64();
         let leases = Arc::new(Leases::new(
             group.clone(),
             shoal_placement::NodeId(group.me),

@@ -170,6 +170,19 @@ fn every_command() -> Batch {
             planned_at_ms: 86_400_000,
         },
     ];
+    numbered(
+        commands,
+        1_000,
+        Some(LeaderStamp {
+            run: 77,
+            millis: 88,
+        }),
+    )
+}
+
+/// `commands` as one batch, proposed as requests 0, 1, ... of client 9 at seconds
+/// `from`, `from + 1`, ...
+fn numbered(commands: Vec<Command>, from: i64, stamp: Option<LeaderStamp>) -> Batch {
     Batch {
         proposals: commands
             .into_iter()
@@ -179,14 +192,11 @@ fn every_command() -> Batch {
                     client: 9,
                     seq: i as u64,
                 }),
-                now: at(1_000 + i as i64),
+                now: at(from + i as i64),
                 command,
             })
             .collect(),
-        stamp: Some(LeaderStamp {
-            run: 77,
-            millis: 88,
-        }),
+        stamp,
     }
 }
 
@@ -337,21 +347,7 @@ fn lease_commands() -> Batch {
         },
         Command::ReturnDirLease { dir: 1, epoch: 2 },
     ];
-    Batch {
-        proposals: commands
-            .into_iter()
-            .enumerate()
-            .map(|(i, command)| Proposal {
-                id: Some(RequestId {
-                    client: 9,
-                    seq: i as u64,
-                }),
-                now: at(2_000 + i as i64),
-                command,
-            })
-            .collect(),
-        stamp: None,
-    }
+    numbered(commands, 2_000, None)
 }
 
 #[test]

@@ -270,9 +270,7 @@ impl<'t> Tx<'t> {
 
     /// A fresh inode number (never reused).
     pub(crate) fn allocate_ino(&mut self) -> Ino {
-        let ino = self.next_ino;
-        self.next_ino += 1;
-        ino
+        self.allocate_inos(1).0
     }
 
     /// The numbers `[start, start + count)`, never handed out again.
@@ -306,6 +304,12 @@ impl<'t> Tx<'t> {
     }
 
     // --- directory leases ---
+
+    /// Whether any directory is leased (a count kept in the table's header).
+    pub(crate) fn any_dir_leases(&self) -> Result<bool, NamespaceError> {
+        use redb::ReadableTableMetadata;
+        Ok(!self.dir_leases.read()?.is_empty()?)
+    }
 
     pub(crate) fn dir_lease(&self, dir: Ino) -> Result<Option<DirLease>, NamespaceError> {
         match self.dir_leases.read()?.get(dir)? {

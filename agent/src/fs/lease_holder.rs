@@ -67,6 +67,15 @@ struct Sealed {
     answers: Vec<Outcome>,
 }
 
+impl Sealed {
+    fn ops(&self) -> &[LeasedOp] {
+        match &self.proposal.command {
+            Command::LeasedBatch { ops, .. } => ops,
+            _ => &[],
+        }
+    }
+}
+
 /// An answered op whose commit did not go as answered.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LostOp {
@@ -93,11 +102,6 @@ pub struct LeaseHolder {
     failures: Vec<LostOp>,
     /// When the last successful round with the group began.
     renewed: Option<Instant>,
-}
-
-/// Whether an answer is a success the batch carries.
-fn answered_ok(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Attr(_) | Outcome::Done)
 }
 
 impl LeaseHolder {
@@ -195,11 +199,7 @@ impl LeaseHolder {
             op.dir == dir
                 || matches!(op.change, LeasedChange::Rename { new_dir, .. } if new_dir == dir)
         };
-        self.open.iter().any(in_dir)
-            || self.sealed.iter().any(|s| match &s.proposal.command {
-                Command::LeasedBatch { ops, .. } => ops.iter().any(in_dir),
-                _ => false,
-            })
+        self.open.iter().any(in_dir) || self.sealed.iter().any(|s| s.ops().iter().any(in_dir))
     }
 
     /// Answers `change` in leased directory `dir` at the holder's time `now` (a create's
@@ -267,7 +267,7 @@ impl LeaseHolder {
                 "a speculation of the open batch gave no outcome for its last op".into(),
             ));
         };
-        if answered_ok(&answer) {
+        if answer.applied() {
             self.open_answers.push(answer.clone());
             self.overlay = speculation.overlay;
         } else {
@@ -347,33 +347,25 @@ impl LeaseHolder {
         let Some(sealed) = self.sealed.front() else {
             return Ok(());
         };
-        let len = match &sealed.proposal.command {
-            Command::LeasedBatch { ops, .. } => ops.len(),
-            _ => 0,
-        };
-        let committed: Vec<Outcome> = match outcome {
-            Outcome::Batch(outcomes) if outcomes.len() == len => outcomes.clone(),
+        let committed = match outcome {
+            Outcome::Batch(outcomes) if outcomes.len() == sealed.ops().len() => outcomes,
             other => {
                 return Err(NamespaceError::Corrupt(format!(
-                    "a batch of {len} ops committed with {other:?}"
+                    "a batch of {} ops committed with {other:?}",
+                    sealed.ops().len()
                 )));
             }
         };
-        let Some(sealed) = self.sealed.pop_front() else {
-            return Ok(());
-        };
-        let Command::LeasedBatch { ops, .. } = sealed.proposal.command else {
-            return Ok(());
-        };
-        for ((op, answered), got) in ops.into_iter().zip(sealed.answers).zip(committed) {
-            if got != answered {
-                self.failures.push(LostOp {
-                    op,
-                    answered,
-                    committed: got,
-                });
-            }
-        }
+        let lost: Vec<LostOp> = (sealed.ops().iter().zip(&sealed.answers).zip(committed))
+            .filter(|((_, answered), got)| answered != got)
+            .map(|((op, answered), got)| LostOp {
+                op: op.clone(),
+                answered: answered.clone(),
+                committed: got.clone(),
+            })
+            .collect();
+        self.failures.extend(lost);
+        self.sealed.pop_front();
         // Leases that ended (broken by another node, or a leased directory removed by
         // this batch) are forgotten: the replica has applied the batch.
         let mut ended = Vec::new();

@@ -7,6 +7,7 @@ use shoal_namespace::{
 };
 use shoal_placement::NodeId;
 
+use shoal_disk::SplitMix64;
 use tokio::time::Instant;
 
 use super::{LEASE_TERM, LeaseHolder, LostOp};
@@ -297,19 +298,6 @@ fn leased_directories_commit_in_one_order() {
     assert!(rig.holder.epoch(from).is_some() && rig.holder.epoch(to).is_some());
 }
 
-/// splitmix64, to pick ops from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n.max(1)
-    }
-}
-
 /// Everything a client can see of the tree under `dir`: names, attributes, inline bytes.
 fn tree(store: &NamespaceStore, dir: Ino, out: &mut Vec<String>) {
     for e in store.readdir(dir).expect("readdir") {
@@ -333,7 +321,7 @@ fn tree(store: &NamespaceStore, dir: Ino, out: &mut Vec<String>) {
 #[test]
 fn batched_answers_end_as_the_same_ops_applied_one_by_one() {
     for seed in 0..24u64 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let mut rig = Rig::new();
         let mut mirror = Rig::new();
         let names = ["a", "b", "c", "d"];

@@ -16,7 +16,7 @@ use shoal_placement::NodeId;
 use tokio::time::Instant;
 
 use super::lease_holder::{LeaseHolder, LostOp};
-use crate::consensus::{ConsensusError, Group};
+use crate::consensus::Group;
 
 /// Inode numbers taken at a time, and how few left make the holder take more.
 const INO_BATCH: u64 = 1024;
@@ -27,10 +27,6 @@ pub struct Leases {
     holder: Mutex<LeaseHolder>,
     /// Held by a flush: batches are sent one after another, in order.
     flushing: tokio::sync::Mutex<()>,
-}
-
-fn unavailable(e: ConsensusError) -> FsError {
-    FsError::from(e)
 }
 
 impl Leases {
@@ -59,8 +55,7 @@ impl Leases {
                 now: Timestamp::now(),
                 command,
             })
-            .await
-            .map_err(unavailable)?;
+            .await?;
         self.holder().renewed(began);
         Ok(outcome)
     }
@@ -129,7 +124,7 @@ impl Leases {
                 return Ok(());
             };
             let began = Instant::now();
-            let outcome = self.group.propose_one(batch).await.map_err(unavailable)?;
+            let outcome = self.group.propose_one(batch).await?;
             let mut holder = self.holder();
             holder.renewed(began);
             holder

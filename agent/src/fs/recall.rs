@@ -6,12 +6,11 @@
 //! (`ReturnDirLease` with its epoch), and the holder's late batches are refused by the
 //! epoch fence.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use shoal_agent_api::{FsError, Ino};
-use shoal_mesh::{FailureClass, GossipHandle, Refusal, Rpc, Transport};
+use shoal_mesh::{FailureClass, Refusal, Rpc, Transport};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, Outcome, Proposal};
 use shoal_placement::NodeId;
@@ -56,7 +55,6 @@ pub fn serve(leases: &Arc<Leases>, transport: &Transport) {
 /// is another one (the caller asks again and sees).
 pub async fn recall(
     group: &Group,
-    gossip: &GossipHandle,
     transport: &Transport,
     dir: Ino,
     holder: NodeId,
@@ -71,7 +69,8 @@ pub async fn recall(
         return Ok(());
     }
     let patience = LEASE_TERM * 2;
-    if let Some(addr) = address_of(gossip, holder).await {
+    // The address the group has for it; the call checks that the peer is that node.
+    if let Some(addr) = group.member_addr(holder.0) {
         let asked = RecallLease {
             dir,
             epoch: lease.epoch,
@@ -96,13 +95,4 @@ pub async fn recall(
         tracing::info!(%holder, dir, epoch = lease.epoch, "broke a lease its holder did not return");
     }
     Ok(())
-}
-
-/// The RPC address gossip has for `node`, while it is alive.
-async fn address_of(gossip: &GossipHandle, node: NodeId) -> Option<SocketAddr> {
-    let members = gossip.members().await.ok()?;
-    members
-        .iter()
-        .find(|m| m.id.node == node && m.state == shoal_mesh::MemberState::Alive)
-        .and_then(|m| m.facts.as_ref().map(|f| f.rpc_addr))
 }

@@ -436,8 +436,7 @@ impl FsService {
                         // answered in the directory commits first.
                         self.leases.give_back(dir).await?;
                     } else {
-                        recall::recall(&self.group, &self.gossip, &self.transport, dir, holder)
-                            .await?;
+                        recall::recall(&self.group, &self.transport, dir, holder).await?;
                     }
                 }
                 outcome => break outcome,

@@ -290,6 +290,10 @@ impl Node {
             Resources::gpu_probe(),
         ));
         w.spawn(metrics::MetricsRefresh::new(self.group.clone()));
+        let writeback = Duration::from_millis(self.group.config.metadata_writeback_ms);
+        if let Some(flush) = crate::fs::LeaseFlush::new(self.fs.leases().clone(), writeback) {
+            w.spawn(flush);
+        }
         w.spawn(revoke::RevocationsRefresh::new(
             self.group.clone(),
             self.transport.clone(),

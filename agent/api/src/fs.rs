@@ -293,6 +293,14 @@ pub enum FsRequest {
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
+    /// Makes every change this agent answered for the mount durable: those in directory
+    /// `ino` (its entries) or of inode `ino`, and with them everything answered before
+    /// (the agent commits in order). A change answered but refused when it was committed
+    /// fails the next `Sync` naming its file or directory (`FsError::Io`). The mount sends
+    /// it on `fsync` and `fsyncdir`. Protocol 12 on.
+    Sync {
+        ino: Ino,
+    },
 }
 
 /// The first position of every change feed: a mount that finds a new feed (its agent

@@ -47,15 +47,18 @@ use serde::{Deserialize, Serialize};
 /// nodes stopped together) and the feed's epoch and position on answers
 /// (`FsResponse::OpenedIn` for an open, `FsResponse::EntryAt` for a lookup), 10 the kind of
 /// a failure (`Response::Failed`; a client of 3 to 9 is answered `Response::Error`, the
-/// message alone: see [`Response::in_version`]), 11 `FsRequest::WriteThenSet`. Every other
+/// message alone: see [`Response::in_version`]), 11 `FsRequest::WriteThenSet`, 12
+/// `FsRequest::Sync` (a mount of 12 on may be answered changes under a directory lease
+/// before they are committed, and syncs them on `fsync`). Every other
 /// message is as in version 3, so mounts started with an earlier release keep working
 /// across an agent upgrade.
-pub const API_VERSION: u8 = 11;
+pub const API_VERSION: u8 = 12;
 
 /// The oldest agent protocol a client of this version still speaks when the agent refuses
-/// this one ([`AgentClient::call`]): version 9 asks and answers as 11 does, except that a
-/// failure comes as `Response::Error` without its kind, and 10 as 11 does; neither knows
-/// `WriteThenSet` (a mount asks [`AgentClient::version`] before it sends one).
+/// this one ([`AgentClient::call`]): version 9 asks and answers as 12 does, except that a
+/// failure comes as `Response::Error` without its kind, and 10 and 11 as 12 does; 9 and
+/// 10 do not know `WriteThenSet`, none knows `Sync` (a mount asks
+/// [`AgentClient::version`] before it sends one).
 pub const OLDEST_ALIKE_VERSION: u8 = 9;
 
 /// The version that brought [`Response::Failed`].
@@ -63,6 +66,10 @@ const FAILED_SINCE: u8 = 10;
 
 /// The version that brought [`FsRequest::WriteThenSet`].
 pub const WRITE_THEN_SET_SINCE: u8 = 11;
+
+/// The version that brought [`FsRequest::Sync`]: the agent answers a mount of this
+/// version on changes under its directory leases before they are committed.
+pub const SYNC_SINCE: u8 = 12;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -178,7 +185,7 @@ impl Request {
     /// report only in this version (its fields grow with the versions); `MetaDigest` came
     /// with version 4, `OkToStop` with 5, the drain and maintenance requests with 6, the
     /// cold-tier requests with 7, `RevokeCertificate` with 8, `OkToStopNodes` with 9 and
-    /// `FsRequest::WriteThenSet` with 11; everything else is as version 3 had it. The agent refuses the request of an older
+    /// `FsRequest::WriteThenSet` with 11, `FsRequest::Sync` with 12; everything else is as version 3 had it. The agent refuses the request of an older
     /// client; a client falls back to an older agent's protocol only where it is alike.
     pub fn oldest_version(&self) -> u8 {
         match self {
@@ -198,6 +205,7 @@ impl Request {
             Request::RevokeCertificate { .. } => 8,
             Request::OkToStopNodes { .. } => 9,
             Request::Fs(FsRequest::WriteThenSet { .. }) => WRITE_THEN_SET_SINCE,
+            Request::Fs(FsRequest::Sync { .. }) => SYNC_SINCE,
             Request::WriteStripe { .. }
             | Request::ReadStripe { .. }
             | Request::Fs(_)

@@ -324,6 +324,18 @@ impl NamespaceStore {
         }
     }
 
+    /// Every directory lease held (few: a holder gives back the ones it stopped using).
+    pub fn dir_leases(&self) -> Result<Vec<(Ino, crate::DirLease)>, NamespaceError> {
+        let txn = self.read()?;
+        let table = txn.open_table(DIR_LEASES)?;
+        let mut all = Vec::new();
+        for row in table.iter()? {
+            let (k, v) = row?;
+            all.push((k.value(), decode(v.value(), "directory lease")?));
+        }
+        Ok(all)
+    }
+
     /// The live stripe `id`, if some extent references it.
     pub fn live_stripe(&self, id: StripeId) -> Result<Option<StripeRecord>, NamespaceError> {
         let txn = self.read()?;

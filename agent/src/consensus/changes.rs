@@ -92,6 +92,9 @@ pub struct ChangeFeed {
     /// How far each session's mount has delivered: the position its last read started
     /// from (a watcher reads again only once it has delivered the batch before).
     read_from: watch::Sender<HashMap<u64, u64>>,
+    /// Changes of one origin published as another's: this node's directory-lease batches
+    /// as the changes of the mount they were answered for (which saw them happen).
+    alias: Mutex<Option<(u64, u64)>>,
 }
 
 impl Default for ChangeFeed {
@@ -110,6 +113,7 @@ impl ChangeFeed {
                 tail_origin: None,
                 foreign_end: FEED_START,
             }),
+            alias: Mutex::new(None),
             next: watch::Sender::new(FEED_START),
             read_from: watch::Sender::new(HashMap::new()),
         }
@@ -135,17 +139,27 @@ impl ChangeFeed {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// From now on, changes of origin `from` are published as `to`'s.
+    pub fn alias(&self, from: u64, to: u64) {
+        *self.alias.lock().unwrap_or_else(|e| e.into_inner()) = Some((from, to));
+    }
+
     pub fn publish(&self, touched: &Touched) {
         if touched.is_empty() {
             return;
         }
+        let alias = *self.alias.lock().unwrap_or_else(|e| e.into_inner());
+        let origin = |o: u64| match alias {
+            Some((from, to)) if o == from => to,
+            _ => o,
+        };
         let next = {
             let mut ring = self.lock();
-            for (origin, parent, name) in &touched.names {
-                ring.push(Change::Name(*origin, *parent, name.clone()));
+            for (o, parent, name) in &touched.names {
+                ring.push(Change::Name(origin(*o), *parent, name.clone()));
             }
-            for (origin, ino) in &touched.inodes {
-                ring.push(Change::Inode(*origin, *ino));
+            for (o, ino) in &touched.inodes {
+                ring.push(Change::Inode(origin(*o), *ino));
             }
             ring.next()
         };
@@ -270,6 +284,18 @@ mod tests {
         let b = feed.read(start.epoch, now, 0);
         assert!(b.reset);
         assert_eq!(b.next, now + 1);
+    }
+
+    #[test]
+    fn an_aliased_origin_is_its_sessions_own() {
+        let feed = ChangeFeed::new();
+        let epoch = feed.read(0, 0, 0).epoch;
+        feed.alias(7, 9);
+        feed.publish(&touched(&[(1, "leased")], &[1]));
+        let got = feed.read(epoch, FEED_START, 9);
+        assert!(got.names.is_empty() && got.inodes.is_empty(), "{got:?}");
+        let other = feed.read(epoch, FEED_START, 5);
+        assert_eq!(other.names, vec![(1, "leased".to_string())]);
     }
 
     #[test]

@@ -40,6 +40,13 @@ pub struct MetaConfig {
     /// after a quarter of it, so they are done long before.
     #[serde(default = "default_orphan_shard_grace_s")]
     pub orphan_shard_grace_s: u64,
+    /// Milliseconds a change answered under a directory lease may wait before it is
+    /// committed (the mount's creates, unlinks and renames in a directory only its node
+    /// works in are answered at once and committed in batches this often). A node that
+    /// loses power loses at most this much of what it answered and nobody synced, always
+    /// the newest part. 0: every change is committed before it is answered (no leases).
+    #[serde(default = "default_metadata_writeback_ms")]
+    pub metadata_writeback_ms: u64,
 }
 
 fn default_bootstrap_expect() -> usize {
@@ -66,6 +73,9 @@ fn default_orphan_grace_s() -> u64 {
 fn default_orphan_shard_grace_s() -> u64 {
     600
 }
+fn default_metadata_writeback_ms() -> u64 {
+    100
+}
 
 impl Default for MetaConfig {
     fn default() -> Self {
@@ -78,6 +88,7 @@ impl Default for MetaConfig {
             gc_interval_s: default_gc_interval_s(),
             orphan_grace_s: default_orphan_grace_s(),
             orphan_shard_grace_s: default_orphan_shard_grace_s(),
+            metadata_writeback_ms: default_metadata_writeback_ms(),
         }
     }
 }

@@ -31,3 +31,10 @@ impl From<StripeError> for FsError {
         }
     }
 }
+
+/// A failed lease writeback: tried again at the next round when it may pass.
+impl crate::worker::WorkError for FsError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, FsError::Unavailable(_))
+    }
+}

@@ -162,6 +162,11 @@ impl LeaseHolder {
         self.leases.get(&dir).copied()
     }
 
+    /// The directories leased and their epochs.
+    pub fn held(&self) -> Vec<(Ino, u64)> {
+        self.leases.iter().map(|(&d, &e)| (d, e)).collect()
+    }
+
     /// Inode numbers `[start, end)` were handed out to this node.
     pub fn add_inos(&mut self, start: Ino, end: Ino) {
         if start < end {

@@ -1,15 +1,23 @@
 //! A node's directory leases with its metadata group: [`LeaseHolder`]'s answers, taken,
-//! committed and given back through the group. What the mount's requests will call (not
-//! wired to them yet: the simulator drives it, `tests/sim/tests/leases.rs`).
+//! committed and given back through the group; the mount's requests reach it through
+//! `leased.rs`, the batches go out from the [`LeaseFlush`](super::LeaseFlush) worker.
+//!
+//! When to hold one ([`Leases::lease_for`]): a change in a directory takes its lease
+//! unless another node worked in it in the last [`CONTENDED_FOR`] (its lease was recalled
+//! from here, or a take found it leased): two nodes in one directory take the committed
+//! path, with no lease going back and forth. A lease unused for [`IDLE_FOR`] is given
+//! back, so other nodes rarely need to recall one.
 //!
 //! Every round with the group goes through [`Group::propose`], which answers once this
 //! node's replica has applied the entry, as [`LeaseHolder`] requires; each successful
 //! round renews the holder's term from when it began. One flush at a time sends the
 //! sealed batches in order, each only after the one before it is committed.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use shoal_agent_api::{FsError, Ino};
+use shoal_agent_api::{FileAttr, FsError, Ino};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{Command, LeasedChange, Outcome, Proposal};
 use shoal_placement::NodeId;
@@ -22,9 +30,65 @@ use crate::consensus::Group;
 const INO_BATCH: u64 = 1024;
 const INO_LOW: u64 = 64;
 
+/// How long a directory another node worked in is left to the committed path.
+pub const CONTENDED_FOR: Duration = Duration::from_secs(2);
+/// How long a lease is kept without a change or lookup answered from it.
+pub const IDLE_FOR: Duration = Duration::from_secs(2);
+/// Failed ops kept for a `Sync` to report; older ones are only logged.
+const MAX_FAILURES: usize = 4096;
+/// Inodes created under a lease remembered (for their setattr and inline writes).
+const MAX_CREATED: usize = 1 << 16;
+
+/// When leases were used, and which directories are left alone.
+#[derive(Default)]
+struct Policy {
+    /// Directory → when another node was last seen working in it.
+    contended: HashMap<Ino, Instant>,
+    /// Leased directory → when a change or lookup was last answered from its lease.
+    used: HashMap<Ino, Instant>,
+    /// Inode created under a lease → the directory it was created in.
+    created: HashMap<Ino, Ino>,
+    /// Ops whose commit did not go as answered, for the next `Sync` naming them.
+    failures: Vec<LostOp>,
+    /// The mount session answered from the leases: one at a time, so the change feed
+    /// can leave that mount's own changes out (`ChangeFeed::alias`).
+    owner: Option<u64>,
+}
+
+impl Policy {
+    fn contended(&mut self, dir: Ino, now: Instant) -> bool {
+        match self.contended.get(&dir) {
+            Some(&at) if now.saturating_duration_since(at) < CONTENDED_FOR => true,
+            Some(_) => {
+                self.contended.remove(&dir);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// Whether `lost` concerns `ino`: as the directory it was answered in (or renamed into),
+/// or as the inode it created, linked, changed or wrote.
+fn concerns(lost: &LostOp, ino: Ino) -> bool {
+    use shoal_namespace::LeasedChange as C;
+    lost.op.dir == ino
+        || match &lost.op.change {
+            C::MkNode { ino: i, .. }
+            | C::Link { ino: i, .. }
+            | C::SetAttr { ino: i, .. }
+            | C::WriteInline { ino: i, .. } => *i == ino,
+            C::Rename { new_dir, .. } => *new_dir == ino,
+            C::Unlink { .. } | C::Rmdir { .. } => false,
+        }
+}
+
 pub struct Leases {
     group: Arc<Group>,
+    /// The request-id client of this holder's batches.
+    session: u64,
     holder: Mutex<LeaseHolder>,
+    policy: Mutex<Policy>,
     /// Held by a flush: batches are sent one after another, in order.
     flushing: tokio::sync::Mutex<()>,
 }
@@ -36,13 +100,202 @@ impl Leases {
     pub fn new(group: Arc<Group>, node: NodeId, session: u64) -> Leases {
         Leases {
             group,
+            session,
             holder: Mutex::new(LeaseHolder::new(node, session)),
+            policy: Mutex::new(Policy::default()),
             flushing: tokio::sync::Mutex::new(()),
         }
     }
 
     fn holder(&self) -> MutexGuard<'_, LeaseHolder> {
         self.holder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn policy(&self) -> MutexGuard<'_, Policy> {
+        self.policy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether mount `session` is the one answered from the leases: it is, or it may take
+    /// over (nothing is leased or pending for another).
+    pub fn claim(&self, session: u64) -> bool {
+        let mut policy = self.policy();
+        if policy.owner == Some(session) {
+            return true;
+        }
+        let holder = self.holder();
+        if holder.pending() || !holder.held().is_empty() {
+            return false;
+        }
+        policy.owner = Some(session);
+        self.group.changes.alias(self.session, session);
+        true
+    }
+
+    /// Whether a change in `dir` is answered from its lease: held and answering (renewed
+    /// by a barrier when its term ran out), or taken now, unless another node worked in
+    /// `dir` lately. Everything answered before is committed before a take.
+    pub async fn lease_for(&self, dir: Ino) -> bool {
+        if self.serves(dir) {
+            return true;
+        }
+        if self.policy().contended(dir, Instant::now()) {
+            return false;
+        }
+        if self.epoch(dir).is_some() {
+            // Held, its term run out: a barrier renews it if the group still has it.
+            return self.renew(dir).await;
+        }
+        // The directory may be one created here and not committed yet.
+        if self.flush().await.is_err() {
+            return false;
+        }
+        match self.take(dir).await {
+            Ok(Some(_)) => {
+                self.policy().used.insert(dir, Instant::now());
+                true
+            }
+            Ok(None) => {
+                self.policy().contended.insert(dir, Instant::now());
+                false
+            }
+            // Not a directory, gone, no leader: the committed path says which.
+            Err(e) => {
+                tracing::debug!(dir, error = %e, "no directory lease taken");
+                false
+            }
+        }
+    }
+
+    /// Whether `dir`'s lease is held and answering now (and marks it used).
+    pub fn serves(&self, dir: Ino) -> bool {
+        let serves = {
+            let holder = self.holder();
+            holder.epoch(dir).is_some() && holder.answering(Instant::now())
+        };
+        if serves {
+            self.policy().used.insert(dir, Instant::now());
+        }
+        serves
+    }
+
+    /// Renews the lease on `dir` by a barrier: true when the group still has it as this
+    /// node's.
+    async fn renew(&self, dir: Ino) -> bool {
+        let began = Instant::now();
+        if self.group.barrier().await.is_err() {
+            return false;
+        }
+        let Some(epoch) = self.epoch(dir) else {
+            return false;
+        };
+        let mine = shoal_namespace::DirLease {
+            holder: NodeId(self.group.me),
+            epoch,
+        };
+        match self.group.store().dir_lease(dir) {
+            Ok(Some(lease)) if lease == mine => {
+                self.holder().renewed(began);
+                self.serves(dir)
+            }
+            _ => {
+                self.holder().forget(dir);
+                false
+            }
+        }
+    }
+
+    /// Another node works in `dir`: its lease was recalled from here.
+    pub fn contended(&self, dir: Ino) {
+        self.policy().contended.insert(dir, Instant::now());
+    }
+
+    /// The directory `ino` was created in under a lease still held there.
+    pub fn created_in(&self, ino: Ino) -> Option<Ino> {
+        let dir = *self.policy().created.get(&ino)?;
+        self.holder().epoch(dir).map(|_| dir)
+    }
+
+    /// Attributes of `ino` as the pending changes left them: `Some(None)` deleted; `None`
+    /// when they did not touch it (the replica answers).
+    pub fn attr(&self, ino: Ino) -> Option<Option<FileAttr>> {
+        self.holder().attr(ino)
+    }
+
+    /// Whether changes of directory `dir`'s entries wait to be committed.
+    pub fn pending_in(&self, dir: Ino) -> bool {
+        self.holder().pending_in(dir)
+    }
+
+    /// The directories leased here and their epochs.
+    pub fn held(&self) -> Vec<(Ino, u64)> {
+        self.holder().held()
+    }
+
+    /// Commits everything answered so far; `Err(FsError::Io)` when a change of `ino` (as
+    /// the directory it was made in, or as the inode) did not commit as it was answered.
+    pub async fn sync(&self, ino: Ino) -> Result<(), FsError> {
+        self.flush().await?;
+        self.collect_failures();
+        let mut policy = self.policy();
+        let (mine, rest): (Vec<LostOp>, Vec<LostOp>) = std::mem::take(&mut policy.failures)
+            .into_iter()
+            .partition(|l| concerns(l, ino));
+        policy.failures = rest;
+        match mine.first() {
+            None => Ok(()),
+            Some(lost) => Err(FsError::Io(format!(
+                "a change answered before was not committed as answered: {:?} gave {:?}",
+                lost.op.change, lost.committed
+            ))),
+        }
+    }
+
+    /// Moves the holder's failures to those kept for `Sync`, logging each.
+    fn collect_failures(&self) {
+        let lost = self.holder().take_failures();
+        if lost.is_empty() {
+            return;
+        }
+        let mut policy = self.policy();
+        for l in lost {
+            tracing::warn!(dir = l.op.dir, change = ?l.op.change, answered = ?l.answered,
+                committed = ?l.committed, "a change answered under a directory lease did not commit as answered");
+            policy.failures.push(l);
+        }
+        let over = policy.failures.len().saturating_sub(MAX_FAILURES);
+        policy.failures.drain(..over);
+    }
+
+    /// The writeback: commits what was answered, and gives back the leases unused for
+    /// [`IDLE_FOR`].
+    pub async fn writeback(&self) -> Result<(), FsError> {
+        self.flush().await?;
+        self.collect_failures();
+        let now = Instant::now();
+        let idle: Vec<Ino> = {
+            let mut policy = self.policy();
+            let held = self.held();
+            policy
+                .used
+                .retain(|dir, _| held.iter().any(|(d, _)| d == dir));
+            held.iter()
+                .map(|(dir, _)| *dir)
+                .filter(|dir| {
+                    policy
+                        .used
+                        .get(dir)
+                        .is_none_or(|&at| now.saturating_duration_since(at) >= IDLE_FOR)
+                })
+                .collect()
+        };
+        for dir in idle {
+            self.give_back(dir).await?;
+        }
+        let mut policy = self.policy();
+        if policy.created.len() > MAX_CREATED || self.held().is_empty() {
+            policy.created.clear();
+        }
+        Ok(())
     }
 
     /// One round with the group; renews the term from its start when it succeeds.
@@ -92,9 +345,17 @@ impl Leases {
     /// `Err(FsError::Unavailable)` when it cannot be answered from a lease now.
     pub fn answer(&self, dir: Ino, change: LeasedChange) -> Result<Outcome, FsError> {
         let store = self.group.store();
-        self.holder()
+        let creates = matches!(change, LeasedChange::MkNode { .. });
+        let outcome = self
+            .holder()
             .answer(store, dir, change, Timestamp::now(), Instant::now())
-            .map_err(FsError::from)
+            .map_err(FsError::from)?;
+        let mut policy = self.policy();
+        policy.used.insert(dir, Instant::now());
+        if creates && let Outcome::Attr(a) = &outcome {
+            policy.created.insert(a.ino, dir);
+        }
+        Ok(outcome)
     }
 
     /// The entry `name` of `dir` as the pending changes left it (`Some(None)`: removed);

@@ -7,11 +7,14 @@
 
 mod answers;
 pub mod handles;
+mod lease_flush;
 pub mod lease_holder;
+mod leased;
 pub mod leases;
 mod recall;
 mod service;
 mod write;
 
 pub use handles::OpenHandles;
+pub use lease_flush::LeaseFlush;
 pub use service::FsService;

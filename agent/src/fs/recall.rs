@@ -42,6 +42,8 @@ pub fn serve(leases: &Arc<Leases>, transport: &Transport) {
             if leases.epoch(msg.dir) != Some(msg.epoch) {
                 return Ok(());
             }
+            // Another node works in the directory: not taken again for a while.
+            leases.contended(msg.dir);
             leases
                 .give_back(msg.dir)
                 .await

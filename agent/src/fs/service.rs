@@ -46,10 +46,9 @@ pub struct FsService {
     gossip: GossipHandle,
     handles: Arc<OpenHandles>,
     tier: Option<Arc<Tier>>,
-    transport: Arc<Transport>,
-    /// This node's directory leases (none is taken for the mount's requests yet: the
-    /// simulator drives them; `leases.rs`).
-    leases: Arc<Leases>,
+    pub(super) transport: Arc<Transport>,
+    /// This node's directory leases (`leased.rs`).
+    pub(super) leases: Arc<Leases>,
     /// Whether the replica has caught up with the group once since this agent started
     /// (see [`FsService::caught_up`]).
     caught_up: std::sync::atomic::AtomicBool,
@@ -131,14 +130,30 @@ impl FsService {
         // and the change feed do not read the replica's files.
         let reads_replica = !matches!(
             req,
-            FsRequest::Release { .. } | FsRequest::Reopen { .. } | FsRequest::Watch { .. }
+            FsRequest::Release { .. }
+                | FsRequest::Reopen { .. }
+                | FsRequest::Watch { .. }
+                | FsRequest::Sync { .. }
         );
         let answer = if is_change(&req) {
-            self.serve_change(req).await
+            let leased = if self.answers_from_leases(session_of(&req), version) {
+                self.leased_change(&req).await
+            } else {
+                None
+            };
+            match leased {
+                Some(answer) => answer,
+                None => self.serve_change(req).await,
+            }
+        } else if let FsRequest::Sync { ino } = req {
+            self.leases.sync(ino).await.map(|()| FsResponse::Done)
         } else if reads_replica && let Err(e) = self.caught_up().await {
             Err(e)
         } else {
-            self.serve_query(req, pid, version).await
+            match self.leased_query(&req, pid, version).await {
+                Some(answer) => answer,
+                None => self.serve_query(req, pid, version).await,
+            }
         };
         answer.unwrap_or_else(FsResponse::Error)
     }
@@ -174,14 +189,19 @@ impl FsService {
                 };
                 let position = feed.position();
                 if version >= 8
+                    && store.dir_lease(parent)?.is_none()
                     && let Ok(attr) = store.lookup(parent, &name)
                 {
                     return Ok(entry(attr, position));
                 }
                 // At the leader's commit point: a name another node just created, removed
                 // or renamed over must resolve as it does there now (the kernel then caches
-                // the answer for the entry TTL). Concurrent lookups share one round.
+                // the answer for the entry TTL). Concurrent lookups share one round. Under
+                // another node's lease on the directory, what it answered there is
+                // committed first (the barrier shows the lease: it was granted before the
+                // holder answered anything under it).
                 self.group.barrier().await?;
+                self.recall_in(parent).await?;
                 let position = feed.position();
                 entry(store.lookup(parent, &name)?, position)
             }
@@ -198,6 +218,7 @@ impl FsService {
                     return Ok(FsResponse::Attr(attr));
                 }
                 self.group.barrier().await?;
+                self.recall_all().await?;
                 FsResponse::Attr(store.getattr(ino)?)
             }
             FsRequest::ReadLink { ino } => FsResponse::ReadLink(store.readlink(ino)?),
@@ -206,6 +227,7 @@ impl FsService {
                 // the pages after it come from a replica at least that fresh.
                 if after.is_none() {
                     self.group.barrier().await?;
+                    self.recall_in(ino).await?;
                 }
                 let limit = limit.clamp(1, MAX_DIR_PAGE) as usize;
                 match store.readdir_page(ino, after.as_deref(), limit) {
@@ -235,41 +257,10 @@ impl FsService {
                     self.getattr_fresh(ino).await?
                 } else {
                     self.group.barrier().await?;
+                    self.recall_all().await?;
                     store.getattr(ino)?
                 };
-                // Close-to-open: an inode with no name left was replaced or removed since
-                // the kernel resolved the name (its entry cache is trusted for a second):
-                // ESTALE makes the kernel look the name up again and open that.
-                if version >= 6 && attr.nlink == 0 {
-                    if version >= 8 {
-                        // The kernel looks the name up again next: its mount must have
-                        // dropped what changed first, or a name changed before that lookup
-                        // but delivered after it would look changed since (ESTALE again).
-                        let changes = &self.group.changes;
-                        let needed = changes.needed_by(session);
-                        let limit = Duration::from_millis(DELIVERY_WAIT_MS);
-                        changes.delivered(session, needed, limit).await;
-                    }
-                    return Err(FsError::Stale);
-                }
-                self.handles.hold(session, handle, ino, pid);
-                if version >= 8 {
-                    // The mount checks the names the open used once its watcher has
-                    // delivered this far (its own changes it is never sent).
-                    let changes = self.group.changes.needed_by(session);
-                    if version >= 9 {
-                        let epoch = self.group.changes.epoch();
-                        FsResponse::OpenedIn {
-                            attr,
-                            epoch,
-                            changes,
-                        }
-                    } else {
-                        FsResponse::Opened { attr, changes }
-                    }
-                } else {
-                    FsResponse::Attr(attr)
-                }
+                self.opened(attr, session, handle, pid, version).await?
             }
             FsRequest::Reopen {
                 ino,
@@ -316,8 +307,12 @@ impl FsService {
         })
     }
 
-    /// Requests that change the namespace or file data, committed through the group.
+    /// Requests that change the namespace or file data, committed through the group
+    /// (after what the leases answered: this node's changes apply in order).
     async fn serve_change(&self, req: FsRequest) -> Result<FsResponse, FsError> {
+        if self.leases.pending() {
+            self.leases.flush().await?;
+        }
         let (id, command) = match req {
             FsRequest::Write {
                 id,
@@ -408,6 +403,52 @@ impl FsService {
         self.apply(id, command).await
     }
 
+    /// The answer to an open of `ino` (attributes `attr`) by handle `handle` of mount
+    /// `session`: the handle keeps the inode alive from now on.
+    pub(super) async fn opened(
+        &self,
+        attr: FileAttr,
+        session: u64,
+        handle: u64,
+        pid: Option<i32>,
+        version: u8,
+    ) -> Result<FsResponse, FsError> {
+        let ino = attr.ino;
+        // Close-to-open: an inode with no name left was replaced or removed since
+        // the kernel resolved the name (its entry cache is trusted for a second):
+        // ESTALE makes the kernel look the name up again and open that.
+        if version >= 6 && attr.nlink == 0 {
+            if version >= 8 {
+                // The kernel looks the name up again next: its mount must have
+                // dropped what changed first, or a name changed before that lookup
+                // but delivered after it would look changed since (ESTALE again).
+                let changes = &self.group.changes;
+                let needed = changes.needed_by(session);
+                let limit = Duration::from_millis(DELIVERY_WAIT_MS);
+                changes.delivered(session, needed, limit).await;
+            }
+            return Err(FsError::Stale);
+        }
+        self.handles.hold(session, handle, ino, pid);
+        Ok(if version >= 8 {
+            // The mount checks the names the open used once its watcher has
+            // delivered this far (its own changes it is never sent).
+            let changes = self.group.changes.needed_by(session);
+            if version >= 9 {
+                let epoch = self.group.changes.epoch();
+                FsResponse::OpenedIn {
+                    attr,
+                    epoch,
+                    changes,
+                }
+            } else {
+                FsResponse::Opened { attr, changes }
+            }
+        } else {
+            FsResponse::Attr(attr)
+        })
+    }
+
     /// This node's directory leases.
     pub fn leases(&self) -> &Arc<Leases> {
         &self.leases
@@ -416,7 +457,11 @@ impl FsService {
     /// Commits one command and turns its outcome into an answer. A command refused by
     /// another node's directory lease is asked again, with the same request id, once
     /// the lease is recalled or broken (`recall.rs`).
-    async fn apply(&self, id: RequestId, command: Command) -> Result<FsResponse, FsError> {
+    pub(super) async fn apply(
+        &self,
+        id: RequestId,
+        command: Command,
+    ) -> Result<FsResponse, FsError> {
         command.precheck()?;
         let mut recalls = 0;
         let outcome = loop {

@@ -81,6 +81,13 @@ pub struct Agent {
     unavailable_said: Mutex<Option<Instant>>,
     /// Called when a new connection follows a failure, before it serves anything.
     on_reconnect: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Changes the agent answered, and how many of them a `Sync` made durable: an agent
+    /// of protocol 12 on may answer a change before it is committed (`FsRequest::Sync`).
+    answered: AtomicU64,
+    synced: AtomicU64,
+    /// The connection failed while answered changes were not synced: the agent may have
+    /// restarted and lost them. The next fsync says so (EIO), once.
+    maybe_lost: AtomicBool,
 }
 
 impl Agent {
@@ -101,7 +108,31 @@ impl Agent {
             available: AtomicBool::new(true),
             unavailable_said: Mutex::new(None),
             on_reconnect: std::sync::OnceLock::new(),
+            answered: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            maybe_lost: AtomicBool::new(false),
         }
+    }
+
+    /// Makes durable what the agent answered for this mount in directory `ino` or of
+    /// inode `ino` (and everything answered before): fsync and fsyncdir. EIO when a change
+    /// was refused at its commit, or may have been lost with a restarted agent.
+    pub async fn sync(&self, ino: Ino) -> Result<(), Errno> {
+        if !self.speaks(shoal_agent_api::SYNC_SINCE) {
+            return Ok(());
+        }
+        let upto = self.answered.load(Ordering::Acquire);
+        let answer = self.fs(FsRequest::Sync { ino }).await;
+        if self.maybe_lost.swap(false, Ordering::AcqRel) {
+            tracing::warn!(
+                ino,
+                "the agent's connection failed before changes it answered were synced: reporting EIO"
+            );
+            return Err(Errno::EIO);
+        }
+        answer?;
+        self.synced.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Sets what runs when the mount reconnects after a failure (the agent may be a new
@@ -184,7 +215,12 @@ impl Agent {
                 tracing::debug!(request = what, "agent: {e}");
                 Err(Errno::from_i32(e.errno()))
             }
-            Ok(Response::Fs(r)) => Ok(r),
+            Ok(Response::Fs(r)) => {
+                if is_change(&request) {
+                    self.answered.fetch_add(1, Ordering::AcqRel);
+                }
+                Ok(r)
+            }
             Ok(Response::Error(e)) => {
                 tracing::warn!(request = what, "agent refused: {e}");
                 Err(Errno::EIO)
@@ -328,6 +364,11 @@ impl Agent {
         if let Some(f) = self.on_reconnect.get() {
             f();
         }
+        if self.answered.load(Ordering::Acquire) > self.synced.load(Ordering::Acquire)
+            && self.speaks(shoal_agent_api::SYNC_SINCE)
+        {
+            self.maybe_lost.store(true, Ordering::Release);
+        }
         // Held throughout, so a handle released meanwhile is not opened again after its
         // Release.
         let handles = self.handles.lock().await;
@@ -360,6 +401,23 @@ impl Agent {
     }
 }
 
+/// Whether `r` changes the namespace or a file.
+fn is_change(r: &Request) -> bool {
+    matches!(
+        r,
+        Request::Fs(
+            FsRequest::SetAttr { .. }
+                | FsRequest::MkNode { .. }
+                | FsRequest::Link { .. }
+                | FsRequest::Unlink { .. }
+                | FsRequest::Rmdir { .. }
+                | FsRequest::Rename { .. }
+                | FsRequest::Write { .. }
+                | FsRequest::WriteThenSet { .. }
+        )
+    )
+}
+
 /// The request's name, for logs (never its data).
 fn request_name(r: &FsRequest) -> &'static str {
     match r {
@@ -379,6 +437,7 @@ fn request_name(r: &FsRequest) -> &'static str {
         FsRequest::Read { .. } => "read",
         FsRequest::Write { .. } => "write",
         FsRequest::WriteThenSet { .. } => "write-then-setattr",
+        FsRequest::Sync { .. } => "sync",
         FsRequest::StatFs => "statfs",
         FsRequest::Watch { .. } => "watch",
         FsRequest::GetAttrFresh { .. } => "getattr",

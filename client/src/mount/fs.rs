@@ -509,13 +509,15 @@ impl fuser::Filesystem for ShoalFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Namespace changes are committed before the agent answers them.
-        reply.ok();
+        self.spawn(
+            move |s: Arc<FsState>| async move { s.fsyncdir(ino.0).await },
+            move |_, r| empty(reply, r),
+        );
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -130,6 +130,7 @@ pub fn parse_helper_args(argv: &[String]) -> anyhow::Result<HelperCall> {
         match (key, value) {
             ("", None) => {}
             ("allow_other", None) => cli.push("--allow-other".into()),
+            ("sync_close", None) => cli.push("--sync-close".into()),
             ("log", Some(path)) => log = Some(PathBuf::from(path)),
             ("ro", None) => bail!("read-only shoal mounts are not supported"),
             (k, Some(v)) if VALUED.contains(&k) => {

@@ -97,6 +97,13 @@ pub struct MountArgs {
     /// mount's requests, to answer a retry with the first outcome, for an hour).
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     pub retry_for: Duration,
+    /// Make a file's metadata changes durable when it is closed, as well as on fsync. By
+    /// default a close does not wait: the agent commits what it answered within its
+    /// `[meta] metadata_writeback_ms` (100 ms), another node's open or lookup of the file
+    /// has it committed first, and fsync (of the file or its directory) makes it durable;
+    /// a power cut of this node may lose up to that much of what nobody synced.
+    #[arg(long)]
+    pub sync_close: bool,
 }
 
 impl MountArgs {

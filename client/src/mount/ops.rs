@@ -40,6 +40,8 @@ pub struct FsState {
     entry_ttl: Duration,
     /// The change feed's side: which names the kernel was told, and the TTLs it allows.
     pub coherence: Arc<Coherence>,
+    /// `--sync-close`: a close syncs like an fsync.
+    sync_close: bool,
 }
 
 /// What a new node is.
@@ -68,6 +70,7 @@ impl FsState {
             file_attr_ttl: Duration::from_millis(args.file_attr_ttl_ms),
             entry_ttl: Duration::from_millis(args.entry_ttl_ms),
             coherence,
+            sync_close: args.sync_close,
         }
     }
 
@@ -336,20 +339,34 @@ impl FsState {
         self.files.write(&file, offset, data).await
     }
 
-    /// flush and fsync: every write of the handle committed.
+    /// flush (a close): every write of the handle committed; with `--sync-close`, and
+    /// the file's metadata durable as with fsync.
     pub async fn flush(&self, fh: u64) -> Result<(), Errno> {
+        let Some(file) = self.files.get(fh) else {
+            return Ok(());
+        };
+        self.files.flush(&file).await?;
+        if self.sync_close {
+            self.agent.sync(file.ino).await?;
+        }
+        Ok(())
+    }
+
+    /// fsync waits for every buffered write of the file, whichever handle took it, then
+    /// for the changes the agent answered before they were committed.
+    pub async fn fsync(&self, fh: u64) -> Result<(), Errno> {
         match self.files.get(fh) {
-            Some(file) => self.files.flush(&file).await,
+            Some(file) => {
+                self.files.fsync(&file).await?;
+                self.agent.sync(file.ino).await
+            }
             None => Ok(()),
         }
     }
 
-    /// fsync waits for every buffered write of the file, whichever handle took it.
-    pub async fn fsync(&self, fh: u64) -> Result<(), Errno> {
-        match self.files.get(fh) {
-            Some(file) => self.files.fsync(&file).await,
-            None => Ok(()),
-        }
+    /// fsyncdir: the directory's changes durable.
+    pub async fn fsyncdir(&self, ino: Ino) -> Result<(), Errno> {
+        self.agent.sync(ino).await
     }
 
     pub async fn release(&self, fh: u64) -> Result<(), Errno> {

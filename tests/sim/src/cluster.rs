@@ -516,6 +516,10 @@ impl Cluster {
         ));
         let workers = Arc::new(Workers::default());
         workers.spawn_last(workers_of_group.batcher);
+        let writeback = std::time::Duration::from_millis(group.config.metadata_writeback_ms);
+        if let Some(flush) = shoal_agent::fs::LeaseFlush::new(fs.leases().clone(), writeback) {
+            workers.spawn(flush);
+        }
         workers.spawn(shoal_agent::consensus::CoreWatch::new(
             group.clone(),
             gossip.clone(),

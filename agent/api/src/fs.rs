@@ -437,4 +437,8 @@ pub enum FsResponse {
         epoch: u64,
         position: u64,
     },
+    /// The answer to a change made under a directory lease, to clients of protocol 12
+    /// on: applied on this node, committed by the agent within its
+    /// `metadata_writeback_ms`, durable after the next `Sync` naming it.
+    Unsynced(Box<FsResponse>),
 }

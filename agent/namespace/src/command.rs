@@ -366,7 +366,8 @@ impl LeasedOp {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum LeasedChange {
     /// A new inode numbered `ino`: one of the holder's [`Command::TakeInos`] numbers,
-    /// above every number it created with before (else `Failed(Invalid)`).
+    /// above every number it created with before (else `Failed(Invalid)`). A new
+    /// directory is leased to the holder at the op's epoch.
     MkNode {
         ino: Ino,
         name: String,

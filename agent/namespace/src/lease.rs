@@ -276,6 +276,18 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
             )?;
             ranges.used(*ino);
             tx.put_ino_ranges(holder, &ranges)?;
+            // A directory made under a lease is leased to its maker at the same epoch (the
+            // pair is new: inode numbers are never reused), so the holder goes on in it
+            // without a grant of its own.
+            if *kind == FileKind::Dir {
+                tx.put_dir_lease(
+                    *ino,
+                    DirLease {
+                        holder,
+                        epoch: *epoch,
+                    },
+                )?;
+            }
             Ok(outcome)
         }
         LeasedChange::Link { ino, name } => namespace::link(tx, now, *ino, dir, name),

@@ -471,6 +471,10 @@ impl Model {
                 if entry.0.is_empty() {
                     self.ranges.remove(&holder);
                 }
+                // A directory made under a lease is leased to its maker, at the same epoch.
+                if kind == FileKind::Dir {
+                    self.leases.insert(ino, (holder, op.epoch));
+                }
                 Ok(made)
             }
             LeasedChange::Link { ino, name } => self.link(now, ino, dir, &name),

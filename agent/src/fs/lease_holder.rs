@@ -44,7 +44,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use shoal_agent_api::{FileAttr, FsError, Ino, RequestId};
+use shoal_agent_api::{FileAttr, FileKind, FsError, Ino, RequestId};
 use shoal_namespace::format::Timestamp;
 use shoal_namespace::{
     Command, DirLease, LeasedChange, LeasedOp, NamespaceError, NamespaceStore, Outcome, Overlay,
@@ -239,6 +239,8 @@ impl LeaseHolder {
         if self.open.len() >= MAX_OPEN_OPS {
             return unavailable("too many changes wait to be sealed");
         }
+        let new_dir =
+            matches!(&change, LeasedChange::MkNode { kind, .. } if *kind == FileKind::Dir);
         let number = match &mut change {
             LeasedChange::MkNode { ino, .. } => {
                 let Some(next) = self.next_ino() else {
@@ -275,6 +277,11 @@ impl LeaseHolder {
         if answer.applied() {
             self.open_answers.push(answer.clone());
             self.overlay = speculation.overlay;
+            // The group leases a directory made under a lease to its maker, at that
+            // lease's epoch, when it commits the op (`lease.rs`).
+            if new_dir && let Some(ino) = number {
+                self.leases.insert(ino, epoch);
+            }
         } else {
             self.undo_last(number);
         }

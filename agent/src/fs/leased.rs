@@ -160,10 +160,10 @@ impl FsService {
     /// The leased directory a setattr or write of `ino` is answered under: the one it was
     /// created in, or `ino` itself when it is a leased directory.
     fn lease_of_inode(&self, ino: Ino) -> Option<Ino> {
-        let dir = self
-            .leases
-            .created_in(ino)
-            .or_else(|| self.leases.epoch(ino).map(|_| ino))?;
+        let dir = match self.leases.epoch(ino) {
+            Some(_) => ino,
+            None => self.leases.created_in(ino)?,
+        };
         self.leases.serves(dir).then_some(dir)
     }
 
@@ -224,14 +224,16 @@ impl FsService {
                 session,
                 handle,
                 ..
-            } if leases.attr(*ino).is_some_and(|a| a.is_some()) => {
+            } if self.pending_is_whole(*ino) => {
                 let attr = leases.attr(*ino).flatten()?;
                 Some(self.opened(attr, *session, *handle, pid, version).await)
             }
             FsRequest::Lookup { parent, name } if leases.serves(*parent) => {
                 Some(self.leased_lookup(*parent, name, version))
             }
-            FsRequest::GetAttr { ino } | FsRequest::GetAttrFresh { ino } => {
+            FsRequest::GetAttr { ino } | FsRequest::GetAttrFresh { ino }
+                if self.pending_is_whole(*ino) =>
+            {
                 match leases.attr(*ino)? {
                     Some(attr) => Some(Ok(FsResponse::Attr(attr))),
                     None => Some(Err(FsError::NotFound)),
@@ -242,6 +244,9 @@ impl FsService {
                     FsRequest::Lookup { parent, .. } => leases.pending_in(*parent),
                     FsRequest::ReadDir { ino, .. } => leases.pending_in(*ino),
                     FsRequest::Reopen { ino, .. }
+                    | FsRequest::Open { ino, .. }
+                    | FsRequest::GetAttr { ino }
+                    | FsRequest::GetAttrFresh { ino }
                     | FsRequest::ReadLink { ino }
                     | FsRequest::Read { ino, .. }
                     | FsRequest::Layout { ino } => leases.attr(*ino).is_some(),
@@ -253,6 +258,15 @@ impl FsService {
                 None
             }
         }
+    }
+
+    /// Whether the pending changes' attributes of `ino` are all there is to know of it:
+    /// it was created under a lease held here (no other node knows it before its create
+    /// commits), or is a directory leased here (no other node changes it). Another inode
+    /// they touched (renamed, linked) may have been written by another node meanwhile.
+    fn pending_is_whole(&self, ino: Ino) -> bool {
+        self.leases.attr(ino).is_some_and(|a| a.is_some())
+            && (self.leases.epoch(ino).is_some() || self.leases.created_in(ino).is_some())
     }
 
     /// `name` in `dir`, leased here: from the pending changes, else the replica (no

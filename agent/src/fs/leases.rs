@@ -13,12 +13,12 @@
 //! round renews the holder's term from when it began. One flush at a time sends the
 //! sealed batches in order, each only after the one before it is committed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use shoal_agent_api::{FileAttr, FsError, Ino};
-use shoal_namespace::format::Timestamp;
+use shoal_agent_api::{FileAttr, FsError, FsResponse, Ino, RequestId};
+use shoal_namespace::format::{FileKind, Timestamp};
 use shoal_namespace::{Command, LeasedChange, Outcome, Proposal};
 use shoal_placement::NodeId;
 use tokio::time::Instant;
@@ -36,6 +36,8 @@ pub const CONTENDED_FOR: Duration = Duration::from_secs(2);
 pub const IDLE_FOR: Duration = Duration::from_secs(2);
 /// Failed ops kept for a `Sync` to report; older ones are only logged.
 const MAX_FAILURES: usize = 4096;
+/// Request ids remembered with how they were answered.
+const MAX_RECENT: usize = 4096;
 /// Inodes created under a lease remembered (for their setattr and inline writes).
 const MAX_CREATED: usize = 1 << 16;
 
@@ -46,13 +48,27 @@ struct Policy {
     contended: HashMap<Ino, Instant>,
     /// Leased directory → when a change or lookup was last answered from its lease.
     used: HashMap<Ino, Instant>,
-    /// Inode created under a lease → the directory it was created in.
+    /// Inode created under a lease (not a directory) → the directory it was created in.
     created: HashMap<Ino, Ino>,
-    /// Ops whose commit did not go as answered, for the next `Sync` naming them.
-    failures: Vec<LostOp>,
+    /// Ops whose commit did not go as answered, with the inodes they concern, for the
+    /// next `Sync` naming one of them.
+    failures: Vec<(LostOp, Vec<Ino>)>,
     /// The mount session answered from the leases: one at a time, so the change feed
     /// can leave that mount's own changes out (`ChangeFeed::alias`).
     owner: Option<u64>,
+    /// How the last requests were answered, by request id, oldest first: a mount sends a
+    /// request again (same id) when its connection broke before the answer came.
+    recent: HashMap<RequestId, Prior>,
+    recent_order: VecDeque<RequestId>,
+}
+
+/// How a request was answered before.
+#[derive(Clone, Debug)]
+pub enum Prior {
+    /// From a lease, with this answer.
+    Answered(Result<FsResponse, FsError>),
+    /// Through the group (whose request-id table answers a repeat).
+    Committed,
 }
 
 impl Policy {
@@ -68,19 +84,22 @@ impl Policy {
     }
 }
 
-/// Whether `lost` concerns `ino`: as the directory it was answered in (or renamed into),
-/// or as the inode it created, linked, changed or wrote.
-fn concerns(lost: &LostOp, ino: Ino) -> bool {
+/// The inodes `lost` concerns: the directories it was answered in (or renamed into), the
+/// inode it created, linked, changed or wrote, and the one its name named (`named`, for
+/// an unlink or a rename that did not go through).
+fn concerned(lost: &LostOp, named: Option<Ino>) -> Vec<Ino> {
     use shoal_namespace::LeasedChange as C;
-    lost.op.dir == ino
-        || match &lost.op.change {
-            C::MkNode { ino: i, .. }
-            | C::Link { ino: i, .. }
-            | C::SetAttr { ino: i, .. }
-            | C::WriteInline { ino: i, .. } => *i == ino,
-            C::Rename { new_dir, .. } => *new_dir == ino,
-            C::Unlink { .. } | C::Rmdir { .. } => false,
-        }
+    let mut inos = vec![lost.op.dir];
+    match &lost.op.change {
+        C::MkNode { ino, .. }
+        | C::Link { ino, .. }
+        | C::SetAttr { ino, .. }
+        | C::WriteInline { ino, .. } => inos.push(*ino),
+        C::Rename { new_dir, .. } => inos.push(*new_dir),
+        C::Unlink { .. } | C::Rmdir { .. } => {}
+    }
+    inos.extend(named);
+    inos
 }
 
 pub struct Leases {
@@ -91,6 +110,9 @@ pub struct Leases {
     policy: Mutex<Policy>,
     /// Held by a flush: batches are sent one after another, in order.
     flushing: tokio::sync::Mutex<()>,
+    /// Held by a take from its proposal until its grant is recorded, and by a return of
+    /// a lease not held here (which must not return one being taken).
+    taking: tokio::sync::Mutex<()>,
 }
 
 impl Leases {
@@ -104,6 +126,7 @@ impl Leases {
             holder: Mutex::new(LeaseHolder::new(node, session)),
             policy: Mutex::new(Policy::default()),
             flushing: tokio::sync::Mutex::new(()),
+            taking: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -113,6 +136,24 @@ impl Leases {
 
     fn policy(&self) -> MutexGuard<'_, Policy> {
         self.policy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How request `id` was answered before, if it is remembered.
+    pub fn prior(&self, id: RequestId) -> Option<Prior> {
+        self.policy().recent.get(&id).cloned()
+    }
+
+    /// Remembers how request `id` was answered.
+    pub fn remember(&self, id: RequestId, prior: Prior) {
+        let mut policy = self.policy();
+        if policy.recent.insert(id, prior).is_none() {
+            policy.recent_order.push_back(id);
+        }
+        while policy.recent_order.len() > MAX_RECENT {
+            if let Some(old) = policy.recent_order.pop_front() {
+                policy.recent.remove(&old);
+            }
+        }
     }
 
     /// Whether mount `session` is the one answered from the leases: it is, or it may take
@@ -237,13 +278,13 @@ impl Leases {
         self.flush().await?;
         self.collect_failures();
         let mut policy = self.policy();
-        let (mine, rest): (Vec<LostOp>, Vec<LostOp>) = std::mem::take(&mut policy.failures)
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut policy.failures)
             .into_iter()
-            .partition(|l| concerns(l, ino));
+            .partition(|(_, inos)| inos.contains(&ino));
         policy.failures = rest;
         match mine.first() {
             None => Ok(()),
-            Some(lost) => Err(FsError::Io(format!(
+            Some((lost, _)) => Err(FsError::Io(format!(
                 "a change answered before was not committed as answered: {:?} gave {:?}",
                 lost.op.change, lost.committed
             ))),
@@ -256,11 +297,21 @@ impl Leases {
         if lost.is_empty() {
             return;
         }
+        let store = self.group.store();
         let mut policy = self.policy();
         for l in lost {
             tracing::warn!(dir = l.op.dir, change = ?l.op.change, answered = ?l.answered,
                 committed = ?l.committed, "a change answered under a directory lease did not commit as answered");
-            policy.failures.push(l);
+            // The inode a name of the op still names (it did not go through).
+            let named = match &l.op.change {
+                shoal_namespace::LeasedChange::Unlink { name }
+                | shoal_namespace::LeasedChange::Rename { name, .. } => {
+                    store.lookup(l.op.dir, name).ok().map(|a| a.ino)
+                }
+                _ => None,
+            };
+            let inos = concerned(&l, named);
+            policy.failures.push((l, inos));
         }
         let over = policy.failures.len().saturating_sub(MAX_FAILURES);
         policy.failures.drain(..over);
@@ -316,6 +367,9 @@ impl Leases {
     /// Takes the lease on `dir` (and inode numbers when few are left). `Ok(None)` when
     /// another node holds it; the epoch otherwise (the one held already, if so).
     pub async fn take(&self, dir: Ino) -> Result<Option<u64>, FsError> {
+        // One take at a time: two of one directory would each get an epoch, and the ops
+        // answered under the first would be refused under the second.
+        let _one = self.taking.lock().await;
         let take = {
             let holder = self.holder();
             match holder.take_command(dir) {
@@ -345,7 +399,8 @@ impl Leases {
     /// `Err(FsError::Unavailable)` when it cannot be answered from a lease now.
     pub fn answer(&self, dir: Ino, change: LeasedChange) -> Result<Outcome, FsError> {
         let store = self.group.store();
-        let creates = matches!(change, LeasedChange::MkNode { .. });
+        // A directory's own attributes go under its own lease, not its parent's.
+        let creates = matches!(change, LeasedChange::MkNode { kind, .. } if kind != FileKind::Dir);
         let outcome = self
             .holder()
             .answer(store, dir, change, Timestamp::now(), Instant::now())
@@ -397,11 +452,44 @@ impl Leases {
     /// Commits what was answered, then returns the lease on `dir` (a recall). The lease
     /// is forgotten even if the return fails (it may have been broken meanwhile).
     pub async fn give_back(&self, dir: Ino) -> Result<(), FsError> {
-        self.flush().await?;
-        let Some(epoch) = self.holder().epoch(dir) else {
-            return Ok(());
-        };
+        // Forgotten first: nothing more is answered under it, and what was answered
+        // commits (the group still has the lease) before it is returned.
+        let epoch = self.holder().epoch(dir);
         self.holder().forget(dir);
+        self.flush().await?;
+        match epoch {
+            Some(epoch) => {
+                self.round(Command::ReturnDirLease { dir, epoch }).await?;
+            }
+            None => {
+                // Not held here, but maybe still this node's in the group: granted to
+                // this agent before it restarted. Nothing answered under it can commit
+                // any more.
+                let _no_take = self.taking.lock().await;
+                if self.epoch(dir).is_none()
+                    && let Some(lease) = self.group.store().dir_lease(dir)?
+                    && lease.holder == NodeId(self.group.me)
+                {
+                    self.round(Command::ReturnDirLease {
+                        dir,
+                        epoch: lease.epoch,
+                    })
+                    .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns this node's lease on `dir` at `epoch` when it is not held here at that
+    /// epoch (granted before this agent restarted): nothing answered under it can commit.
+    /// The group returns it only at that epoch.
+    pub async fn return_unheld(&self, dir: Ino, epoch: u64) -> Result<(), FsError> {
+        let no_take = self.taking.lock().await;
+        if self.epoch(dir) == Some(epoch) {
+            drop(no_take);
+            return self.give_back(dir).await;
+        }
         self.round(Command::ReturnDirLease { dir, epoch }).await?;
         Ok(())
     }

@@ -33,19 +33,18 @@ impl Rpc for RecallLease {
 }
 
 /// Serves [`RecallLease`] from this node's leases: commits what was answered and returns
-/// the lease (nothing to do when it is not held at that epoch any more).
+/// the lease (or returns one this node held before its agent restarted).
 pub fn serve(leases: &Arc<Leases>, transport: &Transport) {
     let leases = leases.clone();
     transport.register(move |_from, msg: RecallLease| {
         let leases = leases.clone();
         async move {
-            if leases.epoch(msg.dir) != Some(msg.epoch) {
-                return Ok(());
-            }
             // Another node works in the directory: not taken again for a while.
             leases.contended(msg.dir);
+            // Held at that epoch: committed and given back. Not held here (granted
+            // before this agent restarted): given back at that epoch, if still so.
             leases
-                .give_back(msg.dir)
+                .return_unheld(msg.dir, msg.epoch)
                 .await
                 .map_err(|e| Refusal::new(FailureClass::Retryable, e.to_string()))
         }

@@ -30,7 +30,7 @@ use shoal_placement::DEFAULT_SHARD_SIZE;
 use tokio::task::JoinSet;
 
 use super::handles::OpenHandles;
-use super::leases::Leases;
+use super::leases::{Leases, Prior};
 use super::recall;
 use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
@@ -136,14 +136,10 @@ impl FsService {
                 | FsRequest::Sync { .. }
         );
         let answer = if is_change(&req) {
-            let leased = if self.answers_from_leases(session_of(&req), version) {
-                self.leased_change(&req).await
+            if self.answers_from_leases(session_of(&req), version) {
+                self.serve_change_leased(req).await
             } else {
-                None
-            };
-            match leased {
-                Some(answer) => answer,
-                None => self.serve_change(req).await,
+                self.serve_change(req).await
             }
         } else if let FsRequest::Sync { ino } = req {
             self.leases.sync(ino).await.map(|()| FsResponse::Done)
@@ -305,6 +301,31 @@ impl FsService {
             // `handle` sends changes to `serve_change`.
             _ => return Err(FsError::Invalid),
         })
+    }
+
+    /// A change from the mount answered from the leases: from a lease when one answers
+    /// it (`FsResponse::Unsynced`), else committed. A request sent again (its connection
+    /// broke) is answered as the first time, or goes the committed way again (whose
+    /// request-id table answers it).
+    async fn serve_change_leased(&self, req: FsRequest) -> Result<FsResponse, FsError> {
+        let id = request_id(&req);
+        let prior = id.and_then(|id| self.leases.prior(id));
+        let answer = match prior {
+            Some(Prior::Answered(answer)) => Some(answer),
+            Some(Prior::Committed) => None,
+            None => self.leased_change(&req).await,
+        };
+        let prior = match answer {
+            Some(answer) => Prior::Answered(answer.map(|a| FsResponse::Unsynced(Box::new(a)))),
+            None => Prior::Committed,
+        };
+        if let Some(id) = id {
+            self.leases.remember(id, prior.clone());
+        }
+        match prior {
+            Prior::Answered(answer) => answer,
+            Prior::Committed => self.serve_change(req).await,
+        }
     }
 
     /// Requests that change the namespace or file data, committed through the group
@@ -477,8 +498,10 @@ impl FsService {
                 Outcome::Leased { dir, holder } if recalls < MAX_RECALLS => {
                     recalls += 1;
                     if holder.0 == self.group.me {
-                        // This node's own lease (its mount took another path): what it
-                        // answered in the directory commits first.
+                        // This node's own lease (another mount of this node, or one that
+                        // took another path): what it answered in the directory commits
+                        // first, and the lease is not taken again for a while.
+                        self.leases.contended(dir);
                         self.leases.give_back(dir).await?;
                     } else {
                         recall::recall(&self.group, &self.transport, dir, holder).await?;
@@ -513,6 +536,11 @@ impl FsService {
             return Err(FsError::Invalid);
         }
         self.caught_up().await?;
+        // Written (or created) under a lease and not committed yet: committed first (the
+        // local socket calls this without `handle`).
+        if self.leases.attr(ino).is_some() {
+            self.leases.flush().await?;
+        }
         let len = u64::from(len);
         let data = self.group.store().file_range(ino, offset, len)?;
         regular_file(data.attr.kind)?;
@@ -659,6 +687,21 @@ fn session_of(req: &FsRequest) -> Option<u64> {
         | FsRequest::Rename { id, .. }
         | FsRequest::Write { id, .. }
         | FsRequest::WriteThenSet { id, .. } => Some(id.client),
+        _ => None,
+    }
+}
+
+/// The request id of a change.
+fn request_id(req: &FsRequest) -> Option<RequestId> {
+    match req {
+        FsRequest::SetAttr { id, .. }
+        | FsRequest::MkNode { id, .. }
+        | FsRequest::Link { id, .. }
+        | FsRequest::Unlink { id, .. }
+        | FsRequest::Rmdir { id, .. }
+        | FsRequest::Rename { id, .. }
+        | FsRequest::Write { id, .. }
+        | FsRequest::WriteThenSet { id, .. } => Some(*id),
         _ => None,
     }
 }

@@ -81,8 +81,8 @@ pub struct Agent {
     unavailable_said: Mutex<Option<Instant>>,
     /// Called when a new connection follows a failure, before it serves anything.
     on_reconnect: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
-    /// Changes the agent answered, and how many of them a `Sync` made durable: an agent
-    /// of protocol 12 on may answer a change before it is committed (`FsRequest::Sync`).
+    /// Changes the agent answered before they were committed (`FsResponse::Unsynced`,
+    /// protocol 12 on), and how many of them a `Sync` made durable.
     answered: AtomicU64,
     synced: AtomicU64,
     /// The connection failed while answered changes were not synced: the agent may have
@@ -215,12 +215,15 @@ impl Agent {
                 tracing::debug!(request = what, "agent: {e}");
                 Err(Errno::from_i32(e.errno()))
             }
-            Ok(Response::Fs(r)) => {
-                if is_change(&request) {
-                    self.answered.fetch_add(1, Ordering::AcqRel);
+            Ok(Response::Fs(FsResponse::Unsynced(r))) => {
+                // Answered under a directory lease: durable after the next `Sync`.
+                self.answered.fetch_add(1, Ordering::AcqRel);
+                match *r {
+                    FsResponse::Error(e) => Err(Errno::from_i32(e.errno())),
+                    r => Ok(r),
                 }
-                Ok(r)
             }
+            Ok(Response::Fs(r)) => Ok(r),
             Ok(Response::Error(e)) => {
                 tracing::warn!(request = what, "agent refused: {e}");
                 Err(Errno::EIO)
@@ -399,23 +402,6 @@ impl Agent {
         *done = conn.epoch;
         Ok(())
     }
-}
-
-/// Whether `r` changes the namespace or a file.
-fn is_change(r: &Request) -> bool {
-    matches!(
-        r,
-        Request::Fs(
-            FsRequest::SetAttr { .. }
-                | FsRequest::MkNode { .. }
-                | FsRequest::Link { .. }
-                | FsRequest::Unlink { .. }
-                | FsRequest::Rmdir { .. }
-                | FsRequest::Rename { .. }
-                | FsRequest::Write { .. }
-                | FsRequest::WriteThenSet { .. }
-        )
-    )
 }
 
 /// The request's name, for logs (never its data).

@@ -506,5 +506,6 @@ pub fn kind(r: &FsResponse) -> &'static str {
         FsResponse::Opened { .. } => "Opened",
         FsResponse::OpenedIn { .. } => "OpenedIn",
         FsResponse::EntryAt { .. } => "EntryAt",
+        FsResponse::Unsynced(_) => "Unsynced",
     }
 }

@@ -303,6 +303,35 @@ pub enum FsRequest {
     },
 }
 
+impl FsRequest {
+    /// The request's name, for logs (never its data).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FsRequest::Lookup { .. } => "lookup",
+            FsRequest::GetAttr { .. } => "getattr",
+            FsRequest::SetAttr { .. } => "setattr",
+            FsRequest::MkNode { .. } => "mknode",
+            FsRequest::Link { .. } => "link",
+            FsRequest::Unlink { .. } => "unlink",
+            FsRequest::Rmdir { .. } => "rmdir",
+            FsRequest::Rename { .. } => "rename",
+            FsRequest::ReadLink { .. } => "readlink",
+            FsRequest::ReadDir { .. } => "readdir",
+            FsRequest::Open { .. } => "open",
+            FsRequest::Reopen { .. } => "reopen",
+            FsRequest::Release { .. } => "release",
+            FsRequest::Read { .. } => "read",
+            FsRequest::Write { .. } => "write",
+            FsRequest::WriteThenSet { .. } => "write-then-setattr",
+            FsRequest::Sync { .. } => "sync",
+            FsRequest::StatFs => "statfs",
+            FsRequest::Watch { .. } => "watch",
+            FsRequest::GetAttrFresh { .. } => "getattr",
+            FsRequest::Layout { .. } => "layout",
+        }
+    }
+}
+
 /// The first position of every change feed: a mount that finds a new feed (its agent
 /// restarted) reads it from here, so it misses nothing the new agent applied.
 pub const FEED_START: u64 = 1;

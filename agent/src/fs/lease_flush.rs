@@ -1,5 +1,5 @@
 //! [`LeaseFlush`]: the writeback of this node's directory leases. Every
-//! `[meta] metadata_writeback_ms` it commits what the leases answered (in order, one
+//! `[meta] metadata_writeback_ms`, or sooner when many ops wait, it commits what the leases answered (in order, one
 //! batch per round), collects the changes that did not commit as answered for the next
 //! `Sync`, and gives back the leases unused for a while (`leases.rs`).
 
@@ -38,7 +38,10 @@ impl Worker for LeaseFlush {
     }
 
     async fn wait_for_work(&mut self) {
-        tokio::time::sleep(self.every).await;
+        tokio::select! {
+            () = tokio::time::sleep(self.every) => {}
+            () = self.leases.woken() => {}
+        }
     }
 
     fn progress(&self) -> Option<String> {

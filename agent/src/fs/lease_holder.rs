@@ -193,6 +193,11 @@ impl LeaseHolder {
         Some(start)
     }
 
+    /// How many ops were answered since the last batch was sealed.
+    pub fn open_ops(&self) -> usize {
+        self.open.len()
+    }
+
     /// Whether ops wait to be committed (answered, sealed or not).
     pub fn pending(&self) -> bool {
         !self.open.is_empty() || !self.sealed.is_empty()

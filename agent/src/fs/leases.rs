@@ -36,6 +36,9 @@ pub const CONTENDED_FOR: Duration = Duration::from_secs(2);
 pub const IDLE_FOR: Duration = Duration::from_secs(2);
 /// Failed ops kept for a `Sync` to report; older ones are only logged.
 const MAX_FAILURES: usize = 4096;
+/// Ops answered since the last batch that wake the writeback before its interval: each
+/// answer speculates over every op not committed yet, so they are kept few.
+const WAKE_AT: usize = 32;
 /// Request ids remembered with how they were answered.
 const MAX_RECENT: usize = 4096;
 /// Inodes created under a lease remembered (for their setattr and inline writes).
@@ -113,6 +116,8 @@ pub struct Leases {
     /// Held by a take from its proposal until its grant is recorded, and by a return of
     /// a lease not held here (which must not return one being taken).
     taking: tokio::sync::Mutex<()>,
+    /// Wakes the writeback when many ops wait.
+    wake: tokio::sync::Notify,
 }
 
 impl Leases {
@@ -127,6 +132,7 @@ impl Leases {
             policy: Mutex::new(Policy::default()),
             flushing: tokio::sync::Mutex::new(()),
             taking: tokio::sync::Mutex::new(()),
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -186,8 +192,8 @@ impl Leases {
             // Held, its term run out: a barrier renews it if the group still has it.
             return self.renew(dir).await;
         }
-        // The directory may be one created here and not committed yet.
-        if self.flush().await.is_err() {
+        // The directory may be one created (or moved) here and not committed yet.
+        if self.holder().attr(dir).is_some() && self.flush().await.is_err() {
             return false;
         }
         match self.take(dir).await {
@@ -401,10 +407,16 @@ impl Leases {
         let store = self.group.store();
         // A directory's own attributes go under its own lease, not its parent's.
         let creates = matches!(change, LeasedChange::MkNode { kind, .. } if kind != FileKind::Dir);
-        let outcome = self
-            .holder()
-            .answer(store, dir, change, Timestamp::now(), Instant::now())
-            .map_err(FsError::from)?;
+        let (outcome, open) = {
+            let mut holder = self.holder();
+            let outcome = holder
+                .answer(store, dir, change, Timestamp::now(), Instant::now())
+                .map_err(FsError::from)?;
+            (outcome, holder.open_ops())
+        };
+        if open >= WAKE_AT {
+            self.wake.notify_one();
+        }
         let mut policy = self.policy();
         policy.used.insert(dir, Instant::now());
         if creates && let Outcome::Attr(a) = &outcome {
@@ -417,6 +429,11 @@ impl Leases {
     /// `None` when the replica answers.
     pub fn entry(&self, dir: Ino, name: &str) -> Option<Option<Ino>> {
         self.holder().entry(dir, name)
+    }
+
+    /// Waits until many ops wait for the writeback.
+    pub async fn woken(&self) {
+        self.wake.notified().await
     }
 
     /// Whether changes wait to be committed.

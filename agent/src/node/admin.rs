@@ -180,7 +180,18 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
                 Err(e) => Response::Fs(FsResponse::Error(e)),
             }
         } else {
-            handle(&node, request, pid, version).await
+            let what = match &request {
+                Request::Fs(r) => r.name(),
+                _ => "admin",
+            };
+            let began = std::time::Instant::now();
+            let answer = handle(&node, request, pid, version).await;
+            debug!(
+                request = what,
+                micros = began.elapsed().as_micros() as u64,
+                "served"
+            );
+            answer
         };
         if write_frame_as(&mut stream, version, &response.in_version(version))
             .await

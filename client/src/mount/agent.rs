@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use fuser::Errno;
 use shoal_agent_api::{
-    API_VERSION, AgentClient, ApiError, FsError, FsRequest, FsResponse, Ino, ROOT_INO, Request,
-    RequestId, Response,
+    API_VERSION, AgentClient, ApiError, FileAttr, FsError, FsRequest, FsResponse, Ino, ROOT_INO,
+    Request, RequestId, Response,
 };
 use tokio::sync::Semaphore;
 
@@ -81,6 +81,8 @@ pub struct Agent {
     unavailable_said: Mutex<Option<Instant>>,
     /// Called when a new connection follows a failure, before it serves anything.
     on_reconnect: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Called with the attributes of every answer made under a directory lease.
+    on_unsynced: std::sync::OnceLock<Box<dyn Fn(&FileAttr) + Send + Sync>>,
     /// Changes the agent answered before they were committed (`FsResponse::Unsynced`,
     /// protocol 12 on), and how many of them a `Sync` made durable.
     answered: AtomicU64,
@@ -108,6 +110,7 @@ impl Agent {
             available: AtomicBool::new(true),
             unavailable_said: Mutex::new(None),
             on_reconnect: std::sync::OnceLock::new(),
+            on_unsynced: std::sync::OnceLock::new(),
             answered: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             maybe_lost: AtomicBool::new(false),
@@ -139,6 +142,11 @@ impl Agent {
     /// process that knows nothing of what the old one told the mount).
     pub fn on_reconnect(&self, f: impl Fn() + Send + Sync + 'static) {
         let _ = self.on_reconnect.set(Box::new(f));
+    }
+
+    /// Sets what runs with the attributes of an answer made under a directory lease.
+    pub fn on_unsynced(&self, f: impl Fn(&FileAttr) + Send + Sync + 'static) {
+        let _ = self.on_unsynced.set(Box::new(f));
     }
 
     /// Whether the agent, as it last answered, speaks protocol `version` or a later one.
@@ -202,7 +210,7 @@ impl Agent {
     /// Sends a filesystem request, retrying as the module doc says; the answer, or the
     /// errno the kernel gets.
     pub async fn fs(&self, request: FsRequest) -> Result<FsResponse, Errno> {
-        let what = request_name(&request);
+        let what = request.name();
         let _data_slot = match request {
             FsRequest::Read { .. } | FsRequest::Write { .. } | FsRequest::WriteThenSet { .. } => {
                 Some(self.data_slots.acquire().await.map_err(|_| Errno::EIO)?)
@@ -218,6 +226,15 @@ impl Agent {
             Ok(Response::Fs(FsResponse::Unsynced(r))) => {
                 // Answered under a directory lease: durable after the next `Sync`.
                 self.answered.fetch_add(1, Ordering::AcqRel);
+                if let (
+                    FsResponse::Entry(a)
+                    | FsResponse::Attr(a)
+                    | FsResponse::EntryAt { attr: a, .. },
+                    Some(f),
+                ) = (&*r, self.on_unsynced.get())
+                {
+                    f(a);
+                }
                 match *r {
                     FsResponse::Error(e) => Err(Errno::from_i32(e.errno())),
                     r => Ok(r),
@@ -401,33 +418,6 @@ impl Agent {
         }
         *done = conn.epoch;
         Ok(())
-    }
-}
-
-/// The request's name, for logs (never its data).
-fn request_name(r: &FsRequest) -> &'static str {
-    match r {
-        FsRequest::Lookup { .. } => "lookup",
-        FsRequest::GetAttr { .. } => "getattr",
-        FsRequest::SetAttr { .. } => "setattr",
-        FsRequest::MkNode { .. } => "mknode",
-        FsRequest::Link { .. } => "link",
-        FsRequest::Unlink { .. } => "unlink",
-        FsRequest::Rmdir { .. } => "rmdir",
-        FsRequest::Rename { .. } => "rename",
-        FsRequest::ReadLink { .. } => "readlink",
-        FsRequest::ReadDir { .. } => "readdir",
-        FsRequest::Open { .. } => "open",
-        FsRequest::Reopen { .. } => "reopen",
-        FsRequest::Release { .. } => "release",
-        FsRequest::Read { .. } => "read",
-        FsRequest::Write { .. } => "write",
-        FsRequest::WriteThenSet { .. } => "write-then-setattr",
-        FsRequest::Sync { .. } => "sync",
-        FsRequest::StatFs => "statfs",
-        FsRequest::Watch { .. } => "watch",
-        FsRequest::GetAttrFresh { .. } => "getattr",
-        FsRequest::Layout { .. } => "layout",
     }
 }
 

@@ -263,7 +263,15 @@ pub struct Coherence {
     kernel: std::sync::OnceLock<Notifier>,
     /// Resets made by [`Self::reconnected`] so far.
     resets: AtomicU64,
+    /// Files whose attributes the agent answered under its directory lease (created or
+    /// changed there, `FsResponse::Unsynced`): no other node has changed them since (the
+    /// feed would have said so), so the kernel may keep their attributes as long as a
+    /// directory's.
+    held: Mutex<HashSet<Ino>>,
 }
+
+/// Files remembered as held under a lease; past it the set starts again.
+const MAX_HELD: usize = 1 << 16;
 
 impl Default for Coherence {
     fn default() -> Self {
@@ -274,6 +282,7 @@ impl Default for Coherence {
             failed: AtomicU64::new(0),
             kernel: std::sync::OnceLock::new(),
             resets: AtomicU64::new(0),
+            held: Mutex::default(),
         }
     }
 }
@@ -290,6 +299,24 @@ impl Coherence {
         } else {
             wanted.min(UNWATCHED_TTL)
         }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<Ino>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The agent answered a change of file `ino` under its directory lease.
+    pub fn hold(&self, ino: Ino) {
+        let mut held = self.held();
+        if held.len() >= MAX_HELD {
+            held.clear();
+        }
+        held.insert(ino);
+    }
+
+    /// Whether file `ino`'s attributes may be cached like a directory's (see `held`).
+    pub fn is_held(&self, ino: Ino) -> bool {
+        self.live.load(Ordering::Relaxed) && self.held().contains(&ino)
     }
 
     /// Whether the agent serves the feed (and the requests of its protocol).
@@ -320,6 +347,7 @@ impl Coherence {
     /// connection serves anything.
     pub fn reconnected(&self) {
         self.resets.fetch_add(1, Ordering::AcqRel);
+        self.held().clear();
         let (names, inodes) = self.names().reset();
         let drops = Drops { names, inodes };
         if let Some(kernel) = self.kernel.get()
@@ -401,6 +429,14 @@ impl Coherence {
         let mut drops = Drops::default();
         if batch.reset || renewed {
             (drops.names, drops.inodes) = names.reset();
+            self.held().clear();
+        }
+        {
+            // Changed on another node: cached for the files' TTL again.
+            let mut held = self.held();
+            for ino in &batch.inodes {
+                held.remove(ino);
+            }
         }
         let end = Some(Stamp {
             epoch: batch.epoch,

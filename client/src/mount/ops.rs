@@ -60,6 +60,14 @@ impl FsState {
             let coherence = coherence.clone();
             agent.on_reconnect(move || coherence.reconnected());
         }
+        {
+            let coherence = coherence.clone();
+            agent.on_unsynced(move |attr| {
+                if attr.kind == FileKind::File {
+                    coherence.hold(attr.ino);
+                }
+            });
+        }
         FsState {
             files: OpenFiles::new(agent.clone(), stripe, args.read_ahead, args.write_buffer),
             agent,
@@ -76,7 +84,7 @@ impl FsState {
 
     /// How long the kernel may keep `attr`: regular files change size on other nodes.
     pub fn attr_ttl_of(&self, attr: &FileAttr) -> Duration {
-        if attr.kind == FileKind::File {
+        if attr.kind == FileKind::File && !self.coherence.is_held(attr.ino) {
             self.file_attr_ttl
         } else {
             self.coherence.ttl(self.attr_ttl)

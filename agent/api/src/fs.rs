@@ -296,10 +296,12 @@ pub enum FsRequest {
     /// Makes every change this agent answered for the mount durable: those in directory
     /// `ino` (its entries) or of inode `ino`, and with them everything answered before
     /// (the agent commits in order). A change answered but refused when it was committed
-    /// fails the next `Sync` naming its file or directory (`FsError::Io`). The mount sends
-    /// it on `fsync` and `fsyncdir`. Protocol 12 on.
+    /// fails the next `Sync` of the mount `session` it was answered for naming its file
+    /// or directory (`FsError::Io`). The mount sends it on `fsync` and `fsyncdir`.
+    /// Protocol 12 on.
     Sync {
         ino: Ino,
+        session: u64,
     },
 }
 

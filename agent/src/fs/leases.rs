@@ -173,6 +173,13 @@ impl Leases {
         if holder.pending() || !holder.held().is_empty() {
             return false;
         }
+        if !policy.failures.is_empty() {
+            tracing::warn!(
+                failures = policy.failures.len(),
+                "a new mount session takes the leases; the last one's unreported failures were logged above"
+            );
+            policy.failures.clear();
+        }
         policy.owner = Some(session);
         self.group.changes.alias(self.session, session);
         true
@@ -278,12 +285,19 @@ impl Leases {
         self.holder().held()
     }
 
-    /// Commits everything answered so far; `Err(FsError::Io)` when a change of `ino` (as
-    /// the directory it was made in, or as the inode) did not commit as it was answered.
-    pub async fn sync(&self, ino: Ino) -> Result<(), FsError> {
+    /// Commits everything answered so far; `Err(FsError::Io)` when a change answered for
+    /// mount `session` concerning `ino` (the directory it was made in, the inode it made
+    /// or changed, the one its name named) did not commit as it was answered. Reported
+    /// once.
+    pub async fn sync(&self, ino: Ino, session: u64) -> Result<(), FsError> {
         self.flush().await?;
         self.collect_failures();
         let mut policy = self.policy();
+        if policy.owner != Some(session) {
+            // Another mount's sync: everything is committed; the failures are the
+            // owner's to hear.
+            return Ok(());
+        }
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut policy.failures)
             .into_iter()
             .partition(|(_, inos)| inos.contains(&ino));

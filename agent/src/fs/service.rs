@@ -141,8 +141,11 @@ impl FsService {
             } else {
                 self.serve_change(req).await
             }
-        } else if let FsRequest::Sync { ino } = req {
-            self.leases.sync(ino).await.map(|()| FsResponse::Done)
+        } else if let FsRequest::Sync { ino, session } = req {
+            self.leases
+                .sync(ino, session)
+                .await
+                .map(|()| FsResponse::Done)
         } else if reads_replica && let Err(e) = self.caught_up().await {
             Err(e)
         } else {
@@ -497,15 +500,7 @@ impl FsService {
             match outcome {
                 Outcome::Leased { dir, holder } if recalls < MAX_RECALLS => {
                     recalls += 1;
-                    if holder.0 == self.group.me {
-                        // This node's own lease (another mount of this node, or one that
-                        // took another path): what it answered in the directory commits
-                        // first, and the lease is not taken again for a while.
-                        self.leases.contended(dir);
-                        self.leases.give_back(dir).await?;
-                    } else {
-                        recall::recall(&self.group, &self.transport, dir, holder).await?;
-                    }
+                    self.clear_lease(dir, holder).await?;
                 }
                 outcome => break outcome,
             }
@@ -515,6 +510,22 @@ impl FsService {
             Outcome::Done => Ok(FsResponse::Done),
             Outcome::Failed(e) => Err(e.into()),
             other => Err(ConsensusError::UnexpectedOutcome(Box::new(other)).into()),
+        }
+    }
+
+    /// Gets `holder`'s lease on `dir` out of the way of a change it refused (`Leased`):
+    /// this node's own is committed and given back (and not taken again for a while),
+    /// another node's is recalled or broken (`recall.rs`). Ask again after it.
+    pub async fn clear_lease(
+        &self,
+        dir: Ino,
+        holder: shoal_placement::NodeId,
+    ) -> Result<(), FsError> {
+        if holder.0 == self.group.me {
+            self.leases.contended(dir);
+            self.leases.give_back(dir).await
+        } else {
+            recall::recall(&self.group, &self.transport, dir, holder).await
         }
     }
 

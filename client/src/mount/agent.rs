@@ -125,7 +125,8 @@ impl Agent {
             return Ok(());
         }
         let upto = self.answered.load(Ordering::Acquire);
-        let answer = self.fs(FsRequest::Sync { ino }).await;
+        let session = self.session;
+        let answer = self.fs(FsRequest::Sync { ino, session }).await;
         if self.maybe_lost.swap(false, Ordering::AcqRel) {
             tracing::warn!(
                 ino,

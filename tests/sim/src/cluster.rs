@@ -356,6 +356,15 @@ impl Cluster {
         self
     }
 
+    /// Every node's `metadata_writeback_ms` (before any starts); 0: no directory leases
+    /// for the mounts and no writeback worker (a test that drives `Leases` itself).
+    pub fn with_writeback(mut self, ms: u64) -> Self {
+        for node in self.nodes.values_mut() {
+            node.config.metadata_writeback_ms = ms;
+        }
+        self
+    }
+
     /// Every node's background budget (`[background] rate` and `repair_floor`, as the
     /// config writes them), before any starts.
     pub fn with_background(mut self, rate: &str, repair_floor: &str) -> Self {

@@ -27,6 +27,36 @@ pub(crate) const READ_WAIT: Duration = Duration::from_secs(3);
 /// The protocol a mount of this build speaks.
 pub(crate) const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
 
+/// Sends change `req` of mount `session` as a mount does; one answered under a directory
+/// lease (`FsResponse::Unsynced`) is synced, as an fsync of its file or directory does,
+/// before it counts: the model's acknowledged changes are durable ones. A sync that
+/// fails leaves the change's outcome unknown (its answer is the failure).
+pub async fn change_synced(fs: &Arc<FsService>, req: FsRequest, session: u64) -> FsResponse {
+    let ino = match &req {
+        FsRequest::MkNode { parent, .. }
+        | FsRequest::Unlink { parent, .. }
+        | FsRequest::Rmdir { parent, .. }
+        | FsRequest::Rename { parent, .. } => *parent,
+        FsRequest::Link { new_parent, .. } => *new_parent,
+        FsRequest::Write { ino, .. }
+        | FsRequest::WriteThenSet { ino, .. }
+        | FsRequest::SetAttr { ino, .. } => *ino,
+        _ => ROOT_INO,
+    };
+    match fs.handle(req, None, PROTOCOL).await {
+        FsResponse::Unsynced(answer) => {
+            match fs
+                .handle(FsRequest::Sync { ino, session }, None, PROTOCOL)
+                .await
+            {
+                FsResponse::Done => *answer,
+                failed => failed,
+            }
+        }
+        answer => answer,
+    }
+}
+
 pub struct FileClient {
     pub id: u64,
     pub home: u64,
@@ -126,7 +156,8 @@ impl FileClient {
             rdev: 0,
             target: None,
         };
-        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+        let session = self.session();
+        match tokio::time::timeout(WRITE_WAIT, change_synced(fs, req, session)).await {
             Ok(FsResponse::Entry(attr) | FsResponse::EntryAt { attr, .. }) => {
                 self.model.file_created(&name, attr.ino);
                 self.mine.push(name.clone());
@@ -154,7 +185,8 @@ impl FileClient {
             new_name: to.clone(),
             flags: Default::default(),
         };
-        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+        let session = self.session();
+        match tokio::time::timeout(WRITE_WAIT, change_synced(fs, req, session)).await {
             Ok(FsResponse::Done) => {
                 self.model.renamed(&to, sure);
                 self.note(format_args!("renamed {from} over {to}"));
@@ -172,7 +204,8 @@ impl FileClient {
             parent: ROOT_INO,
             name: name.to_owned(),
         };
-        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+        let session = self.session();
+        match tokio::time::timeout(WRITE_WAIT, change_synced(fs, req, session)).await {
             Ok(FsResponse::Done) => self.note(format_args!("unlinked {name}")),
             Ok(other) => self.note(format_args!("unlink {name}: unknown ({other:?})")),
             Err(_) => self.note(format_args!("unlink {name}: unknown (timed out)")),
@@ -249,7 +282,8 @@ impl FileClient {
         what: &str,
         done: String,
     ) -> bool {
-        match tokio::time::timeout(WRITE_WAIT, fs.handle(req, None, PROTOCOL)).await {
+        let session = self.session();
+        match tokio::time::timeout(WRITE_WAIT, change_synced(fs, req, session)).await {
             Ok(FsResponse::Attr(_)) => {
                 self.model.file(name, true, |h, at| h.acked(at));
                 self.note(format_args!("{done}"));

@@ -744,8 +744,24 @@ impl Client {
                 seq,
             },
         );
-        let answer =
-            tokio::time::timeout(OP_WAIT, group.propose_within(vec![proposal], OP_WAIT)).await;
+        let answer = tokio::time::timeout(OP_WAIT, async {
+            // A file client's mount may hold the root's lease: it is recalled (as the fs
+            // service does) and the same request asked again.
+            for _ in 0..8 {
+                let outcomes = group
+                    .propose_within(vec![proposal.clone()], OP_WAIT)
+                    .await?;
+                let Some(shoal_namespace::Outcome::Leased { dir, holder }) = outcomes.first()
+                else {
+                    return Ok(outcomes);
+                };
+                if let Some(fs) = self.live.fs(id) {
+                    let _ = fs.clear_lease(*dir, *holder).await;
+                }
+            }
+            group.propose_within(vec![proposal.clone()], OP_WAIT).await
+        })
+        .await;
         match answer {
             Ok(Ok(outcomes))
                 if matches!(outcomes.first(), Some(shoal_namespace::Outcome::Attr(_))) =>
@@ -756,6 +772,21 @@ impl Client {
                     self.id
                 ));
                 true
+            }
+            // The file clients' mounts hold the root's lease now and then: a proposal
+            // that bypasses the fs service (which would recall it) is refused, and
+            // nothing applies.
+            Ok(Ok(outcomes))
+                if matches!(
+                    outcomes.first(),
+                    Some(shoal_namespace::Outcome::Leased { .. })
+                ) =>
+            {
+                self.trace.note(format_args!(
+                    "client {} create {name} through node {id}: refused by a directory lease",
+                    self.id
+                ));
+                false
             }
             Ok(Ok(outcomes)) => {
                 self.model.violation(format!(

@@ -19,7 +19,7 @@ use shoal_namespace::format::{FileKind as Kind, Owner as NsOwner};
 use shoal_namespace::{LeasedChange, Outcome};
 use shoal_sim::cluster::{Cluster, Stop, addr};
 
-use common::{NODES, PROTOCOL, fs, id, member};
+use common::{NODES, fs, id, member};
 
 fn ip(node: u64) -> IpAddr {
     addr(node).ip()
@@ -45,7 +45,7 @@ async fn make(c: &Cluster, node: u64, parent: Ino, name: &str, kind: FileKind) -
         rdev: 0,
         target: None,
     };
-    fs(c, node).handle(req, None, PROTOCOL).await
+    shoal_sim::file_client::change_synced(&fs(c, node), req, 9).await
 }
 
 fn create(name: &str) -> LeasedChange {
@@ -93,7 +93,8 @@ fn answered(outcome: Result<Outcome, FsError>) -> bool {
 fn a_holders_answers_commit_in_order_and_reach_every_replica() {
     common::on_five_nodes(
         71,
-        |c| c,
+        // These drive the leases themselves: no writeback commits behind them.
+        |c| c.with_writeback(0),
         async |c| {
             let dir = mkdir(c, 1, "d").await;
             let leases = leases_on(c, 1);
@@ -143,7 +144,8 @@ fn a_holders_answers_commit_in_order_and_reach_every_replica() {
 fn a_holder_cut_off_stops_answering_and_nothing_it_answered_lands_after_a_break() {
     common::on_five_nodes(
         72,
-        |c| c,
+        // These drive the leases themselves: no writeback commits behind them.
+        |c| c.with_writeback(0),
         async |c| {
             let dir = mkdir(c, 2, "d").await;
             let leases = leases_on(c, 2);
@@ -196,7 +198,8 @@ fn a_holder_cut_off_stops_answering_and_nothing_it_answered_lands_after_a_break(
 fn a_power_cut_of_the_holder_loses_only_what_it_had_not_committed() {
     common::on_five_nodes(
         73,
-        |c| c,
+        // These drive the leases themselves: no writeback commits behind them.
+        |c| c.with_writeback(0),
         async |c| {
             let dir = mkdir(c, 3, "d").await;
             let leases = leases_on(c, 3);

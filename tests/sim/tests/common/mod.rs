@@ -87,7 +87,7 @@ pub async fn create(fs: &Arc<FsService>, name: &str) -> Ino {
         rdev: 0,
         target: None,
     };
-    match fs.handle(req, None, PROTOCOL).await {
+    match shoal_sim::file_client::change_synced(fs, req, 7).await {
         FsResponse::Entry(a) | FsResponse::EntryAt { attr: a, .. } => a.ino,
         other => panic!("create {name}: {other:?}"),
     }
@@ -107,7 +107,7 @@ pub async fn write(
         offset,
         data: data.to_vec(),
     };
-    fs.handle(req, None, PROTOCOL).await
+    shoal_sim::file_client::change_synced(fs, req, client).await
 }
 
 /// File `ino` as node `id`'s replica has it after a read barrier.

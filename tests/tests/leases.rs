@@ -42,8 +42,11 @@ fn changes_under_a_lease_are_seen_by_another_node_at_once() {
     fs::create_dir(m1.join("d")).expect("mkdir on node 1");
     let files = 60u64;
     for i in 0..files {
-        fs::write(m1.join(format!("d/f{i}")), stream_bytes(i, 0, 100 + i as usize * 50))
-            .expect("write on node 1");
+        fs::write(
+            m1.join(format!("d/f{i}")),
+            stream_bytes(i, 0, 100 + i as usize * 50),
+        )
+        .expect("write on node 1");
     }
     // Node 1 answered those from its lease on d: node 2's listing recalls it.
     let progress = writeback(&c, 1)["progress"].clone();
@@ -142,7 +145,11 @@ fn fsync_makes_changes_durable_and_reports_those_an_agent_crash_may_have_lost() 
     }
     c.kill_agent(1);
     let want: BTreeSet<String> = (0..20).map(|i| format!("f{i}")).collect();
-    assert_eq!(names(&c.mnt(2).join("kept")), want, "synced before the kill");
+    assert_eq!(
+        names(&c.mnt(2).join("kept")),
+        want,
+        "synced before the kill"
+    );
     c.respawn_agent(1);
     // The mount reconnects to the new agent (its requests wait for it meanwhile); its
     // first fsync says that what the dead agent answered and nobody synced may be gone.

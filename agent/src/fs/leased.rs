@@ -241,7 +241,9 @@ impl FsService {
             }
             _ => {
                 let touched = match req {
-                    FsRequest::Lookup { parent, .. } => leases.pending_in(*parent),
+                    // Not answered from a lease: the inode found may be one the
+                    // pending changes touched.
+                    FsRequest::Lookup { .. } => leases.pending(),
                     FsRequest::ReadDir { ino, .. } => leases.pending_in(*ino),
                     FsRequest::Reopen { ino, .. }
                     | FsRequest::Open { ino, .. }
@@ -282,7 +284,17 @@ impl FsService {
                 Some(None) => return Err(FsError::NotFound),
                 None => store.getattr(ino)?,
             },
-            None => store.lookup(dir, name)?,
+            // The entry as committed; the inode's attributes as the pending changes left
+            // them, if they touched it (a chmod of a subdirectory answered under its own
+            // lease).
+            None => {
+                let attr = store.lookup(dir, name)?;
+                match self.leases.attr(attr.ino) {
+                    Some(Some(pending)) => pending,
+                    Some(None) => return Err(FsError::NotFound),
+                    None => attr,
+                }
+            }
         };
         Ok(if version >= 9 {
             FsResponse::EntryAt {

@@ -107,6 +107,8 @@ fn concerned(lost: &LostOp, named: Option<Ino>) -> Vec<Ino> {
 
 pub struct Leases {
     group: Arc<Group>,
+    /// For the release gate: the lease commands are new in the log.
+    gossip: shoal_mesh::GossipHandle,
     /// The request-id client of this holder's batches.
     session: u64,
     holder: Mutex<LeaseHolder>,
@@ -124,9 +126,15 @@ impl Leases {
     /// `session` names this holder's batches in the request-id table: it must not repeat
     /// across the agent's starts (a repeat would be answered with an earlier start's
     /// outcomes), so it is drawn at random at each start.
-    pub fn new(group: Arc<Group>, node: NodeId, session: u64) -> Leases {
+    pub fn new(
+        group: Arc<Group>,
+        gossip: shoal_mesh::GossipHandle,
+        node: NodeId,
+        session: u64,
+    ) -> Leases {
         Leases {
             group,
+            gossip,
             session,
             holder: Mutex::new(LeaseHolder::new(node, session)),
             policy: Mutex::new(Policy::default()),
@@ -198,6 +206,15 @@ impl Leases {
         if self.epoch(dir).is_some() {
             // Held, its term run out: a barrier renews it if the group still has it.
             return self.renew(dir).await;
+        }
+        // The lease commands are new in the log: an agent of an older release could not
+        // apply them.
+        let on_this_release = match self.gossip.members().await {
+            Ok(members) => crate::releases::alive_on_other_releases(&members).is_empty(),
+            Err(_) => false,
+        };
+        if !on_this_release {
+            return false;
         }
         // The directory may be one created (or moved) here and not committed yet.
         if self.holder().attr(dir).is_some() && self.flush().await.is_err() {

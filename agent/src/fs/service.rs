@@ -66,6 +66,7 @@ impl FsService {
         let session = crate::sim_thread::random_u64();
         let leases = Arc::new(Leases::new(
             group.clone(),
+            gossip.clone(),
             shoal_placement::NodeId(group.me),
             session,
         ));

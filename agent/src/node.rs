@@ -40,6 +40,9 @@ use crate::{AGENT_VERSION, AgentConfig, AgentError, NodeIdentity, Resources, met
 
 /// How long an agent whose metadata member failed goes on (status and gossip say so, and
 /// the metadata leader replaces it as a voter after 30 s) before it exits.
+/// A file in the data dir: the agent that wrote it at its stop had committed everything
+/// it answered under directory leases (read and removed at the next start).
+const LEASES_CLEAN: &str = "leases-clean";
 const MEMBER_FAILED_EXIT_AFTER: std::time::Duration = std::time::Duration::from_secs(40);
 
 /// One running agent.
@@ -230,6 +233,10 @@ impl Node {
             tier.clone(),
             transport.clone(),
         ));
+        fs.leases().metrics().register(&mut registry);
+        // The last agent here stopped cleanly, all it answered under leases committed.
+        fs.leases()
+            .started_clean(std::fs::remove_file(config.node.data_dir.join(LEASES_CLEAN)).is_ok());
         info!(
             node = %identity.node,
             generation = identity.generation,
@@ -375,6 +382,17 @@ impl Node {
     /// cgroup.
     pub async fn shutdown(&self) {
         self.workers.stop_front().await;
+        // No mount request comes any more: what the leases answered is committed, and a
+        // mark tells the next agent that its mounts lost nothing.
+        let closed = tokio::time::timeout(Duration::from_secs(10), self.fs.leases().close()).await;
+        if closed == Ok(true) {
+            let mark = self.config.node.data_dir.join(LEASES_CLEAN);
+            if let Err(e) = std::fs::write(&mark, b"") {
+                warn!(error = %e, "could not mark the directory leases closed");
+            }
+        } else {
+            warn!("changes answered under directory leases were not all committed at the stop");
+        }
         match tokio::time::timeout(Duration::from_secs(2), self.gossip.leave()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "could not announce leave"),

@@ -91,6 +91,18 @@ fn changes_under_a_lease_are_seen_by_another_node_at_once() {
         progress.as_str().is_some_and(|p| p.contains("leases held")),
         "node 1 held a lease while it created: {progress}"
     );
+    let metrics = c.metrics(1);
+    for counter in [
+        "shoal_lease_grants_total",
+        "shoal_lease_recalls_total",
+        "shoal_lease_batches_total",
+    ] {
+        let value: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(counter)?.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(value > 0.0, "{counter} on node 1 is {value}");
+    }
 }
 
 #[test]

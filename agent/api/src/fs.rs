@@ -472,4 +472,12 @@ pub enum FsResponse {
     /// on: applied on this node, committed by the agent within its
     /// `metadata_writeback_ms`, durable after the next `Sync` naming it.
     Unsynced(Box<FsResponse>),
+    /// `Sync` done. `instance`: random per agent process. `clean_start`: the agent process
+    /// before this one on the node committed everything it answered before it stopped
+    /// (it was stopped, not killed), so a mount whose connection failed lost nothing it
+    /// was answered.
+    Synced {
+        instance: u64,
+        clean_start: bool,
+    },
 }

@@ -120,6 +120,10 @@ pub struct Leases {
     taking: tokio::sync::Mutex<()>,
     /// Wakes the writeback when many ops wait.
     wake: tokio::sync::Notify,
+    metrics: super::LeaseMetrics,
+    /// Whether the agent before this one committed all it answered and stopped
+    /// (`Leases::close`).
+    clean_start: std::sync::atomic::AtomicBool,
 }
 
 impl Leases {
@@ -141,6 +145,8 @@ impl Leases {
             flushing: tokio::sync::Mutex::new(()),
             taking: tokio::sync::Mutex::new(()),
             wake: tokio::sync::Notify::new(),
+            metrics: super::LeaseMetrics::default(),
+            clean_start: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -334,6 +340,7 @@ impl Leases {
         if lost.is_empty() {
             return;
         }
+        self.metrics.lost_ops.inc_by(lost.len() as u64);
         let store = self.group.store();
         let mut policy = self.policy();
         for l in lost {
@@ -422,6 +429,7 @@ impl Leases {
             other => return Err(FsError::Io(format!("a lease was answered {other:?}"))),
         };
         self.holder().granted(dir, epoch, began);
+        self.metrics.grants.inc();
         if self.holder().inos_left() < INO_LOW {
             let take = self.holder().inos_command(INO_BATCH);
             match self.round(take).await? {
@@ -462,6 +470,44 @@ impl Leases {
         self.holder().entry(dir, name)
     }
 
+    /// Random per agent process (the holder's request-id client).
+    pub fn instance(&self) -> u64 {
+        self.session
+    }
+
+    /// Whether the agent process before this one committed all it answered before it
+    /// stopped.
+    pub fn clean_start(&self) -> bool {
+        self.clean_start.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The agent found its predecessor's mark (see [`Leases::close`]).
+    pub fn started_clean(&self, clean: bool) {
+        self.clean_start
+            .store(clean, std::sync::atomic::Ordering::Release);
+    }
+
+    /// At a clean stop, once no mount request comes any more: commits everything
+    /// answered and gives back every lease. True when all of it went.
+    pub async fn close(&self) -> bool {
+        if let Err(e) = self.flush().await {
+            tracing::warn!(error = %e, "could not commit the changes answered under directory leases");
+            return false;
+        }
+        for (dir, _) in self.held() {
+            if let Err(e) = self.give_back(dir).await {
+                tracing::warn!(dir, error = %e, "could not give a directory lease back");
+            }
+        }
+        self.collect_failures();
+        !self.pending()
+    }
+
+    /// The leases' counters (`shoal_lease_*`).
+    pub fn metrics(&self) -> &super::LeaseMetrics {
+        &self.metrics
+    }
+
     /// Waits until many ops wait for the writeback.
     pub async fn woken(&self) {
         self.wake.notified().await
@@ -489,6 +535,10 @@ impl Leases {
             };
             let began = Instant::now();
             let outcome = self.group.propose_one(batch).await?;
+            if let Outcome::Batch(ops) = &outcome {
+                self.metrics.batches.inc();
+                self.metrics.batch_ops.inc_by(ops.len() as u64);
+            }
             let mut holder = self.holder();
             holder.renewed(began);
             holder

@@ -9,6 +9,7 @@ mod answers;
 pub mod handles;
 mod lease_flush;
 pub mod lease_holder;
+mod lease_metrics;
 mod leased;
 pub mod leases;
 mod recall;
@@ -17,4 +18,5 @@ mod write;
 
 pub use handles::OpenHandles;
 pub use lease_flush::LeaseFlush;
+pub use lease_metrics::LeaseMetrics;
 pub use service::FsService;

@@ -41,6 +41,7 @@ pub fn serve(leases: &Arc<Leases>, transport: &Transport) {
         async move {
             // Another node works in the directory: not taken again for a while.
             leases.contended(msg.dir);
+            leases.metrics().recalls.inc();
             // Held at that epoch: committed and given back. Not held here (granted
             // before this agent restarted): given back at that epoch, if still so.
             leases

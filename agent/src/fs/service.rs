@@ -146,7 +146,10 @@ impl FsService {
             self.leases
                 .sync(ino, session)
                 .await
-                .map(|()| FsResponse::Done)
+                .map(|()| FsResponse::Synced {
+                    instance: self.leases.instance(),
+                    clean_start: self.leases.clean_start(),
+                })
         } else if reads_replica && let Err(e) = self.caught_up().await {
             Err(e)
         } else {

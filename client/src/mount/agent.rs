@@ -88,8 +88,11 @@ pub struct Agent {
     answered: AtomicU64,
     synced: AtomicU64,
     /// The connection failed while answered changes were not synced: the agent may have
-    /// restarted and lost them. The next fsync says so (EIO), once.
+    /// restarted and lost them. The next fsync asks, and says so (EIO) once when they
+    /// may be gone.
     maybe_lost: AtomicBool,
+    /// The agent process that answered the last `Sync` (`FsResponse::Synced`).
+    synced_by: AtomicU64,
 }
 
 impl Agent {
@@ -114,6 +117,7 @@ impl Agent {
             answered: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             maybe_lost: AtomicBool::new(false),
+            synced_by: AtomicU64::new(0),
         }
     }
 
@@ -127,14 +131,24 @@ impl Agent {
         let upto = self.answered.load(Ordering::Acquire);
         let session = self.session;
         let answer = self.fs(FsRequest::Sync { ino, session }).await;
-        if self.maybe_lost.swap(false, Ordering::AcqRel) {
+        let lost = self.maybe_lost.swap(false, Ordering::AcqRel);
+        let (instance, clean_start) = match answer? {
+            FsResponse::Synced {
+                instance,
+                clean_start,
+            } => (instance, clean_start),
+            _ => (0, false),
+        };
+        let before = self.synced_by.swap(instance, Ordering::AcqRel);
+        // The same agent process as before, or one whose predecessor committed all it
+        // answered before it stopped: nothing was lost.
+        if lost && before != instance && !clean_start {
             tracing::warn!(
                 ino,
-                "the agent's connection failed before changes it answered were synced: reporting EIO"
+                "the agent restarted without committing changes it had answered and nobody synced: reporting EIO"
             );
             return Err(Errno::EIO);
         }
-        answer?;
         self.synced.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }

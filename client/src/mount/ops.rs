@@ -515,5 +515,6 @@ pub fn kind(r: &FsResponse) -> &'static str {
         FsResponse::OpenedIn { .. } => "OpenedIn",
         FsResponse::EntryAt { .. } => "EntryAt",
         FsResponse::Unsynced(_) => "Unsynced",
+        FsResponse::Synced { .. } => "Synced",
     }
 }

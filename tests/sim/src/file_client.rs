@@ -49,7 +49,7 @@ pub async fn change_synced(fs: &Arc<FsService>, req: FsRequest, session: u64) ->
                 .handle(FsRequest::Sync { ino, session }, None, PROTOCOL)
                 .await
             {
-                FsResponse::Done => *answer,
+                FsResponse::Synced { .. } => *answer,
                 failed => failed,
             }
         }

@@ -26,6 +26,9 @@ use shoal_agent_api::{
 };
 use tokio::sync::Semaphore;
 
+/// What runs with the attributes of an answer made under a directory lease.
+type OnUnsynced = Box<dyn Fn(&FileAttr) + Send + Sync>;
+
 /// Most connections the pool opens to the agent.
 const MAX_CONNECTIONS: usize = 16;
 /// Of those, most that carry file data (`Read`, `Write`): a write waits until its stripe is
@@ -82,7 +85,7 @@ pub struct Agent {
     /// Called when a new connection follows a failure, before it serves anything.
     on_reconnect: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Called with the attributes of every answer made under a directory lease.
-    on_unsynced: std::sync::OnceLock<Box<dyn Fn(&FileAttr) + Send + Sync>>,
+    on_unsynced: std::sync::OnceLock<OnUnsynced>,
     /// Changes the agent answered before they were committed (`FsResponse::Unsynced`,
     /// protocol 12 on), and how many of them a `Sync` made durable.
     answered: AtomicU64,

@@ -11,24 +11,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use shoal_disk::SplitMix64 as Rng;
 use shoal_tests::{DevCluster, stream_bytes};
-
-/// A small seeded generator (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// One operation, on paths relative to a root.
 #[derive(Debug)]
@@ -153,12 +137,12 @@ fn draw(rng: &mut Rng, local: &Path) -> Op {
     match rng.below(20) {
         0..=5 => Op::Write {
             path: new_name(rng),
-            seed: rng.next(),
+            seed: rng.next_u64(),
             len: len(rng),
         },
         6 | 7 => Op::Append {
             path: some_file(rng),
-            seed: rng.next(),
+            seed: rng.next_u64(),
             len: len(rng),
         },
         8 | 9 => Op::Mkdir(new_name(rng)),

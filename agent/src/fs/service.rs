@@ -694,15 +694,7 @@ fn session_of(req: &FsRequest) -> Option<u64> {
         FsRequest::Open { session, .. }
         | FsRequest::Reopen { session, .. }
         | FsRequest::Release { session, .. } => Some(*session),
-        FsRequest::SetAttr { id, .. }
-        | FsRequest::MkNode { id, .. }
-        | FsRequest::Link { id, .. }
-        | FsRequest::Unlink { id, .. }
-        | FsRequest::Rmdir { id, .. }
-        | FsRequest::Rename { id, .. }
-        | FsRequest::Write { id, .. }
-        | FsRequest::WriteThenSet { id, .. } => Some(id.client),
-        _ => None,
+        _ => request_id(req).map(|id| id.client),
     }
 }
 

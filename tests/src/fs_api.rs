@@ -31,7 +31,25 @@ impl Fs {
         }
     }
 
+    /// Sends `r` and answers as the agent did; a change answered under a directory
+    /// lease is synced first (`FsRequest::Sync`, as a mount's fsync), so what a test is
+    /// answered is committed (a failed sync is the answer).
     pub async fn call(&mut self, r: FsRequest) -> FsResponse {
+        let target = r.sync_target();
+        let answer = self.send(r).await;
+        match (answer, target) {
+            (FsResponse::Unsynced(answer), Some(ino)) => {
+                let session = self.id;
+                match self.send(FsRequest::Sync { ino, session }).await {
+                    FsResponse::Synced { .. } => *answer,
+                    failed => failed,
+                }
+            }
+            (answer, _) => answer.into_answer(),
+        }
+    }
+
+    async fn send(&mut self, r: FsRequest) -> FsResponse {
         match self.client.call(&Request::Fs(r)).await.expect("call") {
             Response::Fs(r) => r,
             other => panic!("unexpected {other:?}"),

@@ -164,8 +164,12 @@ async fn a_client_moves_only_itself_and_acts_only_for_its_own_session() {
         }))
         .await
         .expect("mknode");
+    // Answered under a directory lease (`Unsynced`) or committed: the same entry.
     let ino = match created {
-        Response::Fs(FsResponse::Entry(a)) => a.ino,
+        Response::Fs(r) => match r.into_answer() {
+            FsResponse::Entry(a) => a.ino,
+            other => panic!("mknode: {other:?}"),
+        },
         other => panic!("mknode: {other:?}"),
     };
     let open = FsRequest::Open {

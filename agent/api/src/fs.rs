@@ -306,6 +306,23 @@ pub enum FsRequest {
 }
 
 impl FsRequest {
+    /// What a `Sync` names to make this change durable once it was answered `Unsynced`:
+    /// the directory whose entries it changes, or the inode it changes. `None` for a
+    /// query.
+    pub fn sync_target(&self) -> Option<Ino> {
+        match self {
+            FsRequest::MkNode { parent, .. }
+            | FsRequest::Unlink { parent, .. }
+            | FsRequest::Rmdir { parent, .. }
+            | FsRequest::Rename { parent, .. } => Some(*parent),
+            FsRequest::Link { new_parent, .. } => Some(*new_parent),
+            FsRequest::Write { ino, .. }
+            | FsRequest::WriteThenSet { ino, .. }
+            | FsRequest::SetAttr { ino, .. } => Some(*ino),
+            _ => None,
+        }
+    }
+
     /// The request's name, for logs (never its data).
     pub fn name(&self) -> &'static str {
         match self {
@@ -330,6 +347,17 @@ impl FsRequest {
             FsRequest::Watch { .. } => "watch",
             FsRequest::GetAttrFresh { .. } => "getattr",
             FsRequest::Layout { .. } => "layout",
+        }
+    }
+}
+
+impl FsResponse {
+    /// The answer itself, whether or not it was made under a directory lease
+    /// (`Unsynced`).
+    pub fn into_answer(self) -> FsResponse {
+        match self {
+            FsResponse::Unsynced(answer) => *answer,
+            answer => answer,
         }
     }
 }

@@ -68,7 +68,7 @@ struct Policy {
 /// How a request was answered before.
 #[derive(Clone, Debug)]
 pub enum Prior {
-    /// From a lease, with this answer.
+    /// From a lease, with this answer (sent as `FsResponse::Unsynced` when a success).
     Answered(Result<FsResponse, FsError>),
     /// Through the group (whose request-id table answers a repeat).
     Committed,

@@ -323,14 +323,14 @@ impl FsService {
             None => self.leased_change(&req).await,
         };
         let prior = match answer {
-            Some(answer) => Prior::Answered(answer.map(|a| FsResponse::Unsynced(Box::new(a)))),
+            Some(answer) => Prior::Answered(answer),
             None => Prior::Committed,
         };
         if let Some(id) = id {
             self.leases.remember(id, prior.clone());
         }
         match prior {
-            Prior::Answered(answer) => answer,
+            Prior::Answered(answer) => answer.map(|a| FsResponse::Unsynced(Box::new(a))),
             Prior::Committed => self.serve_change(req).await,
         }
     }

@@ -32,17 +32,7 @@ pub(crate) const PROTOCOL: u8 = shoal_agent_api::API_VERSION;
 /// before it counts: the model's acknowledged changes are durable ones. A sync that
 /// fails leaves the change's outcome unknown (its answer is the failure).
 pub async fn change_synced(fs: &Arc<FsService>, req: FsRequest, session: u64) -> FsResponse {
-    let ino = match &req {
-        FsRequest::MkNode { parent, .. }
-        | FsRequest::Unlink { parent, .. }
-        | FsRequest::Rmdir { parent, .. }
-        | FsRequest::Rename { parent, .. } => *parent,
-        FsRequest::Link { new_parent, .. } => *new_parent,
-        FsRequest::Write { ino, .. }
-        | FsRequest::WriteThenSet { ino, .. }
-        | FsRequest::SetAttr { ino, .. } => *ino,
-        _ => ROOT_INO,
-    };
+    let ino = req.sync_target().unwrap_or(ROOT_INO);
     match fs.handle(req, None, PROTOCOL).await {
         FsResponse::Unsynced(answer) => {
             match fs

@@ -57,6 +57,12 @@ use tokio::time::Instant;
 /// answer speculates over everything pending: about 1.2 µs per op pending, measured).
 pub const MAX_OPEN_OPS: usize = 256;
 
+/// Bytes of ops (about: their data and names) in one batch, at most: a batch is one log
+/// entry, and an entry must fit one append message to a follower (the batcher keeps its
+/// entries under 1 MiB; a bigger one could never be replicated). An op that would pass it
+/// seals the batch before it.
+pub const MAX_BATCH_BYTES: usize = 512 << 10;
+
 /// How long after the start of its last successful round with the group a holder answers
 /// from its leases (see the module doc).
 pub const LEASE_TERM: Duration = Duration::from_secs(5);
@@ -98,6 +104,8 @@ pub struct LeaseHolder {
     sealed: VecDeque<Sealed>,
     open: Vec<LeasedOp>,
     open_answers: Vec<Outcome>,
+    /// About how many bytes the open ops take ([`op_bytes`]).
+    open_bytes: usize,
     overlay: Overlay,
     failures: Vec<LostOp>,
     /// When the last successful round with the group began.
@@ -115,6 +123,7 @@ impl LeaseHolder {
             sealed: VecDeque::new(),
             open: Vec::new(),
             open_answers: Vec::new(),
+            open_bytes: 0,
             overlay: Overlay::default(),
             failures: Vec::new(),
             renewed: None,
@@ -193,6 +202,11 @@ impl LeaseHolder {
         Some(start)
     }
 
+    /// Whether sealed batches wait to be sent.
+    pub fn sealed_waiting(&self) -> bool {
+        !self.sealed.is_empty()
+    }
+
     /// How many ops were answered since the last batch was sealed.
     pub fn open_ops(&self) -> usize {
         self.open.len()
@@ -256,6 +270,11 @@ impl LeaseHolder {
             }
             _ => None,
         };
+        let bytes = op_bytes(&change);
+        if !self.open.is_empty() && self.open_bytes + bytes > MAX_BATCH_BYTES {
+            self.seal();
+        }
+        self.open_bytes += bytes;
         self.open.push(LeasedOp {
             dir,
             epoch,
@@ -294,7 +313,9 @@ impl LeaseHolder {
     }
 
     fn undo_last(&mut self, number: Option<Ino>) {
-        self.open.pop();
+        if let Some(op) = self.open.pop() {
+            self.open_bytes -= op_bytes(&op.change);
+        }
         if let Some(ino) = number {
             self.inos.push_front((ino, ino + 1));
         }
@@ -326,6 +347,7 @@ impl LeaseHolder {
         }
         let ops = std::mem::take(&mut self.open);
         let answers = std::mem::take(&mut self.open_answers);
+        self.open_bytes = 0;
         let id = RequestId {
             client: self.session,
             seq: self.next_seq,
@@ -434,6 +456,23 @@ impl LeaseHolder {
         self.overlay
             .inode(ino)
             .map(|o| o.map(|o: &OverlayInode| o.attr.clone()))
+    }
+}
+
+/// About how many bytes `change` takes in a batch: its data and names, and a little for
+/// the rest.
+fn op_bytes(change: &LeasedChange) -> usize {
+    const REST: usize = 128;
+    REST + match change {
+        LeasedChange::MkNode { name, target, .. } => {
+            name.len() + target.as_ref().map_or(0, String::len)
+        }
+        LeasedChange::Link { name, .. }
+        | LeasedChange::Unlink { name }
+        | LeasedChange::Rmdir { name } => name.len(),
+        LeasedChange::Rename { name, new_name, .. } => name.len() + new_name.len(),
+        LeasedChange::SetAttr { .. } => 0,
+        LeasedChange::WriteInline { data, .. } => data.len(),
     }
 }
 

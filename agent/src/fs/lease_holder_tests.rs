@@ -513,3 +513,55 @@ fn a_holder_answers_only_within_the_term_of_its_last_round() {
         Ok(Outcome::Attr(_))
     ));
 }
+
+/// A batch is one log entry, which must fit one append message: inline writes of 60 KiB
+/// each fill several batches, sealed as they fill, committed in order, none over the
+/// limit (found by `metadata_catch_up`: a 4 MB entry could never reach a follower).
+#[test]
+fn a_batch_stays_under_its_byte_limit() {
+    let mut rig = Rig::new();
+    let dir = rig.leased_dir("big");
+    let files: Vec<Ino> = (0..12)
+        .map(|i| match rig.answer(dir, create(&format!("f{i}"))) {
+            Outcome::Attr(a) => a.ino,
+            other => panic!("create: {other:?}"),
+        })
+        .collect();
+    for &ino in &files {
+        let write = LeasedChange::WriteInline {
+            ino,
+            offset: 0,
+            data: vec![7; 60 << 10],
+            max_inline: 64 << 10,
+        };
+        assert!(matches!(rig.answer(dir, write), Outcome::Attr(a) if a.size == 60 << 10));
+    }
+    rig.holder.seal();
+    let mut batches = 0;
+    while let Some(proposal) = rig.holder.next_to_commit().cloned() {
+        let Command::LeasedBatch { ops, .. } = &proposal.command else {
+            panic!("not a batch: {proposal:?}")
+        };
+        let data: usize = ops
+            .iter()
+            .map(|op| match &op.change {
+                LeasedChange::WriteInline { data, .. } => data.len(),
+                _ => 0,
+            })
+            .sum();
+        assert!(data <= super::MAX_BATCH_BYTES, "a batch of {data} bytes");
+        let outcome = rig.commit_proposal(proposal);
+        rig.holder
+            .committed(&rig.store, &outcome)
+            .expect("committed");
+        batches += 1;
+    }
+    assert!(batches >= 2, "{batches} batches");
+    assert!(rig.holder.take_failures().is_empty());
+    for &ino in &files {
+        assert_eq!(
+            rig.store.file_data(ino).expect("data").inline.len(),
+            60 << 10
+        );
+    }
+}

@@ -446,14 +446,18 @@ impl Leases {
         let store = self.group.store();
         // A directory's own attributes go under its own lease, not its parent's.
         let creates = matches!(change, LeasedChange::MkNode { kind, .. } if kind != FileKind::Dir);
-        let (outcome, open) = {
+        let (outcome, wake) = {
             let mut holder = self.holder();
             let outcome = holder
                 .answer(store, dir, change, Timestamp::now(), Instant::now())
                 .map_err(FsError::from)?;
-            (outcome, holder.open_ops())
+            // Many ops, or a batch sealed full: the writeback goes now.
+            (
+                outcome,
+                holder.open_ops() >= WAKE_AT || holder.sealed_waiting(),
+            )
         };
-        if open >= WAKE_AT {
+        if wake {
             self.wake.notify_one();
         }
         let mut policy = self.policy();

@@ -140,6 +140,13 @@ fn impossible_reservation_is_refused_naming_the_key_and_leaves_no_cgroup() {
     }
 }
 
+fn write_synced(path: &std::path::Path, data: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create");
+    f.write_all(data).expect("write");
+    f.sync_all().expect("fsync");
+}
+
 fn procs_of(group: &std::path::Path) -> Vec<String> {
     read(&group.join("cgroup.procs"))
         .lines()
@@ -162,7 +169,9 @@ fn the_mount_joins_its_agents_reservation_and_survives_an_agent_crash() {
         || procs_of(&mem).contains(&mount_pid).then_some(()),
     );
     let mnt = c.node_dir(1).join("mnt");
-    std::fs::write(mnt.join("before"), b"one").expect("write");
+    // Synced: a close alone may be answered under a directory lease and lost with a
+    // killed agent (README, "Mount").
+    write_synced(&mnt.join("before"), b"one");
 
     // The agent crashes with the mount inside its group: the next agent must start anyway
     // (a mount is not another agent), and the mount joins the new group.

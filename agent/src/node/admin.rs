@@ -203,6 +203,14 @@ async fn serve_client(mut stream: UnixStream, node: Arc<Node>) {
 }
 
 async fn handle(node: &Node, request: Request, pid: Option<i32>, version: u8) -> Response {
+    // An operator's request about the namespace (pin, release, prefetch, drain...) sees
+    // what this node's mount was answered under its directory leases: committed first.
+    if !matches!(request, Request::Fs(_) | Request::Status)
+        && node.fs.leases().pending()
+        && let Err(e) = node.fs.leases().flush().await
+    {
+        return Response::Fs(FsResponse::Error(e));
+    }
     match request {
         Request::Status => match status::report(node).await {
             Ok(r) => Response::Status(Box::new(r)),

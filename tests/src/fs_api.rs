@@ -41,7 +41,7 @@ impl Fs {
             (FsResponse::Unsynced(answer), Some(ino)) => {
                 let session = self.id;
                 match self.send(FsRequest::Sync { ino, session }).await {
-                    FsResponse::Synced { .. } => *answer,
+                    FsResponse::Synced { .. } => answer.into_response(),
                     failed => failed,
                 }
             }

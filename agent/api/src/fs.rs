@@ -356,8 +356,39 @@ impl FsResponse {
     /// (`Unsynced`).
     pub fn into_answer(self) -> FsResponse {
         match self {
-            FsResponse::Unsynced(answer) => *answer,
+            FsResponse::Unsynced(answer) => answer.into_response(),
             answer => answer,
+        }
+    }
+
+    /// This answer, made under a directory lease: `Unsynced` when it is one of the
+    /// answers a change gives, else as it is.
+    pub fn unsynced(self) -> FsResponse {
+        match self {
+            FsResponse::Done => FsResponse::Unsynced(UnsyncedAnswer::Done),
+            FsResponse::Attr(a) => FsResponse::Unsynced(UnsyncedAnswer::Attr(a)),
+            FsResponse::Entry(a) => FsResponse::Unsynced(UnsyncedAnswer::Entry(a)),
+            other => other,
+        }
+    }
+}
+
+/// What a change answered under a directory lease says (`FsResponse::Unsynced`): one of
+/// a change's answers, never nested (a decoder must not recurse on what a peer sends).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum UnsyncedAnswer {
+    Done,
+    Attr(FileAttr),
+    Entry(FileAttr),
+}
+
+impl UnsyncedAnswer {
+    /// The answer as the committed path gives it.
+    pub fn into_response(self) -> FsResponse {
+        match self {
+            UnsyncedAnswer::Done => FsResponse::Done,
+            UnsyncedAnswer::Attr(a) => FsResponse::Attr(a),
+            UnsyncedAnswer::Entry(a) => FsResponse::Entry(a),
         }
     }
 }
@@ -499,7 +530,7 @@ pub enum FsResponse {
     /// The answer to a change made under a directory lease, to clients of protocol 12
     /// on: applied on this node, committed by the agent within its
     /// `metadata_writeback_ms`, durable after the next `Sync` naming it.
-    Unsynced(Box<FsResponse>),
+    Unsynced(UnsyncedAnswer),
     /// `Sync` done. `instance`: random per agent process. `clean_start`: the agent process
     /// before this one on the node committed everything it answered before it stopped
     /// (it was stopped, not killed), so a mount whose connection failed lost nothing it

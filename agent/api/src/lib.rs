@@ -23,7 +23,7 @@ pub use failure::{Failure, FailureKind};
 pub use fs::{
     ChangeBatch, DELIVERY_WAIT_MS, DirEntry, Extent, FEED_START, FileAttr, FileKind, FileLayout,
     FsError, FsRequest, FsResponse, FsStats, Ino, MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, NAME_MAX,
-    Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp,
+    Owner, ROOT_INO, RenameFlags, RequestId, SetAttr, SetTime, Timestamp, UnsyncedAnswer,
 };
 pub use maintenance::{
     DrainPlan, DrainProgress, DrainTarget, MAX_STRIPES_NAMED, OkToStop, OkToStopNodes, StopNode,

@@ -330,7 +330,7 @@ impl FsService {
             self.leases.remember(id, prior.clone());
         }
         match prior {
-            Prior::Answered(answer) => answer.map(|a| FsResponse::Unsynced(Box::new(a))),
+            Prior::Answered(answer) => answer.map(FsResponse::unsynced),
             Prior::Committed => self.serve_change(req).await,
         }
     }

@@ -244,19 +244,13 @@ impl Agent {
             Ok(Response::Fs(FsResponse::Unsynced(r))) => {
                 // Answered under a directory lease: durable after the next `Sync`.
                 self.answered.fetch_add(1, Ordering::AcqRel);
-                if let (
-                    FsResponse::Entry(a)
-                    | FsResponse::Attr(a)
-                    | FsResponse::EntryAt { attr: a, .. },
-                    Some(f),
-                ) = (&*r, self.on_unsynced.get())
+                let r = r.into_response();
+                if let (FsResponse::Entry(a) | FsResponse::Attr(a), Some(f)) =
+                    (&r, self.on_unsynced.get())
                 {
                     f(a);
                 }
-                match *r {
-                    FsResponse::Error(e) => Err(Errno::from_i32(e.errno())),
-                    r => Ok(r),
-                }
+                Ok(r)
             }
             Ok(Response::Fs(r)) => Ok(r),
             Ok(Response::Error(e)) => {

@@ -39,7 +39,7 @@ pub async fn change_synced(fs: &Arc<FsService>, req: FsRequest, session: u64) ->
                 .handle(FsRequest::Sync { ino, session }, None, PROTOCOL)
                 .await
             {
-                FsResponse::Synced { .. } => *answer,
+                FsResponse::Synced { .. } => answer.into_response(),
                 failed => failed,
             }
         }

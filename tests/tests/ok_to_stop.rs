@@ -99,7 +99,10 @@ fn ok_to_stop_says_whether_one_more_stop_keeps_every_stripe_at_k_plus_one() {
             && domains.contains(&format!("fd{b}").as_str()),
         "the down node's and the asked node's domains: {r}"
     );
-    // Asked by id, of another node: the same answer.
+    // Asked by id, of another node: the same answer, once that node's membership view
+    // has the down node down too (each node answers from its own gossip view; CI once
+    // asked b while b still saw a alive, and b answered yes).
+    wait_down(&c, b, &a_id);
     let b_id = c.node_id(b);
     let (code, by_id) = ok_to_stop(&c, b, &[&b_id]);
     assert_eq!((code, &by_id["stripes_at_k"]), (1, &r["stripes_at_k"]));

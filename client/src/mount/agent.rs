@@ -27,7 +27,7 @@ use shoal_agent_api::{
 use tokio::sync::Semaphore;
 
 /// What runs with the attributes of an answer made under a directory lease.
-type OnUnsynced = Box<dyn Fn(&FileAttr) + Send + Sync>;
+type OnUnsynced = Box<dyn Fn(&FileAttr, u64) + Send + Sync>;
 
 /// Most connections the pool opens to the agent.
 const MAX_CONNECTIONS: usize = 16;
@@ -96,6 +96,8 @@ pub struct Agent {
     maybe_lost: AtomicBool,
     /// The agent process that answered the last `Sync` (`FsResponse::Synced`).
     synced_by: AtomicU64,
+    /// Changes (requests with a `sync_target`) sent so far, counted as each is sent.
+    changes: AtomicU64,
 }
 
 impl Agent {
@@ -121,6 +123,7 @@ impl Agent {
             synced: AtomicU64::new(0),
             maybe_lost: AtomicBool::new(false),
             synced_by: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -162,8 +165,9 @@ impl Agent {
         let _ = self.on_reconnect.set(Box::new(f));
     }
 
-    /// Sets what runs with the attributes of an answer made under a directory lease.
-    pub fn on_unsynced(&self, f: impl Fn(&FileAttr) + Send + Sync + 'static) {
+    /// Sets what runs with the attributes of an answer made under a directory lease, and
+    /// the change count when its request was sent ([`Agent::changes_sent`]).
+    pub fn on_unsynced(&self, f: impl Fn(&FileAttr, u64) + Send + Sync + 'static) {
         let _ = self.on_unsynced.set(Box::new(f));
     }
 
@@ -225,6 +229,13 @@ impl Agent {
         self.handles.lock().await.remove(&handle);
     }
 
+    /// How many changes (requests that change an inode or a directory) this mount has
+    /// sent so far: an answer about an inode stays the agent's view of it only while this
+    /// count does not move.
+    pub fn changes_sent(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// Sends a filesystem request, retrying as the module doc says; the answer, or the
     /// errno the kernel gets.
     pub async fn fs(&self, request: FsRequest) -> Result<FsResponse, Errno> {
@@ -234,6 +245,11 @@ impl Agent {
                 Some(self.data_slots.acquire().await.map_err(|_| Errno::EIO)?)
             }
             _ => None,
+        };
+        let at = if request.sync_target().is_some() {
+            self.changes.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            self.changes_sent()
         };
         let request = Request::Fs(request);
         match self.call(&request).await {
@@ -248,7 +264,7 @@ impl Agent {
                 if let (FsResponse::Entry(a) | FsResponse::Attr(a), Some(f)) =
                     (&r, self.on_unsynced.get())
                 {
-                    f(a);
+                    f(a, at);
                 }
                 Ok(r)
             }
@@ -582,5 +598,42 @@ mod tests {
         assert_eq!(a.client, agent.session());
         assert_eq!(b.client, a.client);
         assert!(b.seq > a.seq);
+    }
+
+    #[tokio::test]
+    async fn changes_are_counted_as_sent_and_an_unsynced_answer_carries_its_count() {
+        let sock = socket_path("changes");
+        let (tx, _seen) = mpsc::unbounded_channel();
+        let _agent = fake_agent(sock.clone(), tx, |r| {
+            Some(match attr_answer(r) {
+                Response::Fs(FsResponse::Attr(a))
+                    if matches!(r, Request::Fs(FsRequest::SetAttr { .. })) =>
+                {
+                    Response::Fs(FsResponse::Attr(a).unsynced())
+                }
+                other => other,
+            })
+        });
+        let agent = Agent::new(sock, Duration::from_secs(5));
+        let (hook, mut heard) = mpsc::unbounded_channel();
+        agent.on_unsynced(move |a, at| {
+            let _ = hook.send((a.ino, at));
+        });
+        assert_eq!(agent.changes_sent(), 0);
+        agent
+            .fs(FsRequest::GetAttr { ino: 9 })
+            .await
+            .expect("getattr");
+        assert_eq!(agent.changes_sent(), 0, "a query is no change");
+        let set = |ino| FsRequest::SetAttr {
+            id: agent.next_id(),
+            ino,
+            set: SetAttr::default(),
+        };
+        agent.fs(set(9)).await.expect("setattr");
+        agent.fs(set(10)).await.expect("setattr");
+        assert_eq!(agent.changes_sent(), 2);
+        assert_eq!(heard.recv().await, Some((9, 1)));
+        assert_eq!(heard.recv().await, Some((10, 2)));
     }
 }

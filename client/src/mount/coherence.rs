@@ -41,11 +41,13 @@ use std::time::Duration;
 
 use fuser::{INodeNo, Notifier};
 use shoal_agent_api::{
-    ChangeBatch, DELIVERY_WAIT_MS, FEED_START, FsRequest, FsResponse, Ino, MAX_WATCH_MS, ROOT_INO,
+    ChangeBatch, DELIVERY_WAIT_MS, FEED_START, FileAttr, FsRequest, FsResponse, Ino, MAX_WATCH_MS,
+    ROOT_INO,
 };
 use tokio::sync::watch;
 
 use super::agent::Agent;
+use super::held::HeldFiles;
 
 /// Longest the kernel keeps a name or a directory's attributes without the feed.
 pub const UNWATCHED_TTL: Duration = Duration::from_secs(1);
@@ -267,11 +269,8 @@ pub struct Coherence {
     /// changed there, `FsResponse::Unsynced`): no other node has changed them since (the
     /// feed would have said so), so the kernel may keep their attributes as long as a
     /// directory's.
-    held: Mutex<HashSet<Ino>>,
+    held: HeldFiles,
 }
-
-/// Files remembered as held under a lease; past it the set starts again.
-const MAX_HELD: usize = 1 << 16;
 
 impl Default for Coherence {
     fn default() -> Self {
@@ -282,7 +281,7 @@ impl Default for Coherence {
             failed: AtomicU64::new(0),
             kernel: std::sync::OnceLock::new(),
             resets: AtomicU64::new(0),
-            held: Mutex::default(),
+            held: HeldFiles::default(),
         }
     }
 }
@@ -301,22 +300,29 @@ impl Coherence {
         }
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<Ino>> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The agent answered a change of file `ino` under its directory lease.
-    pub fn hold(&self, ino: Ino) {
-        let mut held = self.held();
-        if held.len() >= MAX_HELD {
-            held.clear();
-        }
-        held.insert(ino);
+    /// The agent answered a change of file `attr.ino` under its directory lease, sent at
+    /// change count `at` (see [`HeldFiles`]).
+    pub fn hold(&self, attr: &FileAttr, at: u64) {
+        self.held.hold(attr, at);
     }
 
     /// Whether file `ino`'s attributes may be cached like a directory's (see `held`).
     pub fn is_held(&self, ino: Ino) -> bool {
-        self.live.load(Ordering::Relaxed) && self.held().contains(&ino)
+        self.live.load(Ordering::Relaxed) && self.held.contains(ino)
+    }
+
+    /// The attributes the agent holds for file `ino` when this mount knows them without
+    /// asking, the mount's change count being `now` (see [`HeldFiles::attr`]).
+    pub fn held_attr(&self, ino: Ino, now: u64) -> Option<FileAttr> {
+        if !self.live.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.held.attr(ino, now)
+    }
+
+    /// See [`HeldFiles::answered`].
+    pub fn answered_held(&self, attr: &FileAttr, now: u64) {
+        self.held.answered(attr, now);
     }
 
     /// Whether the agent serves the feed (and the requests of its protocol).
@@ -347,7 +353,7 @@ impl Coherence {
     /// connection serves anything.
     pub fn reconnected(&self) {
         self.resets.fetch_add(1, Ordering::AcqRel);
-        self.held().clear();
+        self.held.clear();
         let (names, inodes) = self.names().reset();
         let drops = Drops { names, inodes };
         if let Some(kernel) = self.kernel.get()
@@ -429,14 +435,11 @@ impl Coherence {
         let mut drops = Drops::default();
         if batch.reset || renewed {
             (drops.names, drops.inodes) = names.reset();
-            self.held().clear();
+            self.held.clear();
         }
-        {
-            // Changed on another node: cached for the files' TTL again.
-            let mut held = self.held();
-            for ino in &batch.inodes {
-                held.remove(ino);
-            }
+        // Changed on another node: cached for the files' TTL again.
+        for &ino in &batch.inodes {
+            self.held.remove(ino);
         }
         let end = Some(Stamp {
             epoch: batch.epoch,

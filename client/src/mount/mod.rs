@@ -22,6 +22,7 @@ mod dir;
 mod files;
 mod fs;
 mod fstab;
+mod held;
 mod ops;
 mod readahead;
 #[cfg(test)]

@@ -62,9 +62,9 @@ impl FsState {
         }
         {
             let coherence = coherence.clone();
-            agent.on_unsynced(move |attr| {
+            agent.on_unsynced(move |attr, at| {
                 if attr.kind == FileKind::File {
-                    coherence.hold(attr.ino);
+                    coherence.hold(attr, at);
                 }
             });
         }
@@ -137,8 +137,17 @@ impl FsState {
         if self.agent.speaks(WRITE_THEN_SET_SINCE)
             && let Some((end, held)) = self.files.hold_set(ino, &set).await
         {
-            let committed = attr_of(self.agent.fs(FsRequest::GetAttr { ino }).await?)?;
-            return Ok(attr::held(&committed, &held, end));
+            // A file held under the agent's lease, with nothing sent since its last answer:
+            // that answer is the agent's view (cp -a's chown, utimes and chmod after the
+            // data each save a round trip).
+            let now = self.agent.changes_sent();
+            let committed = match self.coherence.held_attr(ino, now) {
+                Some(a) => a,
+                None => attr_of(self.agent.fs(FsRequest::GetAttr { ino }).await?)?,
+            };
+            let answer = attr::held(&committed, &held, end);
+            self.coherence.answered_held(&answer, now);
+            return Ok(answer);
         }
         let truncates = set.size.is_some();
         if truncates || self.files.has_pending(ino) {

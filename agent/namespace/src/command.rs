@@ -357,6 +357,15 @@ impl LeasedOp {
                 data,
                 max_inline,
             },
+            LeasedChange::WriteExtents {
+                ino,
+                inline_version,
+                extents,
+            } => Command::WriteExtents {
+                ino,
+                inline_version,
+                extents,
+            },
         }
     }
 }
@@ -411,6 +420,13 @@ pub enum LeasedChange {
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         max_inline: u64,
+    },
+    /// Extents of a file of the directory, written to stripes (every shard durable)
+    /// before the op was answered.
+    WriteExtents {
+        ino: Ino,
+        inline_version: Option<u64>,
+        extents: Vec<NewExtent>,
     },
 }
 

@@ -378,6 +378,58 @@ fn the_lease_formats_are_pinned() {
     );
 }
 
+/// A holder's extent write (`LeasedChange::WriteExtents`, added after the other ops: a
+/// new variant index, the bytes above unchanged).
+fn leased_extent_write() -> Batch {
+    let stripe = StripeRecord {
+        id: StripeId(0x0506),
+        len: 100,
+        ec: EcProfile { k: 2, m: 1 },
+        shard_len: 50,
+        epoch: 3,
+        shards: (0..3)
+            .map(|index| ShardLocation {
+                index,
+                node: NodeId(10 + u64::from(index)),
+                crc32c: 0xabc0 + u32::from(index),
+            })
+            .collect(),
+    };
+    let ops = vec![LeasedOp {
+        dir: 2,
+        epoch: 1,
+        now: at(9),
+        change: LeasedChange::WriteExtents {
+            ino: 3,
+            inline_version: None,
+            extents: vec![NewExtent {
+                offset: 0,
+                len: 100,
+                stripe,
+            }],
+        },
+    }];
+    let commands = vec![Command::LeasedBatch {
+        holder: NodeId(10),
+        ops,
+    }];
+    numbered(commands, 3_000, None)
+}
+
+#[test]
+fn the_leased_extent_write_is_pinned() {
+    let bytes = postcard::to_allocvec(&leased_extent_write()).expect("encode");
+    assert_eq!(
+        hex(&bytes),
+        GOLDEN_LEASED_EXTENT_WRITE,
+        "the log format changed: bump the log record version"
+    );
+    let back: Batch = postcard::from_bytes(&bytes).expect("decode");
+    assert_eq!(back, leased_extent_write());
+}
+
+const GOLDEN_LEASED_EXTENT_WRITE: &str =
+    "01010900f02e071b0a0102011207070300010064860a6403322b31320303000ac0d702010bc1d702020cc2d70200";
 const GOLDEN_LEASE_BATCH: &str = concat!(
     "06010900a01f070001016401ed0301020000010901a21f071a0a04010902a41f0718020a010903a6",
     "1f071b0a07020112070003016600a403010200000201120701030168020112070603000278794002",

@@ -352,6 +352,11 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
             data,
             max_inline,
         } => data::write_inline(tx, now, *ino, *offset, data, *max_inline),
+        LeasedChange::WriteExtents {
+            ino,
+            inline_version,
+            extents,
+        } => data::write_extents(tx, now, *ino, *inline_version, extents),
     }
 }
 
@@ -362,7 +367,7 @@ mod tests {
 
     use crate::command::{Command, LeasedChange, LeasedOp};
     use crate::format::{FileKind, FsError, Ino, Owner, RenameFlags, SetAttr};
-    use crate::testkit::{Kit, at, mknode_cmd};
+    use crate::testkit::{Kit, at, extent, mknode_cmd};
     use crate::{DirLease, Outcome};
 
     const A: NodeId = NodeId(1);
@@ -408,6 +413,58 @@ mod tests {
             Outcome::Batch(outcomes) => outcomes,
             other => panic!("not a batch outcome: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_holders_extent_write_applies_under_its_lease_and_only_there() {
+        let mut kit = Kit::new();
+        let dir = kit.mkdir(ROOT_INO, "d");
+        let epoch = take(&mut kit, dir, A);
+        let (ino, _) = inos(&mut kit, 4);
+        let write = |offset, len, id| LeasedChange::WriteExtents {
+            ino,
+            inline_version: None,
+            extents: vec![extent(offset, len, id)],
+        };
+        let out = batch(
+            &mut kit,
+            A,
+            vec![
+                op(dir, epoch, create(ino, "f", FileKind::File)),
+                op(dir, epoch, write(0, 100_000, 40)),
+                op(dir, epoch, write(100_000, 50_000, 41)),
+            ],
+        );
+        assert!(
+            matches!(&out[1], Outcome::Attr(a) if a.size == 100_000),
+            "{out:?}"
+        );
+        assert!(
+            matches!(&out[2], Outcome::Attr(a) if a.size == 150_000),
+            "{out:?}"
+        );
+        let data = kit.store.file_data(ino).expect("file");
+        assert_eq!(data.extents.len(), 2);
+        assert_eq!(data.attr.mtime, at(50), "the holder's time, as it answered");
+        // A stripe a node gave up for an orphan (the batch came too late): refused, and
+        // the lease ends with it (the holder's later ops are lost, never applied).
+        let abandoned = shoal_placement::StripeId(42);
+        kit.run(Command::AbandonStripes {
+            ids: vec![abandoned],
+        });
+        let out = batch(
+            &mut kit,
+            A,
+            vec![
+                op(dir, epoch, write(0, 10, 42)),
+                op(dir, epoch, write(0, 10, 43)),
+            ],
+        );
+        assert_eq!(
+            out,
+            [Outcome::StripeAbandoned(abandoned), Outcome::LeaseLost]
+        );
+        assert_eq!(kit.store.file_data(ino).expect("file").attr.size, 150_000);
     }
 
     #[test]

@@ -527,6 +527,11 @@ impl Model {
                 data,
                 max_inline,
             } => self.write_inline(now, ino, offset, &data, max_inline),
+            LeasedChange::WriteExtents {
+                ino,
+                inline_version,
+                extents,
+            } => self.write_extents(now, ino, inline_version, &extents),
         }
     }
 
@@ -882,6 +887,38 @@ struct Gen {
 }
 
 impl Gen {
+    /// Extents (some invalid) and an inline version (mostly the file's own) for a write
+    /// of `ino`.
+    fn extents_for(&mut self, model: &Model, ino: Ino) -> (Option<u64>, Vec<NewExtent>) {
+        let count = 1 + self.rng.below(3);
+        let mut extents = Vec::new();
+        for _ in 0..count {
+            let len = self.rng.below(20) + u64::from(!self.rng.chance(3));
+            let slack = if self.rng.chance(3) {
+                0
+            } else {
+                self.rng.below(5)
+            };
+            let stripe = self.stripe(len + slack);
+            let mut ext = NewExtent {
+                offset: self.rng.below(64),
+                len,
+                stripe,
+            };
+            if self.rng.chance(2) {
+                ext.stripe.len = len.saturating_sub(1);
+            }
+            extents.push(ext);
+        }
+        let version = model.nodes.get(&ino).map(|n| n.version);
+        let inline_version = match self.rng.below(10) {
+            0 => None,
+            1 => version.map(|v| v + 1),
+            _ => version,
+        };
+        (inline_version, extents)
+    }
+
     fn name(&mut self) -> String {
         match self.rng.below(100) {
             0 => String::new(),
@@ -1021,7 +1058,7 @@ impl Gen {
                 g.rng.pick(&names)
             }
         };
-        let change = match self.rng.below(9) {
+        let change = match self.rng.below(10) {
             0..=2 => {
                 // A number handed out to the holder and not passed, or now and then any.
                 let (ranges, floor) = model.ranges.get(&holder).cloned().unwrap_or_default();
@@ -1088,6 +1125,15 @@ impl Gen {
                         size: self.rng.chance(30).then(|| self.rng.below(40)),
                         ..SetAttr::default()
                     },
+                }
+            }
+            8 => {
+                let ino = self.file(model);
+                let (inline_version, extents) = self.extents_for(model, ino);
+                LeasedChange::WriteExtents {
+                    ino,
+                    inline_version,
+                    extents,
                 }
             }
             _ => LeasedChange::WriteInline {
@@ -1209,32 +1255,7 @@ impl Gen {
             }
             80..=91 => {
                 let ino = self.file(model);
-                let count = 1 + self.rng.below(3);
-                let mut extents = Vec::new();
-                for _ in 0..count {
-                    let len = self.rng.below(20) + u64::from(!self.rng.chance(3));
-                    let slack = if self.rng.chance(3) {
-                        0
-                    } else {
-                        self.rng.below(5)
-                    };
-                    let stripe = self.stripe(len + slack);
-                    let mut ext = NewExtent {
-                        offset: self.rng.below(64),
-                        len,
-                        stripe,
-                    };
-                    if self.rng.chance(2) {
-                        ext.stripe.len = len.saturating_sub(1);
-                    }
-                    extents.push(ext);
-                }
-                let version = model.nodes.get(&ino).map(|n| n.version);
-                let inline_version = match self.rng.below(10) {
-                    0 => None,
-                    1 => version.map(|v| v + 1),
-                    _ => version,
-                };
+                let (inline_version, extents) = self.extents_for(model, ino);
                 Command::WriteExtents {
                     ino,
                     inline_version,

@@ -450,6 +450,12 @@ impl LeaseHolder {
         self.overlay.entry(dir, name).map(|e| e.map(|(ino, _)| ino))
     }
 
+    /// How many inline bytes `ino` holds as the pending ops left it: `Some(None)`
+    /// deleted; `None` when they did not touch it.
+    pub fn inline_len(&self, ino: Ino) -> Option<Option<usize>> {
+        self.overlay.inode(ino).map(|o| o.map(|o| o.inline.len()))
+    }
+
     /// Attributes of `ino` as the pending ops left them: `Some(None)` deleted; `None`
     /// when they did not touch it.
     pub fn attr(&self, ino: Ino) -> Option<Option<FileAttr>> {
@@ -473,6 +479,10 @@ fn op_bytes(change: &LeasedChange) -> usize {
         LeasedChange::Rename { name, new_name, .. } => name.len() + new_name.len(),
         LeasedChange::SetAttr { .. } => 0,
         LeasedChange::WriteInline { data, .. } => data.len(),
+        LeasedChange::WriteExtents { extents, .. } => extents
+            .iter()
+            .map(|e| REST + e.stripe.shards.len() * 32)
+            .sum(),
     }
 }
 

@@ -565,3 +565,48 @@ fn a_batch_stays_under_its_byte_limit() {
         );
     }
 }
+
+#[test]
+fn an_extent_write_of_a_file_made_under_the_lease_is_answered_and_committed_after_it() {
+    use shoal_agent_api::{ShardLocation, StripeRecord};
+    use shoal_namespace::NewExtent;
+    use shoal_placement::{EcProfile, StripeId};
+    let mut rig = Rig::new();
+    let dir = rig.leased_dir("d");
+    let Outcome::Attr(a) = rig.answer(dir, create("big")) else {
+        panic!("create")
+    };
+    assert_eq!(rig.holder.inline_len(a.ino), Some(Some(0)));
+    let stripe = StripeRecord {
+        id: StripeId(9),
+        len: 200_000,
+        ec: EcProfile { k: 2, m: 1 },
+        shard_len: 100_000,
+        epoch: 1,
+        shards: (0..3)
+            .map(|index| ShardLocation {
+                index,
+                node: NodeId(u64::from(index) + 1),
+                crc32c: 0,
+            })
+            .collect(),
+    };
+    let write = LeasedChange::WriteExtents {
+        ino: a.ino,
+        inline_version: None,
+        extents: vec![NewExtent {
+            offset: 0,
+            len: 200_000,
+            stripe: stripe.into(),
+        }],
+    };
+    assert!(matches!(rig.answer(dir, write), Outcome::Attr(x) if x.size == 200_000));
+    assert_eq!(
+        rig.holder.attr(a.ino).flatten().map(|x| x.size),
+        Some(200_000)
+    );
+    rig.flush();
+    assert!(rig.holder.take_failures().is_empty());
+    let data = rig.store.file_data(a.ino).expect("committed");
+    assert_eq!((data.attr.size, data.extents.len()), (200_000, 1));
+}

@@ -114,7 +114,7 @@ impl FsService {
                 ino, offset, data, ..
             } => {
                 let dir = self.lease_of_inode(*ino)?;
-                return self.answered(dir, self.inline(*ino, *offset, data)?);
+                return self.leased_write(dir, *ino, *offset, data).await;
             }
             FsRequest::WriteThenSet {
                 ino,
@@ -127,8 +127,7 @@ impl FsService {
                 if set.size.is_some() {
                     return Some(Err(FsError::Invalid));
                 }
-                let write = self.inline(*ino, *offset, data)?;
-                match self.answered(dir, write)? {
+                match self.leased_write(dir, *ino, *offset, data).await? {
                     Ok(_) => {}
                     Err(e) => return Some(Err(e)),
                 }
@@ -167,6 +166,24 @@ impl FsService {
         self.leases.serves(dir).then_some(dir)
     }
 
+    /// A write of `data` at `offset` into `ino`, answered under the lease on `dir`:
+    /// inline when it fits, else to stripes ([`FsService::leased_extents`]).
+    async fn leased_write(
+        &self,
+        dir: Ino,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<FsResponse, FsError>> {
+        if let Some(answer) = self
+            .inline(ino, offset, data)
+            .and_then(|write| self.answered(dir, write))
+        {
+            return Some(answer);
+        }
+        self.leased_extents(dir, ino, offset, data).await
+    }
+
     /// An inline write of `data` at `offset`, when it fits inline.
     fn inline(&self, ino: Ino, offset: u64, data: &[u8]) -> Option<LeasedChange> {
         let max_inline = self.group.config.inline_max;
@@ -181,7 +198,11 @@ impl FsService {
 
     /// `change` answered under the lease on `dir`; `None` when the lease cannot answer it
     /// (the committed path does, after what is pending).
-    fn answered(&self, dir: Ino, change: LeasedChange) -> Option<Result<FsResponse, FsError>> {
+    pub(super) fn answered(
+        &self,
+        dir: Ino,
+        change: LeasedChange,
+    ) -> Option<Result<FsResponse, FsError>> {
         match self.leases.answer(dir, change) {
             Ok(Outcome::Attr(a)) => Some(Ok(FsResponse::Attr(a.into()))),
             Ok(Outcome::Done) => Some(Ok(FsResponse::Done)),

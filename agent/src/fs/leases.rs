@@ -97,7 +97,8 @@ fn concerned(lost: &LostOp, named: Option<Ino>) -> Vec<Ino> {
         C::MkNode { ino, .. }
         | C::Link { ino, .. }
         | C::SetAttr { ino, .. }
-        | C::WriteInline { ino, .. } => inos.push(*ino),
+        | C::WriteInline { ino, .. }
+        | C::WriteExtents { ino, .. } => inos.push(*ino),
         C::Rename { new_dir, .. } => inos.push(*new_dir),
         C::Unlink { .. } | C::Rmdir { .. } => {}
     }
@@ -296,6 +297,12 @@ impl Leases {
     /// when they did not touch it (the replica answers).
     pub fn attr(&self, ino: Ino) -> Option<Option<FileAttr>> {
         self.holder().attr(ino)
+    }
+
+    /// Inline bytes `ino` holds as the pending changes left it: `Some(None)` deleted;
+    /// `None` when they did not touch it (the replica answers).
+    pub fn inline_len(&self, ino: Ino) -> Option<Option<usize>> {
+        self.holder().inline_len(ino)
     }
 
     /// Whether changes of directory `dir`'s entries wait to be committed.

@@ -16,9 +16,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use shoal_agent_api::{FileAttr, FsError, Ino, RequestId, SetAttr, StripeRecord};
+use shoal_agent_api::{FileAttr, FsError, FsResponse, Ino, RequestId, SetAttr, StripeRecord};
 use shoal_namespace::format::Timestamp;
-use shoal_namespace::{Command, NewExtent, Outcome, Proposal};
+use shoal_namespace::{Command, LeasedChange, NewExtent, Outcome, Proposal};
 use shoal_placement::DEFAULT_SHARD_SIZE;
 use tokio::task::JoinSet;
 use tracing::warn;
@@ -308,6 +308,59 @@ impl FsService {
     }
 
     /// Deletes stripes that were written but will never be committed.
+    /// A write too big to be inline into file `ino` created under the lease on `dir`
+    /// (held here): its stripes written, every shard durable, then the extents answered
+    /// under the lease (`LeasedChange::WriteExtents`), committed with the holder's next
+    /// batch after the file's create, with no round trip to the group now. Until that
+    /// batch commits the shards are unreferenced: the orphan grace is far longer than a
+    /// holder answers without a round (`LEASE_TERM`), and a batch that comes after a node
+    /// gave them up is refused by the abandon fence, a lost op the next `fsync` reports.
+    /// `None` when the lease does not answer it: the file holds inline bytes (they would
+    /// have to be carried, checked by version: the committed path does that) or the lease
+    /// ended meanwhile; the committed path writes it.
+    pub(super) async fn leased_extents(
+        &self,
+        dir: Ino,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<FsResponse, FsError>> {
+        if data.is_empty() || !self.leases.serves(dir) {
+            return None;
+        }
+        let holds_inline = match self.leases.inline_len(ino) {
+            Some(Some(len)) => len > 0,
+            Some(None) => return None,
+            None => match self.group.store().file_data(ino) {
+                Ok(current) => !current.inline.is_empty(),
+                Err(_) => return None,
+            },
+        };
+        if holds_inline {
+            return None;
+        }
+        let (retry_for, _) = self.write_patience();
+        let data = Bytes::copy_from_slice(data);
+        let extents = match self
+            .write_stripes_patiently(&[], offset, &data, retry_for)
+            .await
+        {
+            Ok(extents) => extents,
+            Err(e) => return Some(Err(e)),
+        };
+        let records: Vec<StripeRecord> = extents.iter().map(|e| e.stripe.clone().into()).collect();
+        let write = LeasedChange::WriteExtents {
+            ino,
+            inline_version: None,
+            extents,
+        };
+        let answer = self.answered(dir, write);
+        if !matches!(answer, Some(Ok(_))) {
+            self.discard(&records).await;
+        }
+        answer
+    }
+
     async fn discard(&self, records: &[StripeRecord]) {
         for r in records {
             if let Err(e) = self.stripes.delete(r).await {

@@ -361,6 +361,7 @@ impl LeasedOp {
                 ino,
                 inline_version,
                 extents,
+                ..
             } => Command::WriteExtents {
                 ino,
                 inline_version,
@@ -422,11 +423,15 @@ pub enum LeasedChange {
         max_inline: u64,
     },
     /// Extents of a file of the directory, written to stripes (every shard durable)
-    /// before the op was answered.
+    /// before the op was answered. Refused with [`Outcome::StripeAbandoned`] once the
+    /// cluster clock is past `commit_by_ms`: a batch that late may find its shards given
+    /// up for orphans, and once the abandon record itself has expired no fence would see
+    /// it. The holder sets it from its replica's clock and its commit wait.
     WriteExtents {
         ino: Ino,
         inline_version: Option<u64>,
         extents: Vec<NewExtent>,
+        commit_by_ms: u64,
     },
 }
 

@@ -407,6 +407,7 @@ fn leased_extent_write() -> Batch {
                 len: 100,
                 stripe,
             }],
+            commit_by_ms: 61_000,
         },
     }];
     let commands = vec![Command::LeasedBatch {
@@ -428,8 +429,7 @@ fn the_leased_extent_write_is_pinned() {
     assert_eq!(back, leased_extent_write());
 }
 
-const GOLDEN_LEASED_EXTENT_WRITE: &str =
-    "01010900f02e071b0a0102011207070300010064860a6403322b31320303000ac0d702010bc1d702020cc2d70200";
+const GOLDEN_LEASED_EXTENT_WRITE: &str = "01010900f02e071b0a0102011207070300010064860a6403322b31320303000ac0d702010bc1d702020cc2d702c8dc0300";
 const GOLDEN_LEASE_BATCH: &str = concat!(
     "06010900a01f070001016401ed0301020000010901a21f071a0a04010902a41f0718020a010903a6",
     "1f071b0a07020112070003016600a403010200000201120701030168020112070603000278794002",

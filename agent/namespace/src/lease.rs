@@ -356,7 +356,15 @@ fn apply_op(tx: &mut Tx<'_>, holder: NodeId, op: &LeasedOp) -> Result<Outcome, N
             ino,
             inline_version,
             extents,
-        } => data::write_extents(tx, now, *ino, *inline_version, extents),
+            commit_by_ms,
+        } => {
+            if tx.now_ms() > *commit_by_ms
+                && let Some(first) = extents.first()
+            {
+                return Ok(Outcome::StripeAbandoned(first.stripe.id));
+            }
+            data::write_extents(tx, now, *ino, *inline_version, extents)
+        }
     }
 }
 
@@ -425,6 +433,7 @@ mod tests {
             ino,
             inline_version: None,
             extents: vec![extent(offset, len, id)],
+            commit_by_ms: 60_000,
         };
         let out = batch(
             &mut kit,
@@ -465,6 +474,41 @@ mod tests {
             [Outcome::StripeAbandoned(abandoned), Outcome::LeaseLost]
         );
         assert_eq!(kit.store.file_data(ino).expect("file").attr.size, 150_000);
+    }
+
+    #[test]
+    fn a_holders_extent_write_committed_past_its_time_is_refused() {
+        let mut kit = Kit::stamped();
+        let dir = kit.mkdir(ROOT_INO, "d");
+        let epoch = take(&mut kit, dir, A);
+        let (ino, _) = inos(&mut kit, 4);
+        let now = kit.store.clock_ms().expect("clock");
+        let write = |commit_by_ms| LeasedChange::WriteExtents {
+            ino,
+            inline_version: None,
+            extents: vec![extent(0, 10, 50)],
+            commit_by_ms,
+        };
+        let out = batch(
+            &mut kit,
+            A,
+            vec![
+                op(dir, epoch, create(ino, "f", FileKind::File)),
+                op(dir, epoch, write(now + 60_000)),
+            ],
+        );
+        assert!(
+            matches!(&out[1], Outcome::Attr(a) if a.size == 10),
+            "{out:?}"
+        );
+        // The cluster clock moves a second per apply here: a batch that comes too late
+        // is refused, and the lease ends with it.
+        let out = batch(&mut kit, A, vec![op(dir, epoch, write(now))]);
+        assert_eq!(
+            out,
+            [Outcome::StripeAbandoned(shoal_placement::StripeId(50))]
+        );
+        assert_eq!(kit.store.dir_lease(dir).expect("lease"), None);
     }
 
     #[test]

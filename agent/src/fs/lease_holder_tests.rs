@@ -599,6 +599,7 @@ fn an_extent_write_of_a_file_made_under_the_lease_is_answered_and_committed_afte
             len: 200_000,
             stripe: stripe.into(),
         }],
+        commit_by_ms: u64::MAX,
     };
     assert!(matches!(rig.answer(dir, write), Outcome::Attr(x) if x.size == 200_000));
     assert_eq!(

@@ -14,6 +14,7 @@ mod leased;
 pub mod leases;
 mod recall;
 mod service;
+mod turns;
 mod write;
 
 pub use handles::OpenHandles;

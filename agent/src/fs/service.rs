@@ -32,6 +32,7 @@ use tokio::task::JoinSet;
 use super::handles::OpenHandles;
 use super::leases::{Leases, Prior};
 use super::recall;
+use super::turns::Turns;
 use crate::consensus::{ConsensusError, Group};
 use crate::data::Stripes;
 use crate::tier::Tier;
@@ -52,6 +53,8 @@ pub struct FsService {
     /// Whether the replica has caught up with the group once since this agent started
     /// (see [`FsService::caught_up`]).
     caught_up: std::sync::atomic::AtomicBool,
+    /// Copies of one change request answered one after another (`turns.rs`).
+    turns: Turns<RequestId>,
 }
 
 impl FsService {
@@ -80,6 +83,7 @@ impl FsService {
             transport,
             leases,
             caught_up: std::sync::atomic::AtomicBool::new(false),
+            turns: Turns::default(),
         }
     }
 
@@ -316,6 +320,10 @@ impl FsService {
     /// request-id table answers it).
     async fn serve_change_leased(&self, req: FsRequest) -> Result<FsResponse, FsError> {
         let id = request_id(&req);
+        let _turn = match id {
+            Some(id) => Some(self.turns.take(id).await),
+            None => None,
+        };
         let prior = id.and_then(|id| self.leases.prior(id));
         let answer = match prior {
             Some(Prior::Answered(answer)) => Some(answer),

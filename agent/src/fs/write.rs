@@ -307,17 +307,18 @@ impl FsService {
         Ok(extents)
     }
 
-    /// Deletes stripes that were written but will never be committed.
     /// A write too big to be inline into file `ino` created under the lease on `dir`
     /// (held here): its stripes written, every shard durable, then the extents answered
     /// under the lease (`LeasedChange::WriteExtents`), committed with the holder's next
     /// batch after the file's create, with no round trip to the group now. Until that
-    /// batch commits the shards are unreferenced: the orphan grace is far longer than a
-    /// holder answers without a round (`LEASE_TERM`), and a batch that comes after a node
-    /// gave them up is refused by the abandon fence, a lost op the next `fsync` reports.
-    /// `None` when the lease does not answer it: the file holds inline bytes (they would
-    /// have to be carried, checked by version: the committed path does that) or the lease
-    /// ended meanwhile; the committed path writes it.
+    /// batch commits the shards are unreferenced; the op carries a deadline on the
+    /// cluster clock (the replica's now plus this node's commit wait, a quarter of the
+    /// orphan grace at most, as the committed path waits), past which the state machine
+    /// refuses it: a lost op the next `fsync` reports, never extents whose shards were
+    /// given up. `None` when the lease does not answer it: the file holds inline bytes
+    /// (they would have to be carried, checked by version: the committed path does that),
+    /// a stripe write failed once (the committed path retries it, patiently), or the
+    /// lease ended meanwhile; the committed path writes it.
     pub(super) async fn leased_extents(
         &self,
         dir: Ino,
@@ -328,31 +329,34 @@ impl FsService {
         if data.is_empty() || !self.leases.serves(dir) {
             return None;
         }
+        let store = self.group.store();
         let holds_inline = match self.leases.inline_len(ino) {
             Some(Some(len)) => len > 0,
             Some(None) => return None,
-            None => match self.group.store().file_data(ino) {
-                Ok(current) => !current.inline.is_empty(),
-                Err(_) => return None,
-            },
+            None => !store.file_data(ino).ok()?.inline.is_empty(),
         };
         if holds_inline {
             return None;
         }
-        let (retry_for, _) = self.write_patience();
+        let (_, commit_wait) = self.write_patience();
+        let commit_by_ms = store
+            .clock_ms()
+            .ok()?
+            .saturating_add(u64::try_from(commit_wait.as_millis()).unwrap_or(u64::MAX));
         let data = Bytes::copy_from_slice(data);
-        let extents = match self
-            .write_stripes_patiently(&[], offset, &data, retry_for)
-            .await
-        {
+        let extents = match self.write_stripes(&[], offset, &data).await {
             Ok(extents) => extents,
-            Err(e) => return Some(Err(e)),
+            Err(e) => {
+                tracing::debug!(ino, error = %e, "a leased stripe write failed; the committed path retries it");
+                return None;
+            }
         };
         let records: Vec<StripeRecord> = extents.iter().map(|e| e.stripe.clone().into()).collect();
         let write = LeasedChange::WriteExtents {
             ino,
             inline_version: None,
             extents,
+            commit_by_ms,
         };
         let answer = self.answered(dir, write);
         if !matches!(answer, Some(Ok(_))) {
@@ -361,6 +365,7 @@ impl FsService {
         answer
     }
 
+    /// Deletes stripes that were written but will never be committed.
     async fn discard(&self, records: &[StripeRecord]) {
         for r in records {
             if let Err(e) = self.stripes.delete(r).await {

@@ -27,7 +27,7 @@ use shoal_agent_api::{
 use tokio::sync::Semaphore;
 
 /// What runs with the attributes of an answer made under a directory lease.
-type OnUnsynced = Box<dyn Fn(&FileAttr, u64) + Send + Sync>;
+type OnUnsynced = Box<dyn Fn(&FileAttr, Option<u64>) + Send + Sync>;
 
 /// Most connections the pool opens to the agent.
 const MAX_CONNECTIONS: usize = 16;
@@ -96,8 +96,20 @@ pub struct Agent {
     maybe_lost: AtomicBool,
     /// The agent process that answered the last `Sync` (`FsResponse::Synced`).
     synced_by: AtomicU64,
-    /// Changes (requests with a `sync_target`) sent so far, counted as each is sent.
+    /// Changes (requests with a `sync_target`) sent so far, counted as each is sent, and
+    /// reconnects (see [`Agent::changes_sent`]).
     changes: AtomicU64,
+    /// Changes sent and not answered yet.
+    changes_open: AtomicU64,
+}
+
+/// A change counted open while its request is under way.
+struct OpenChange<'a>(&'a AtomicU64);
+
+impl Drop for OpenChange<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Agent {
@@ -124,6 +136,7 @@ impl Agent {
             maybe_lost: AtomicBool::new(false),
             synced_by: AtomicU64::new(0),
             changes: AtomicU64::new(0),
+            changes_open: AtomicU64::new(0),
         }
     }
 
@@ -166,8 +179,11 @@ impl Agent {
     }
 
     /// Sets what runs with the attributes of an answer made under a directory lease, and
-    /// the change count when its request was sent ([`Agent::changes_sent`]).
-    pub fn on_unsynced(&self, f: impl Fn(&FileAttr, u64) + Send + Sync + 'static) {
+    /// the change count when its request was sent ([`Agent::changes_sent`]) when the
+    /// answer is the agent's latest view of the inode: no other change of this mount was
+    /// under way when it was sent, and none was sent since (the agent answers concurrent
+    /// requests in any order).
+    pub fn on_unsynced(&self, f: impl Fn(&FileAttr, Option<u64>) + Send + Sync + 'static) {
         let _ = self.on_unsynced.set(Box::new(f));
     }
 
@@ -230,8 +246,8 @@ impl Agent {
     }
 
     /// How many changes (requests that change an inode or a directory) this mount has
-    /// sent so far: an answer about an inode stays the agent's view of it only while this
-    /// count does not move.
+    /// sent so far, and reconnects (the agent may be another process): an answer about an
+    /// inode stays the agent's view of it only while this count does not move.
     pub fn changes_sent(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }
@@ -246,10 +262,13 @@ impl Agent {
             }
             _ => None,
         };
-        let at = if request.sync_target().is_some() {
-            self.changes.fetch_add(1, Ordering::AcqRel) + 1
+        let (at, alone, _open) = if request.sync_target().is_some() {
+            let before = self.changes_open.fetch_add(1, Ordering::AcqRel);
+            let open = OpenChange(&self.changes_open);
+            let at = self.changes.fetch_add(1, Ordering::AcqRel) + 1;
+            (at, before == 0, Some(open))
         } else {
-            self.changes_sent()
+            (self.changes_sent(), true, None)
         };
         let request = Request::Fs(request);
         match self.call(&request).await {
@@ -264,7 +283,8 @@ impl Agent {
                 if let (FsResponse::Entry(a) | FsResponse::Attr(a), Some(f)) =
                     (&r, self.on_unsynced.get())
                 {
-                    f(a, at);
+                    let latest = alone && self.changes_sent() == at;
+                    f(a, latest.then_some(at));
                 }
                 Ok(r)
             }
@@ -316,6 +336,9 @@ impl Agent {
                 }
                 Err(e) if e.is_retryable() => {
                     self.epoch.fetch_add(1, Ordering::AcqRel);
+                    // The agent may be gone with what it answered: no earlier answer is
+                    // its view any more (nor one of the old connection still on its way).
+                    self.changes.fetch_add(1, Ordering::AcqRel);
                     if self.reachable.swap(false, Ordering::Relaxed) {
                         tracing::warn!(
                             "agent unreachable, retrying for up to {:?}: {e}",
@@ -633,7 +656,7 @@ mod tests {
         agent.fs(set(9)).await.expect("setattr");
         agent.fs(set(10)).await.expect("setattr");
         assert_eq!(agent.changes_sent(), 2);
-        assert_eq!(heard.recv().await, Some((9, 1)));
-        assert_eq!(heard.recv().await, Some((10, 2)));
+        assert_eq!(heard.recv().await, Some((9, Some(1))));
+        assert_eq!(heard.recv().await, Some((10, Some(2))));
     }
 }

@@ -302,7 +302,7 @@ impl Coherence {
 
     /// The agent answered a change of file `attr.ino` under its directory lease, sent at
     /// change count `at` (see [`HeldFiles`]).
-    pub fn hold(&self, attr: &FileAttr, at: u64) {
+    pub fn hold(&self, attr: &FileAttr, at: Option<u64>) {
         self.held.hold(attr, at);
     }
 

@@ -29,8 +29,9 @@ pub struct HeldFiles {
 
 struct Held {
     attr: FileAttr,
-    /// The change count when the request answered with `attr` was sent.
-    at: u64,
+    /// The change count when the request answered with `attr` was sent; `None` when the
+    /// answer may not be the agent's latest view (another change was under way).
+    at: Option<u64>,
 }
 
 impl HeldFiles {
@@ -39,13 +40,17 @@ impl HeldFiles {
     }
 
     /// The agent answered file `attr.ino`'s attributes under its lease, to a request
-    /// sent at change count `at`.
-    pub fn hold(&self, attr: &FileAttr, at: u64) {
+    /// sent at change count `at` (`None`: held, but the answer may be stale; see
+    /// [`super::agent::Agent::on_unsynced`]).
+    pub fn hold(&self, attr: &FileAttr, at: Option<u64>) {
         let mut files = self.files();
         if files.len() >= MAX_HELD {
             files.clear();
         }
-        let keep = files.get(&attr.ino).is_none_or(|h| h.at <= at);
+        let keep = match (files.get(&attr.ino).and_then(|h| h.at), at) {
+            (Some(held), Some(at)) => held <= at,
+            _ => true,
+        };
         if keep {
             files.insert(
                 attr.ino,
@@ -62,7 +67,7 @@ impl HeldFiles {
     /// of the next such answer.
     pub fn answered(&self, attr: &FileAttr, now: u64) {
         if let Some(h) = self.files().get_mut(&attr.ino)
-            && h.at == now
+            && h.at == Some(now)
         {
             h.attr = attr.clone();
         }
@@ -78,7 +83,7 @@ impl HeldFiles {
     pub fn attr(&self, ino: Ino, now: u64) -> Option<FileAttr> {
         self.files()
             .get(&ino)
-            .filter(|h| h.at == now)
+            .filter(|h| h.at == Some(now))
             .map(|h| h.attr.clone())
     }
 
@@ -101,7 +106,7 @@ mod tests {
     #[test]
     fn an_answer_is_the_agents_view_until_the_mount_sends_another_change() {
         let held = HeldFiles::default();
-        held.hold(&attr(7, 0), 1);
+        held.hold(&attr(7, 0), Some(1));
         assert!(held.contains(7));
         assert_eq!(held.attr(7, 1), Some(attr(7, 0)));
         // The mount's own answer on top (a held setattr) is the next base.
@@ -121,21 +126,29 @@ mod tests {
     #[test]
     fn an_answer_to_an_older_request_does_not_replace_a_newer_one() {
         let held = HeldFiles::default();
-        held.hold(&attr(7, 2), 2);
-        held.hold(&attr(7, 1), 1);
+        held.hold(&attr(7, 2), Some(2));
+        held.hold(&attr(7, 1), Some(1));
         assert_eq!(held.attr(7, 2), Some(attr(7, 2)));
-        // Two changes in flight: the first's answer alone does not say the agent's view.
+        // Sent beside another change: held, with no view the mount may answer from.
         let held = HeldFiles::default();
-        held.hold(&attr(7, 1), 1);
-        assert_eq!(held.attr(7, 2), None);
+        held.hold(&attr(7, 1), None);
+        assert_eq!(held.attr(7, 1), None);
         assert!(held.contains(7));
+        held.hold(&attr(7, 2), Some(3));
+        assert_eq!(held.attr(7, 3), Some(attr(7, 2)));
+        held.hold(&attr(7, 1), None);
+        assert_eq!(
+            held.attr(7, 3),
+            None,
+            "a later answer of unknown order wins"
+        );
     }
 
     #[test]
     fn another_nodes_change_or_a_reset_forgets_the_file() {
         let held = HeldFiles::default();
-        held.hold(&attr(7, 0), 0);
-        held.hold(&attr(8, 0), 0);
+        held.hold(&attr(7, 0), Some(0));
+        held.hold(&attr(8, 0), Some(0));
         held.remove(7);
         assert!(!held.contains(7) && held.attr(7, 0).is_none());
         held.clear();

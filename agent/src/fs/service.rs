@@ -334,7 +334,12 @@ impl FsService {
             Some(answer) => Prior::Answered(answer),
             None => Prior::Committed,
         };
-        if let Some(id) = id {
+        // A failure the mount retries (`Unavailable`: a flush that found no leader) is
+        // not an answer to give again: the copy sent again is served afresh.
+        let retried = matches!(&prior, Prior::Answered(Err(FsError::Unavailable(_))));
+        if let Some(id) = id
+            && !retried
+        {
             self.leases.remember(id, prior.clone());
         }
         match prior {

@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 /// a failure (`Response::Failed`; a client of 3 to 9 is answered `Response::Error`, the
 /// message alone: see [`Response::in_version`]), 11 `FsRequest::WriteThenSet`, 12
 /// `FsRequest::Sync` (a mount of 12 on may be answered changes under a directory lease
-/// before they are committed, and syncs them on `fsync`). Every other
+/// before they are committed, and syncs them on `fsync`) and `FsRequest::Create`. Every other
 /// message is as in version 3, so mounts started with an earlier release keep working
 /// across an agent upgrade.
 pub const API_VERSION: u8 = 12;
@@ -70,6 +70,9 @@ pub const WRITE_THEN_SET_SINCE: u8 = 11;
 /// The version that brought [`FsRequest::Sync`]: the agent answers a mount of this
 /// version on changes under its directory leases before they are committed.
 pub const SYNC_SINCE: u8 = 12;
+
+/// The version that brought [`FsRequest::Create`].
+pub const CREATE_SINCE: u8 = 12;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";

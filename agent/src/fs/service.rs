@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use shoal_agent_api::{
     DELIVERY_WAIT_MS, FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino,
-    MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, RequestId,
+    MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, RequestId, UnsyncedAnswer,
 };
 use shoal_mesh::{GossipHandle, MemberState, Transport};
 use shoal_namespace::format::Timestamp;
@@ -140,12 +140,36 @@ impl FsService {
                 | FsRequest::Watch { .. }
                 | FsRequest::Sync { .. }
         );
-        let answer = if is_change(&req) {
-            if self.answers_from_leases(session_of(&req), version) {
-                self.serve_change_leased(req).await
-            } else {
-                self.serve_change(req).await
+        let answer = if let FsRequest::Create {
+            id,
+            parent,
+            name,
+            perm,
+            owner,
+            session,
+            handle,
+        } = req
+        {
+            // Made as a `MkNode` is (its request id answers a copy sent again), then held
+            // open as an `Open` would (a new file has its name: no staleness to check).
+            let mknode = FsRequest::MkNode {
+                id,
+                parent,
+                name,
+                kind: FileKind::File,
+                perm,
+                owner,
+                rdev: 0,
+                target: None,
+            };
+            let made = self.change(mknode, version).await;
+            if let Ok(FsResponse::Entry(a) | FsResponse::Unsynced(UnsyncedAnswer::Entry(a))) = &made
+            {
+                self.handles.hold(session, handle, a.ino, pid);
             }
+            made
+        } else if is_change(&req) {
+            self.change(req, version).await
         } else if let FsRequest::Sync { ino, session } = req {
             self.leases
                 .sync(ino, session)
@@ -163,6 +187,16 @@ impl FsService {
             }
         };
         answer.unwrap_or_else(FsResponse::Error)
+    }
+
+    /// A change from a mount speaking `version`: answered from the leases when they answer
+    /// its mount, else committed.
+    async fn change(&self, req: FsRequest, version: u8) -> Result<FsResponse, FsError> {
+        if self.answers_from_leases(session_of(&req), version) {
+            self.serve_change_leased(req).await
+        } else {
+            self.serve_change(req).await
+        }
     }
 
     /// Requests answered from the local replica (and the stripes), with read barriers
@@ -705,6 +739,7 @@ fn clip(mut parts: Vec<Bytes>, len: u64) -> Vec<Bytes> {
 fn session_of(req: &FsRequest) -> Option<u64> {
     match req {
         FsRequest::Open { session, .. }
+        | FsRequest::Create { session, .. }
         | FsRequest::Reopen { session, .. }
         | FsRequest::Release { session, .. } => Some(*session),
         _ => request_id(req).map(|id| id.client),

@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use fuser::Errno;
 use shoal_agent_api::{
-    DirEntry, FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner, RenameFlags, SetAttr,
-    WRITE_THEN_SET_SINCE,
+    CREATE_SINCE, DirEntry, FileAttr, FileKind, FsRequest, FsResponse, FsStats, Ino, Owner,
+    RenameFlags, SetAttr, WRITE_THEN_SET_SINCE,
 };
 
 use super::MountArgs;
@@ -315,7 +315,15 @@ impl FsState {
         exclusive: bool,
         truncate: bool,
     ) -> Result<(FileAttr, u64), Errno> {
-        let attr = match self.mknode(parent, name.clone(), node).await {
+        let made = if self.agent.speaks(CREATE_SINCE) && node.kind == FileKind::File {
+            match self.create_open(parent, name.clone(), &node).await {
+                Ok(done) => return Ok(done),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.mknode(parent, name.clone(), node).await
+        };
+        let attr = match made {
             Ok(attr) => attr,
             Err(e) if e == Errno::EEXIST && !exclusive => {
                 let attr = self.lookup(parent, name).await?;
@@ -338,6 +346,37 @@ impl FsState {
         // commit point: the open needs no read barrier of its own (the agent still takes
         // one if it does not find the inode).
         let fh = self.open_handle(attr.ino, true).await?;
+        Ok((attr, fh))
+    }
+
+    /// A new regular file made and opened in one request (`FsRequest::Create`): its
+    /// attributes and handle. The handle is remembered for a restarted agent once the
+    /// file is there (a copy of the request sent to a restarted agent holds it anew).
+    async fn create_open(
+        &self,
+        parent: Ino,
+        name: String,
+        node: &NewNode,
+    ) -> Result<(FileAttr, u64), Errno> {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let request = FsRequest::Create {
+            id: self.agent.next_id(),
+            parent,
+            name,
+            perm: node.perm & 0o7777,
+            owner: node.owner,
+            session: self.agent.session(),
+            handle: fh,
+        };
+        let attr = match attr_of(self.agent.fs(request).await?) {
+            Ok(attr) => attr,
+            Err(e) => {
+                self.release_on_agent(fh).await;
+                return Err(e);
+            }
+        };
+        self.agent.remember_handle(fh, attr.ino).await;
+        self.files.open(fh, attr.ino);
         Ok((attr, fh))
     }
 

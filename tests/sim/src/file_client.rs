@@ -136,18 +136,44 @@ impl FileClient {
 
     async fn create(&mut self, fs: &Arc<FsService>) {
         let name = format!("f{}-{}", self.id, self.seq + 1);
-        let req = FsRequest::MkNode {
-            id: self.next_id(),
-            parent: ROOT_INO,
-            name: name.clone(),
-            kind: FileKind::File,
-            perm: 0o644,
-            owner: Owner { uid: 0, gid: 0 },
-            rdev: 0,
-            target: None,
-        };
+        let id = self.next_id();
         let session = self.session();
-        match tokio::time::timeout(WRITE_WAIT, change_synced(fs, req, session)).await {
+        let owner = Owner { uid: 0, gid: 0 };
+        // Every other create makes and opens the file in one request, as a mount of this
+        // release does (and closes it after); the rest are a bare `MkNode`. No draw of its
+        // own: the seeds' streams stay as they were.
+        let opens = id.seq % 2 == 0;
+        let req = if opens {
+            FsRequest::Create {
+                id,
+                parent: ROOT_INO,
+                name: name.clone(),
+                perm: 0o644,
+                owner,
+                session,
+                handle: id.seq,
+            }
+        } else {
+            FsRequest::MkNode {
+                id,
+                parent: ROOT_INO,
+                name: name.clone(),
+                kind: FileKind::File,
+                perm: 0o644,
+                owner,
+                rdev: 0,
+                target: None,
+            }
+        };
+        let made = tokio::time::timeout(WRITE_WAIT, change_synced(fs, req, session)).await;
+        if opens {
+            let release = FsRequest::Release {
+                session,
+                handle: id.seq,
+            };
+            let _ = tokio::time::timeout(WRITE_WAIT, fs.handle(release, None, PROTOCOL)).await;
+        }
+        match made {
             Ok(FsResponse::Entry(attr) | FsResponse::EntryAt { attr, .. }) => {
                 self.model.file_created(&name, attr.ino);
                 self.mine.push(name.clone());

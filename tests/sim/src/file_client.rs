@@ -142,7 +142,7 @@ impl FileClient {
         // Every other create makes and opens the file in one request, as a mount of this
         // release does (and closes it after); the rest are a bare `MkNode`. No draw of its
         // own: the seeds' streams stay as they were.
-        let opens = id.seq % 2 == 0;
+        let opens = id.seq.is_multiple_of(2);
         let req = if opens {
             FsRequest::Create {
                 id,

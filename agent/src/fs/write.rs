@@ -355,14 +355,64 @@ impl FsService {
         let write = LeasedChange::WriteExtents {
             ino,
             inline_version: None,
-            extents,
+            extents: extents.clone(),
             commit_by_ms,
         };
-        let answer = self.answered(dir, write);
-        if !matches!(answer, Some(Ok(_))) {
-            self.discard(&records).await;
+        match self.answered(dir, write) {
+            Some(Ok(answer)) => Some(Ok(answer)),
+            Some(Err(e)) => {
+                self.discard(&records).await;
+                Some(Err(e))
+            }
+            // The lease did not answer it after all (its term ran out while the stripes
+            // were written, too many ops wait): the stripes are written, so they are
+            // committed through the group, after what the leases answered.
+            None => self.commit_written(ino, extents, &records).await,
         }
-        answer
+    }
+
+    /// Extents of `ino` whose stripes are written (none carries inline bytes), committed
+    /// through the group once what the leases answered is (the file's create among it).
+    /// `None` when the commit refused them in a way a new write mends (inline bytes
+    /// appeared, a stripe was given up): the committed path writes the data again.
+    async fn commit_written(
+        &self,
+        ino: Ino,
+        extents: Vec<NewExtent>,
+        records: &[StripeRecord],
+    ) -> Option<Result<FsResponse, FsError>> {
+        if let Err(e) = self.leases.flush().await {
+            self.discard(records).await;
+            return Some(Err(e));
+        }
+        let (_, commit_wait) = self.write_patience();
+        let proposal = Proposal {
+            id: None,
+            now: Timestamp::now(),
+            command: Command::WriteExtents {
+                ino,
+                inline_version: None,
+                extents,
+            },
+        };
+        let outcome = self
+            .group
+            .propose_within(vec![proposal], commit_wait)
+            .await
+            .and_then(data_outcome);
+        match outcome {
+            Ok((Outcome::Attr(a), _)) => Some(Ok(FsResponse::Attr(a.into()))),
+            Ok((Outcome::Failed(e), _)) => {
+                self.discard(records).await;
+                Some(Err(e.into()))
+            }
+            Ok(_) => {
+                self.discard(records).await;
+                None
+            }
+            // Not known whether it committed: the shards are left to the orphan GC.
+            Err(e) => Some(Err(e.into())),
+        }
     }
 
     /// Deletes stripes that were written but will never be committed.

@@ -140,34 +140,8 @@ impl FsService {
                 | FsRequest::Watch { .. }
                 | FsRequest::Sync { .. }
         );
-        let answer = if let FsRequest::Create {
-            id,
-            parent,
-            name,
-            perm,
-            owner,
-            session,
-            handle,
-        } = req
-        {
-            // Made as a `MkNode` is (its request id answers a copy sent again), then held
-            // open as an `Open` would (a new file has its name: no staleness to check).
-            let mknode = FsRequest::MkNode {
-                id,
-                parent,
-                name,
-                kind: FileKind::File,
-                perm,
-                owner,
-                rdev: 0,
-                target: None,
-            };
-            let made = self.change(mknode, version).await;
-            if let Ok(FsResponse::Entry(a) | FsResponse::Unsynced(UnsyncedAnswer::Entry(a))) = &made
-            {
-                self.handles.hold(session, handle, a.ino, pid);
-            }
-            made
+        let answer = if let FsRequest::Create { .. } = req {
+            self.serve_create(req, pid, version).await
         } else if is_change(&req) {
             self.change(req, version).await
         } else if let FsRequest::Sync { ino, session } = req {
@@ -187,6 +161,44 @@ impl FsService {
             }
         };
         answer.unwrap_or_else(FsResponse::Error)
+    }
+
+    /// `FsRequest::Create`: made as a `MkNode` is (its request id answers a copy sent
+    /// again), then held open as an `Open` would be (a new file has its name: no staleness
+    /// to check).
+    async fn serve_create(
+        &self,
+        req: FsRequest,
+        pid: Option<i32>,
+        version: u8,
+    ) -> Result<FsResponse, FsError> {
+        let FsRequest::Create {
+            id,
+            parent,
+            name,
+            perm,
+            owner,
+            session,
+            handle,
+        } = req
+        else {
+            return Err(FsError::Invalid);
+        };
+        let mknode = FsRequest::MkNode {
+            id,
+            parent,
+            name,
+            kind: FileKind::File,
+            perm,
+            owner,
+            rdev: 0,
+            target: None,
+        };
+        let made = self.change(mknode, version).await;
+        if let Ok(FsResponse::Entry(a) | FsResponse::Unsynced(UnsyncedAnswer::Entry(a))) = &made {
+            self.handles.hold(session, handle, a.ino, pid);
+        }
+        made
     }
 
     /// A change from a mount speaking `version`: answered from the leases when they answer

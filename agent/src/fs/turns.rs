@@ -27,8 +27,7 @@ impl<K> Default for Turns<K> {
 pub struct Turn<'a, K: Eq + Hash + Copy> {
     turns: &'a Turns<K>,
     key: K,
-    lock: Arc<tokio::sync::Mutex<()>>,
-    guard: Option<OwnedMutexGuard<()>>,
+    guard: OwnedMutexGuard<()>,
 }
 
 impl<K: Eq + Hash + Copy> Turns<K> {
@@ -39,12 +38,10 @@ impl<K: Eq + Hash + Copy> Turns<K> {
     /// Waits until no other copy of `key` is being served.
     pub async fn take(&self, key: K) -> Turn<'_, K> {
         let lock = self.serving().entry(key).or_default().clone();
-        let guard = lock.clone().lock_owned().await;
         Turn {
             turns: self,
             key,
-            lock,
-            guard: Some(guard),
+            guard: lock.lock_owned().await,
         }
     }
 
@@ -57,10 +54,10 @@ impl<K: Eq + Hash + Copy> Turns<K> {
 
 impl<K: Eq + Hash + Copy> Drop for Turn<'_, K> {
     fn drop(&mut self) {
-        self.guard.take();
         let mut serving = self.turns.serving();
-        // The map's and this turn's: no other copy waits.
-        if Arc::strong_count(&self.lock) == 2 {
+        // The map's and this turn's: no other copy waits (a copy takes its clone under
+        // the same map lock). The guard goes after.
+        if Arc::strong_count(OwnedMutexGuard::mutex(&self.guard)) == 2 {
             serving.remove(&self.key);
         }
     }

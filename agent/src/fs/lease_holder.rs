@@ -202,9 +202,19 @@ impl LeaseHolder {
         Some(start)
     }
 
-    /// Whether sealed batches wait to be sent.
-    pub fn sealed_waiting(&self) -> bool {
-        !self.sealed.is_empty()
+    /// How many sealed batches wait to be committed (the one a flush is sending among
+    /// them).
+    pub fn sealed_count(&self) -> usize {
+        self.sealed.len()
+    }
+
+    /// Whether the writeback should go now rather than at its interval, after an answer
+    /// made while `sealed_before` batches were sealed: `wake_at` ops are open, or the
+    /// answer sealed a batch full. A batch being committed is no reason: the ops answered
+    /// meanwhile wait for the next interval (or for `wake_at` of them), so they go as one
+    /// entry rather than one entry per round of the group.
+    pub fn wants_writeback(&self, sealed_before: usize, wake_at: usize) -> bool {
+        self.open.len() >= wake_at || self.sealed.len() > sealed_before
     }
 
     /// How many ops were answered since the last batch was sealed.

@@ -611,3 +611,60 @@ fn an_extent_write_of_a_file_made_under_the_lease_is_answered_and_committed_afte
     let data = rig.store.file_data(a.ino).expect("committed");
     assert_eq!((data.attr.size, data.extents.len()), (200_000, 1));
 }
+
+#[test]
+fn the_writeback_is_wanted_for_many_ops_or_a_full_batch_not_for_one_in_flight() {
+    const WAKE_AT: usize = 4;
+    let mut rig = Rig::new();
+    let dir = rig.leased_dir("w");
+    let sealed = rig.holder.sealed_count();
+    rig.answer(dir, create("a"));
+    assert!(!rig.holder.wants_writeback(sealed, WAKE_AT), "one op waits");
+    // A batch in flight: what is answered meanwhile waits for the interval (before this,
+    // each answer woke the writeback, and every round of the group carried a batch of
+    // the few ops answered during the one before).
+    rig.holder.seal().expect("sealed");
+    for name in ["b", "c", "d"] {
+        let sealed = rig.holder.sealed_count();
+        rig.answer(dir, create(name));
+        assert!(
+            !rig.holder.wants_writeback(sealed, WAKE_AT),
+            "{name}: a batch in flight is no reason"
+        );
+    }
+    let sealed = rig.holder.sealed_count();
+    rig.answer(dir, create("e"));
+    assert!(
+        rig.holder.wants_writeback(sealed, WAKE_AT),
+        "wake_at ops open"
+    );
+    rig.holder.seal();
+    while let Some(proposal) = rig.holder.next_to_commit().cloned() {
+        let outcome = rig.commit_proposal(proposal);
+        rig.holder
+            .committed(&rig.store, &outcome)
+            .expect("committed");
+    }
+    // An answer that seals a batch full wakes it.
+    let file = match rig.answer(dir, create("big")) {
+        Outcome::Attr(a) => a.ino,
+        other => panic!("create: {other:?}"),
+    };
+    rig.flush();
+    let mut woke = false;
+    for round in 0..(super::MAX_BATCH_BYTES / (60 << 10) + 2) {
+        let sealed = rig.holder.sealed_count();
+        let write = LeasedChange::WriteInline {
+            ino: file,
+            offset: (round * (60 << 10)) as u64,
+            data: vec![1; 60 << 10],
+            max_inline: 1 << 30,
+        };
+        rig.answer(dir, write);
+        if rig.holder.wants_writeback(sealed, usize::MAX) {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke, "a batch sealed full wakes the writeback");
+}

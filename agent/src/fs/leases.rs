@@ -75,6 +75,39 @@ pub enum Prior {
 }
 
 impl Policy {
+    /// A change in `dir` was answered from its lease, making `made` (its inode, and
+    /// whether a directory). A directory made under the lease is leased here with it
+    /// (`LeaseHolder::answer`) and counts as used from now: given back at the next
+    /// writeback instead, the first change inside it (`cp -a`, `mkdir -p`) would take it
+    /// again, a round with the group for each directory.
+    fn answered(&mut self, dir: Ino, made: Option<(Ino, bool)>, now: Instant) {
+        self.used.insert(dir, now);
+        match made {
+            Some((ino, true)) => {
+                self.used.insert(ino, now);
+            }
+            Some((ino, false)) => {
+                self.created.insert(ino, dir);
+            }
+            None => {}
+        }
+    }
+
+    /// Of the leases `held`, those unused for [`IDLE_FOR`] at `now` (and forgets when
+    /// the ones not held any more were used).
+    fn idle(&mut self, held: &[(Ino, u64)], now: Instant) -> Vec<Ino> {
+        self.used
+            .retain(|dir, _| held.iter().any(|(d, _)| d == dir));
+        held.iter()
+            .map(|(dir, _)| *dir)
+            .filter(|dir| {
+                self.used
+                    .get(dir)
+                    .is_none_or(|&at| now.saturating_duration_since(at) >= IDLE_FOR)
+            })
+            .collect()
+    }
+
     fn contended(&mut self, dir: Ino, now: Instant) -> bool {
         match self.contended.get(&dir) {
             Some(&at) if now.saturating_duration_since(at) < CONTENDED_FOR => true,
@@ -374,22 +407,8 @@ impl Leases {
         self.flush().await?;
         self.collect_failures();
         let now = Instant::now();
-        let idle: Vec<Ino> = {
-            let mut policy = self.policy();
-            let held = self.held();
-            policy
-                .used
-                .retain(|dir, _| held.iter().any(|(d, _)| d == dir));
-            held.iter()
-                .map(|(dir, _)| *dir)
-                .filter(|dir| {
-                    policy
-                        .used
-                        .get(dir)
-                        .is_none_or(|&at| now.saturating_duration_since(at) >= IDLE_FOR)
-                })
-                .collect()
-        };
+        let held = self.held();
+        let idle = self.policy().idle(&held, now);
         for dir in idle {
             self.give_back(dir).await?;
         }
@@ -453,25 +472,25 @@ impl Leases {
         let store = self.group.store();
         // A directory's own attributes go under its own lease, not its parent's.
         let creates = matches!(change, LeasedChange::MkNode { kind, .. } if kind != FileKind::Dir);
+        let makes_dir =
+            matches!(change, LeasedChange::MkNode { kind, .. } if kind == FileKind::Dir);
         let (outcome, wake) = {
             let mut holder = self.holder();
+            let sealed_before = holder.sealed_count();
             let outcome = holder
                 .answer(store, dir, change, Timestamp::now(), Instant::now())
                 .map_err(FsError::from)?;
-            // Many ops, or a batch sealed full: the writeback goes now.
-            (
-                outcome,
-                holder.open_ops() >= WAKE_AT || holder.sealed_waiting(),
-            )
+            let wake = holder.wants_writeback(sealed_before, WAKE_AT);
+            (outcome, wake)
         };
         if wake {
             self.wake.notify_one();
         }
-        let mut policy = self.policy();
-        policy.used.insert(dir, Instant::now());
-        if creates && let Outcome::Attr(a) = &outcome {
-            policy.created.insert(a.ino, dir);
-        }
+        let made = match &outcome {
+            Outcome::Attr(a) if creates || makes_dir => Some((a.ino, makes_dir)),
+            _ => None,
+        };
+        self.policy().answered(dir, made, Instant::now());
         Ok(outcome)
     }
 
@@ -606,5 +625,35 @@ impl Leases {
     /// Answered changes whose commit did not go as answered, since the last call.
     pub fn take_failures(&self) -> Vec<LostOp> {
         self.holder().take_failures()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{IDLE_FOR, Policy};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[test]
+    fn a_directory_made_under_a_lease_is_kept_as_used_as_its_parent() {
+        let mut policy = Policy::default();
+        let start = Instant::now();
+        // Directory 10 is leased; a mkdir in it made 11 (leased with it), a create 12.
+        policy.answered(10, Some((11, true)), start);
+        policy.answered(10, Some((12, false)), start);
+        let held = [(10, 3), (11, 3)];
+        let soon = start + Duration::from_millis(100);
+        assert!(
+            policy.idle(&held, soon).is_empty(),
+            "the new directory's lease is kept for the changes that follow it"
+        );
+        assert_eq!(policy.created.get(&12), Some(&10));
+        assert!(!policy.created.contains_key(&11));
+        // Unused for IDLE_FOR: both go back; one used again stays.
+        policy.answered(11, None, start + IDLE_FOR);
+        assert_eq!(policy.idle(&held, start + IDLE_FOR), [10]);
+        // A lease given back is forgotten.
+        assert!(policy.idle(&[], start + IDLE_FOR).is_empty());
+        assert!(policy.used.is_empty());
     }
 }

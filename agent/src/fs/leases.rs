@@ -39,6 +39,8 @@ const MAX_FAILURES: usize = 4096;
 /// Ops answered since the last batch that wake the writeback before its interval: each
 /// answer speculates over every op not committed yet, so they are kept few.
 const WAKE_AT: usize = 32;
+/// Leases given back in one round at most.
+const MAX_RETURNS: usize = 256;
 /// Request ids remembered with how they were answered.
 const MAX_RECENT: usize = 4096;
 /// Inodes created under a lease remembered (for their setattr and inline writes).
@@ -409,14 +411,29 @@ impl Leases {
         let now = Instant::now();
         let held = self.held();
         let idle = self.policy().idle(&held, now);
-        for dir in idle {
-            self.give_back(dir).await?;
-        }
+        self.give_back_all(&idle).await?;
         let mut policy = self.policy();
         if policy.created.len() > MAX_CREATED || self.held().is_empty() {
             policy.created.clear();
         }
         Ok(())
+    }
+
+    /// One round with the group for all of `commands`, in order.
+    async fn rounds(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, FsError> {
+        let began = Instant::now();
+        let now = Timestamp::now();
+        let proposals = commands
+            .into_iter()
+            .map(|command| Proposal {
+                id: None,
+                now,
+                command,
+            })
+            .collect();
+        let outcomes = self.group.propose(proposals).await?;
+        self.holder().renewed(began);
+        Ok(outcomes)
     }
 
     /// One round with the group; renews the term from its start when it succeeds.
@@ -605,6 +622,32 @@ impl Leases {
                     .await?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Gives back the leases on `dirs` held here, together: what was answered commits
+    /// first, then the returns go in one round with the group (a `cp -a` leaves a lease on
+    /// every directory it made, given back once idle: one round each was as many log
+    /// entries again as its batches).
+    pub async fn give_back_all(&self, dirs: &[Ino]) -> Result<(), FsError> {
+        let returns: Vec<Command> = {
+            let mut holder = self.holder();
+            dirs.iter()
+                .filter_map(|&dir| {
+                    let epoch = holder.epoch(dir)?;
+                    // Forgotten first: nothing more is answered under it.
+                    holder.forget(dir);
+                    Some(Command::ReturnDirLease { dir, epoch })
+                })
+                .collect()
+        };
+        if returns.is_empty() {
+            return Ok(());
+        }
+        self.flush().await?;
+        for chunk in returns.chunks(MAX_RETURNS) {
+            self.rounds(chunk.to_vec()).await?;
         }
         Ok(())
     }

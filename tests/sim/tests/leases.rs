@@ -233,3 +233,69 @@ fn a_power_cut_of_the_holder_loses_only_what_it_had_not_committed() {
         },
     );
 }
+
+/// The index node `node`'s replica has applied.
+fn applied(c: &Cluster, node: u64) -> u64 {
+    let group = c.live.get(node).expect("node runs");
+    let metrics = group.raft.metrics().borrow().clone();
+    metrics.last_applied.map_or(0, |l| l.index)
+}
+
+#[test]
+fn idle_leases_go_back_together_in_one_round() {
+    common::on_five_nodes(
+        73,
+        |c| c.with_writeback(100),
+        async |c| {
+            let top = mkdir(c, 1, "top").await;
+            let leases = leases_on(c, 1);
+            leases.take(top).await.expect("take").expect("granted");
+            // Directories made under the lease are leased with it, as `cp -a` makes them.
+            let mut dirs = vec![top];
+            for i in 0..20 {
+                let mkdir = LeasedChange::MkNode {
+                    ino: 0,
+                    name: format!("d{i}"),
+                    kind: Kind::Dir,
+                    perm: 0o755,
+                    owner: NsOwner { uid: 1, gid: 1 },
+                    rdev: 0,
+                    target: None,
+                };
+                match leases.answer(top, mkdir) {
+                    Ok(Outcome::Attr(a)) => dirs.push(a.ino),
+                    other => panic!("mkdir d{i}: {other:?}"),
+                }
+            }
+            // The writeback commits them and keeps every lease while it is used lately.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(!leases.pending());
+            let held: Vec<Ino> = leases.held().into_iter().map(|(d, _)| d).collect();
+            // The root's too: `top` was made under its lease.
+            assert!(
+                dirs.iter().all(|d| held.contains(d)),
+                "kept while used lately"
+            );
+            let before = applied(c, 1);
+            tokio::time::sleep(shoal_agent::fs::leases::IDLE_FOR + Duration::from_secs(1)).await;
+            assert!(leases.held().is_empty(), "idle leases given back");
+            let group = c.live.get(1).expect("node runs");
+            group.barrier().await.expect("barrier");
+            for dir in &held {
+                assert_eq!(
+                    group.store().dir_lease(*dir).expect("lease"),
+                    None,
+                    "{dir} returned"
+                );
+            }
+            // One round for all (one log entry; a few more may be the cluster's own).
+            let entries = applied(c, 1) - before;
+            assert!(
+                entries <= 3,
+                "{entries} log entries to give back {} leases",
+                held.len()
+            );
+            assert!(leases.take_failures().is_empty());
+        },
+    );
+}

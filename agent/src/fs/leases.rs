@@ -39,6 +39,10 @@ const MAX_FAILURES: usize = 4096;
 /// Ops answered since the last batch that wake the writeback before its interval: each
 /// answer speculates over every op not committed yet, so they are kept few.
 const WAKE_AT: usize = 32;
+/// Subdirectories whose leases a take takes with it, at most, and how many entries of
+/// the directory it looks through for them.
+const MAX_TAKEN_WITH: usize = 255;
+const SUBDIR_SCAN: usize = 4096;
 /// Leases given back in one round at most.
 const MAX_RETURNS: usize = 256;
 /// Request ids remembered with how they were answered.
@@ -453,6 +457,11 @@ impl Leases {
 
     /// Takes the lease on `dir` (and inode numbers when few are left). `Ok(None)` when
     /// another node holds it; the epoch otherwise (the one held already, if so).
+    ///
+    /// The same round takes the leases of `dir`'s subdirectories that nobody holds (up to
+    /// [`MAX_TAKEN_WITH`]): a tree is mostly worked through by one node (`rm -rf`,
+    /// `chmod -R`), which would otherwise take one lease per directory, a round each. They
+    /// count as used from now and go back together once idle, like any other.
     pub async fn take(&self, dir: Ino) -> Result<Option<u64>, FsError> {
         // One take at a time: two of one directory would each get an epoch, and the ops
         // answered under the first would be refused under the second.
@@ -464,11 +473,29 @@ impl Leases {
                 None => return Ok(holder.epoch(dir)),
             }
         };
+        let mut commands = vec![take];
+        let mut subdirs = Vec::new();
+        for sub in self.free_subdirs(dir) {
+            if let Some(take) = self.holder().take_command(sub) {
+                subdirs.push(sub);
+                commands.push(take);
+            }
+        }
         let began = Instant::now();
-        let epoch = match self.round(take).await? {
-            Outcome::DirLease { epoch } => epoch,
-            Outcome::Leased { .. } => return Ok(None),
-            Outcome::Failed(e) => return Err(e.into()),
+        let mut outcomes = self.rounds(commands).await?.into_iter();
+        let first = outcomes.next();
+        let now = Instant::now();
+        for (&sub, outcome) in subdirs.iter().zip(outcomes) {
+            if let Outcome::DirLease { epoch } = outcome {
+                self.holder().granted(sub, epoch, began);
+                self.policy().used.insert(sub, now);
+                self.metrics.grants.inc();
+            }
+        }
+        let epoch = match first {
+            Some(Outcome::DirLease { epoch }) => epoch,
+            Some(Outcome::Leased { .. }) => return Ok(None),
+            Some(Outcome::Failed(e)) => return Err(e.into()),
             other => return Err(FsError::Io(format!("a lease was answered {other:?}"))),
         };
         self.holder().granted(dir, epoch, began);
@@ -481,6 +508,26 @@ impl Leases {
             }
         }
         Ok(Some(epoch))
+    }
+
+    /// Subdirectories of `dir` (among its first [`SUBDIR_SCAN`] entries, as the replica
+    /// has them) that no node holds a lease on, this one included, and no other node
+    /// worked in lately: at most [`MAX_TAKEN_WITH`].
+    fn free_subdirs(&self, dir: Ino) -> Vec<Ino> {
+        let store = self.group.store();
+        let Ok((entries, _)) = store.readdir_page(dir, None, SUBDIR_SCAN) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut policy = self.policy();
+        entries
+            .into_iter()
+            .filter(|e| e.kind == FileKind::Dir)
+            .map(|e| e.ino)
+            .filter(|&d| !policy.contended(d, now))
+            .filter(|&d| matches!(store.dir_lease(d), Ok(None)))
+            .take(MAX_TAKEN_WITH)
+            .collect()
     }
 
     /// Answers `change` in leased directory `dir` at once (see [`LeaseHolder::answer`]):

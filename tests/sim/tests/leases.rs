@@ -299,3 +299,38 @@ fn idle_leases_go_back_together_in_one_round() {
         },
     );
 }
+
+#[test]
+fn a_take_takes_the_free_subdirectories_with_it_in_one_round() {
+    common::on_five_nodes(
+        74,
+        |c| c.with_writeback(0),
+        async |c| {
+            let top = mkdir(c, 1, "top").await;
+            let mut subs = Vec::new();
+            for i in 0..10 {
+                let made = make(c, 1, top, &format!("s{i}"), FileKind::Dir).await;
+                subs.push(entry_ino(made));
+            }
+            make(c, 1, top, "file", FileKind::File).await;
+            // Another node works in s0: its lease is not taken from there.
+            let theirs = leases_on(c, 3);
+            theirs.take(subs[0]).await.expect("take").expect("granted");
+            let leases = leases_on(c, 1);
+            let before = applied(c, 1);
+            leases.take(top).await.expect("take").expect("granted");
+            let entries = applied(c, 1) - before;
+            assert!(entries <= 2, "{entries} log entries for one take");
+            let held: BTreeSet<Ino> = leases.held().into_iter().map(|(d, _)| d).collect();
+            let mut want: BTreeSet<Ino> = subs[1..].iter().copied().collect();
+            want.insert(top);
+            assert_eq!(held, want);
+            assert!(theirs.epoch(subs[0]).is_some(), "s0 stays theirs");
+            // Held for real: changes in a subdirectory are answered at once.
+            assert!(answered(leases.answer(subs[4], create("x"))));
+            leases.flush().await.expect("flush");
+            assert!(names(c, 2, subs[4]).await.contains("x"));
+            assert!(leases.take_failures().is_empty());
+        },
+    );
+}

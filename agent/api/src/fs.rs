@@ -395,15 +395,53 @@ pub enum UnsyncedAnswer {
     Done,
     Attr(FileAttr),
     Entry(FileAttr),
+    /// `Done` of a change of a directory's entries (unlink, rmdir), with the directory's
+    /// attributes after it, to clients of protocol 13 on ([`crate::PARENT_ATTRS_SINCE`]).
+    DoneIn {
+        parent: FileAttr,
+    },
+    /// `Entry` of a change that made an entry (create, mkdir, symlink, link), with the
+    /// directory's attributes after it, to clients of protocol 13 on.
+    EntryIn {
+        attr: FileAttr,
+        parent: FileAttr,
+    },
 }
 
 impl UnsyncedAnswer {
     /// The answer as the committed path gives it.
     pub fn into_response(self) -> FsResponse {
         match self {
-            UnsyncedAnswer::Done => FsResponse::Done,
+            UnsyncedAnswer::Done | UnsyncedAnswer::DoneIn { .. } => FsResponse::Done,
             UnsyncedAnswer::Attr(a) => FsResponse::Attr(a),
-            UnsyncedAnswer::Entry(a) => FsResponse::Entry(a),
+            UnsyncedAnswer::Entry(a) | UnsyncedAnswer::EntryIn { attr: a, .. } => {
+                FsResponse::Entry(a)
+            }
+        }
+    }
+
+    /// The attributes of the directory the change was made in, after it, when the
+    /// answer carries them.
+    pub fn parent(&self) -> Option<&FileAttr> {
+        match self {
+            UnsyncedAnswer::DoneIn { parent } | UnsyncedAnswer::EntryIn { parent, .. } => {
+                Some(parent)
+            }
+            _ => None,
+        }
+    }
+
+    /// This answer with `parent`, the attributes of the directory it was made in (an
+    /// answer of another kind stays as it is).
+    pub fn with_parent(self, parent: FileAttr) -> UnsyncedAnswer {
+        match self {
+            UnsyncedAnswer::Done | UnsyncedAnswer::DoneIn { .. } => {
+                UnsyncedAnswer::DoneIn { parent }
+            }
+            UnsyncedAnswer::Entry(attr) | UnsyncedAnswer::EntryIn { attr, .. } => {
+                UnsyncedAnswer::EntryIn { attr, parent }
+            }
+            other => other,
         }
     }
 }

@@ -49,16 +49,19 @@ use serde::{Deserialize, Serialize};
 /// a failure (`Response::Failed`; a client of 3 to 9 is answered `Response::Error`, the
 /// message alone: see [`Response::in_version`]), 11 `FsRequest::WriteThenSet`, 12
 /// `FsRequest::Sync` (a mount of 12 on may be answered changes under a directory lease
-/// before they are committed, and syncs them on `fsync`) and `FsRequest::Create`. Every other
+/// before they are committed, and syncs them on `fsync`) and `FsRequest::Create`, 13 the
+/// directory's attributes with a change answered under its lease (`UnsyncedAnswer::DoneIn`,
+/// `UnsyncedAnswer::EntryIn`). Every other
 /// message is as in version 3, so mounts started with an earlier release keep working
 /// across an agent upgrade.
-pub const API_VERSION: u8 = 12;
+pub const API_VERSION: u8 = 13;
 
 /// The oldest agent protocol a client of this version still speaks when the agent refuses
-/// this one ([`AgentClient::call`]): version 9 asks and answers as 12 does, except that a
-/// failure comes as `Response::Error` without its kind, and 10 and 11 as 12 does; 9 and
-/// 10 do not know `WriteThenSet`, none knows `Sync` (a mount asks
-/// [`AgentClient::version`] before it sends one).
+/// this one ([`AgentClient::call`]): version 9 asks and answers as 13 does, except that a
+/// failure comes as `Response::Error` without its kind, and 10 to 12 as 13 does; 9 and
+/// 10 do not know `WriteThenSet`, none before 12 knows `Sync` (a mount asks
+/// [`AgentClient::version`] before it sends one), and none before 13 answers a directory's
+/// attributes with a change.
 pub const OLDEST_ALIKE_VERSION: u8 = 9;
 
 /// The version that brought [`Response::Failed`].
@@ -73,6 +76,10 @@ pub const SYNC_SINCE: u8 = 12;
 
 /// The version that brought [`FsRequest::Create`].
 pub const CREATE_SINCE: u8 = 12;
+
+/// The version that brought the directory's attributes with a change answered under its
+/// lease ([`UnsyncedAnswer::DoneIn`], [`UnsyncedAnswer::EntryIn`]).
+pub const PARENT_ATTRS_SINCE: u8 = 13;
 
 /// DNS name that every node certificate carries and every agent verifies.
 pub const NODE_TLS_NAME: &str = "shoal-node";
@@ -339,6 +346,56 @@ mod tests {
         }
         let done = Response::Done("ok".into());
         assert_eq!(done.clone().in_version(3), done);
+    }
+
+    /// A mount of protocol 12 decodes the lease answers it knows as they always were; the
+    /// ones with the directory's attributes come after them (sent to 13 on only).
+    #[test]
+    fn lease_answers_keep_their_encoding_and_carry_the_directory_only_when_new() {
+        let unsynced = |a: UnsyncedAnswer| {
+            postcard::to_allocvec(&Response::Fs(FsResponse::Unsynced(a))).expect("encode")
+        };
+        let done = unsynced(UnsyncedAnswer::Done);
+        let prefix = done[..done.len() - 1].to_vec();
+        assert_eq!(done[done.len() - 1], 0, "Done is the first");
+        let file = FileAttr {
+            ino: 8,
+            kind: FileKind::File,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            rdev: 0,
+        };
+        let dir = FileAttr {
+            ino: 5,
+            kind: FileKind::Dir,
+            nlink: 3,
+            ..file.clone()
+        };
+        let entry_in = UnsyncedAnswer::Entry(file.clone()).with_parent(dir.clone());
+        assert_eq!(entry_in.parent(), Some(&dir));
+        assert_eq!(
+            entry_in.clone().into_response(),
+            FsResponse::Entry(file.clone())
+        );
+        let done_in = UnsyncedAnswer::Done.with_parent(dir.clone());
+        assert_eq!(done_in.clone().into_response(), FsResponse::Done);
+        assert_eq!(UnsyncedAnswer::Entry(file.clone()).parent(), None);
+        let attr = UnsyncedAnswer::Attr(file.clone());
+        assert_eq!(
+            attr.clone().with_parent(dir),
+            attr,
+            "a setattr's answer stays"
+        );
+        let done_in = unsynced(done_in);
+        assert_eq!(done_in[..prefix.len()], prefix[..]);
+        assert_eq!(done_in[prefix.len()], 3, "after Done, Attr and Entry");
+        assert_eq!(unsynced(entry_in)[prefix.len()], 4);
     }
 
     #[test]

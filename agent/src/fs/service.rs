@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use shoal_agent_api::{
     DELIVERY_WAIT_MS, FileAttr, FileKind, FsError, FsRequest, FsResponse, FsStats, Ino,
-    MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, RequestId, UnsyncedAnswer,
+    MAX_DIR_PAGE, MAX_READ, MAX_WATCH_MS, PARENT_ATTRS_SINCE, RequestId, UnsyncedAnswer,
 };
 use shoal_mesh::{GossipHandle, MemberState, Transport};
 use shoal_namespace::format::Timestamp;
@@ -195,7 +195,13 @@ impl FsService {
             target: None,
         };
         let made = self.change(mknode, version).await;
-        if let Ok(FsResponse::Entry(a) | FsResponse::Unsynced(UnsyncedAnswer::Entry(a))) = &made {
+        if let Ok(
+            FsResponse::Entry(a)
+            | FsResponse::Unsynced(
+                UnsyncedAnswer::Entry(a) | UnsyncedAnswer::EntryIn { attr: a, .. },
+            ),
+        ) = &made
+        {
             self.handles.hold(session, handle, a.ino, pid);
         }
         made
@@ -203,12 +209,35 @@ impl FsService {
 
     /// A change from a mount speaking `version`: answered from the leases when they answer
     /// its mount, else committed.
+    ///
+    /// A lease's answer to a mount of protocol 13 on carries the attributes of the
+    /// directory it changed, after it: the kernel asks for them right after each of its
+    /// creates and unlinks (its permission check), and the mount answers that from them.
     async fn change(&self, req: FsRequest, version: u8) -> Result<FsResponse, FsError> {
-        if self.answers_from_leases(session_of(&req), version) {
-            self.serve_change_leased(req).await
-        } else {
-            self.serve_change(req).await
+        if !self.answers_from_leases(session_of(&req), version) {
+            return self.serve_change(req).await;
         }
+        let dir = changed_dir(&req).filter(|_| version >= PARENT_ATTRS_SINCE);
+        let answer = self.serve_change_leased(req).await;
+        match (answer, dir) {
+            (Ok(FsResponse::Unsynced(answer)), Some(dir)) => {
+                Ok(FsResponse::Unsynced(match self.dir_attr_now(dir) {
+                    Some(parent) => answer.with_parent(parent),
+                    None => answer,
+                }))
+            }
+            (answer, _) => answer,
+        }
+    }
+
+    /// Directory `dir`'s attributes as this node has them now: the pending changes' when
+    /// they touched it, else the replica's.
+    fn dir_attr_now(&self, dir: Ino) -> Option<FileAttr> {
+        match self.leases.attr(dir) {
+            Some(attr) => attr,
+            None => self.group.store().getattr(dir).ok(),
+        }
+        .filter(|a| a.kind == FileKind::Dir)
     }
 
     /// Requests answered from the local replica (and the stripes), with read barriers
@@ -747,6 +776,17 @@ fn clip(mut parts: Vec<Bytes>, len: u64) -> Vec<Bytes> {
     parts
 }
 
+/// The directory whose entries `req` changes, when it changes one directory's (a
+/// rename's two are left out).
+fn changed_dir(req: &FsRequest) -> Option<Ino> {
+    match req {
+        FsRequest::MkNode { parent, .. }
+        | FsRequest::Unlink { parent, .. }
+        | FsRequest::Rmdir { parent, .. } => Some(*parent),
+        FsRequest::Link { new_parent, .. } => Some(*new_parent),
+        _ => None,
+    }
+}
 /// The mount session a request acts for: its handles' or its request id's.
 fn session_of(req: &FsRequest) -> Option<u64> {
     match req {

@@ -279,12 +279,17 @@ impl Agent {
             Ok(Response::Fs(FsResponse::Unsynced(r))) => {
                 // Answered under a directory lease: durable after the next `Sync`.
                 self.answered.fetch_add(1, Ordering::AcqRel);
+                let parent = r.parent().cloned();
                 let r = r.into_response();
-                if let (FsResponse::Entry(a) | FsResponse::Attr(a), Some(f)) =
-                    (&r, self.on_unsynced.get())
-                {
-                    let latest = alone && self.changes_sent() == at;
-                    f(a, latest.then_some(at));
+                if let Some(f) = self.on_unsynced.get() {
+                    let latest = (alone && self.changes_sent() == at).then_some(at);
+                    if let FsResponse::Entry(a) | FsResponse::Attr(a) = &r {
+                        f(a, latest);
+                    }
+                    // The directory the change was made in, as the change left it.
+                    if let Some(p) = &parent {
+                        f(p, latest);
+                    }
                 }
                 Ok(r)
             }
@@ -487,8 +492,8 @@ mod tests {
         assert_eq!(agent.fs(FsRequest::StatFs).await, Err(Errno::EIO));
     }
 
-    use super::super::testkit::{attr_answer, fake_agent, socket_path};
-    use shoal_agent_api::SetAttr;
+    use super::super::testkit::{attr, attr_answer, fake_agent, socket_path};
+    use shoal_agent_api::{SetAttr, UnsyncedAnswer};
     use tokio::sync::mpsc;
 
     #[tokio::test]
@@ -658,5 +663,58 @@ mod tests {
         assert_eq!(agent.changes_sent(), 2);
         assert_eq!(heard.recv().await, Some((9, Some(1))));
         assert_eq!(heard.recv().await, Some((10, Some(2))));
+    }
+
+    #[tokio::test]
+    async fn an_answer_with_its_directorys_attributes_hands_both_on() {
+        let sock = socket_path("parent");
+        let (tx, _seen) = mpsc::unbounded_channel();
+        let mut dir = attr(5, 0);
+        dir.kind = shoal_agent_api::FileKind::Dir;
+        let parent = dir.clone();
+        let _agent = fake_agent(sock.clone(), tx, move |r| {
+            Some(match r {
+                Request::Fs(FsRequest::Unlink { .. }) => {
+                    Response::Fs(FsResponse::Unsynced(UnsyncedAnswer::DoneIn {
+                        parent: parent.clone(),
+                    }))
+                }
+                Request::Fs(FsRequest::MkNode { .. }) => {
+                    Response::Fs(FsResponse::Unsynced(UnsyncedAnswer::EntryIn {
+                        attr: attr(8, 0),
+                        parent: parent.clone(),
+                    }))
+                }
+                other => attr_answer(other),
+            })
+        });
+        let agent = Agent::new(sock, Duration::from_secs(5));
+        let (hook, mut heard) = mpsc::unbounded_channel();
+        agent.on_unsynced(move |a, at| {
+            let _ = hook.send((a.ino, at));
+        });
+        let unlink = FsRequest::Unlink {
+            id: agent.next_id(),
+            parent: 5,
+            name: "x".into(),
+        };
+        assert_eq!(agent.fs(unlink).await.expect("unlink"), FsResponse::Done);
+        assert_eq!(heard.recv().await, Some((5, Some(1))));
+        let mknode = FsRequest::MkNode {
+            id: agent.next_id(),
+            parent: 5,
+            name: "y".into(),
+            kind: shoal_agent_api::FileKind::File,
+            perm: 0o644,
+            owner: shoal_agent_api::Owner { uid: 0, gid: 0 },
+            rdev: 0,
+            target: None,
+        };
+        assert_eq!(
+            agent.fs(mknode).await.expect("mknode"),
+            FsResponse::Entry(attr(8, 0))
+        );
+        assert_eq!(heard.recv().await, Some((8, Some(2))), "the entry first");
+        assert_eq!(heard.recv().await, Some((5, Some(2))), "then its directory");
     }
 }

@@ -300,8 +300,8 @@ impl Coherence {
         }
     }
 
-    /// The agent answered a change of file `attr.ino` under its directory lease, sent at
-    /// change count `at` (see [`HeldFiles`]).
+    /// The agent answered a change of file `attr.ino` (or in directory `attr.ino`) under
+    /// its directory lease, sent at change count `at` (see [`HeldFiles`]).
     pub fn hold(&self, attr: &FileAttr, at: Option<u64>) {
         self.held.hold(attr, at);
     }
@@ -311,8 +311,8 @@ impl Coherence {
         self.live.load(Ordering::Relaxed) && self.held.contains(ino)
     }
 
-    /// The attributes the agent holds for file `ino` when this mount knows them without
-    /// asking, the mount's change count being `now` (see [`HeldFiles::attr`]).
+    /// The attributes the agent holds for file or directory `ino` when this mount knows
+    /// them without asking, the mount's change count being `now` (see [`HeldFiles::attr`]).
     pub fn held_attr(&self, ino: Ino, now: u64) -> Option<FileAttr> {
         if !self.live.load(Ordering::Relaxed) {
             return None;

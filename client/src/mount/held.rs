@@ -7,6 +7,9 @@
 //! file another change. A setattr the mount holds with the file's buffered writes (cp -a:
 //! chown, utimes and chmod after the data) is answered from them
 //! ([`HeldFiles::attr`]) instead of asking the agent first: one round trip less each.
+//! Directories too: a change answered under the lease carries its directory's attributes
+//! after it (protocol 13), and the kernel's stat of the directory right after each of its
+//! creates and unlinks (its permission check) is answered from them.
 //!
 //! "Until this mount sends another change" is kept by the agent connection's count of
 //! changes sent ([`super::agent::Agent::changes_sent`]): an answer is remembered with the
@@ -153,5 +156,20 @@ mod tests {
         assert!(!held.contains(7) && held.attr(7, 0).is_none());
         held.clear();
         assert!(!held.contains(8));
+    }
+
+    #[test]
+    fn a_directorys_attributes_answered_with_a_change_in_it_hold_until_the_next_change() {
+        let held = HeldFiles::default();
+        let mut dir = attr(5, 0);
+        dir.kind = shoal_agent_api::FileKind::Dir;
+        dir.nlink = 3;
+        held.hold(&dir, Some(4));
+        assert_eq!(held.attr(5, 4), Some(dir.clone()));
+        // Another node's change in it (the feed) drops it; so does any change sent here.
+        held.remove(5);
+        assert_eq!(held.attr(5, 4), None);
+        held.hold(&dir, Some(5));
+        assert_eq!(held.attr(5, 6), None);
     }
 }

@@ -62,8 +62,10 @@ impl FsState {
         }
         {
             let coherence = coherence.clone();
+            // Files for their attributes (`held`), directories for the kernel's stat after
+            // each change in them (`getattr`).
             agent.on_unsynced(move |attr, at| {
-                if attr.kind == FileKind::File {
+                if matches!(attr.kind, FileKind::File | FileKind::Dir) {
                     coherence.hold(attr, at);
                 }
             });
@@ -122,6 +124,14 @@ impl FsState {
     /// another node's close committed before it; an open file's attributes come from the
     /// local replica.
     pub async fn getattr(&self, ino: Ino, by_path: bool) -> Result<FileAttr, Errno> {
+        // A directory this mount just changed under the agent's lease: the kernel asks
+        // after each of its creates and unlinks (its permission check), and the agent's
+        // answer to that change said what it would answer now (see `held`).
+        if let Some(a) = self.coherence.held_attr(ino, self.agent.changes_sent())
+            && a.kind == FileKind::Dir
+        {
+            return Ok(a);
+        }
         if self.files.has_pending(ino) {
             self.files.flush_inode(ino).await;
         }

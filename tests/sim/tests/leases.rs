@@ -334,3 +334,77 @@ fn a_take_takes_the_free_subdirectories_with_it_in_one_round() {
         },
     );
 }
+
+#[test]
+fn a_leased_change_answers_its_directorys_attributes_as_they_commit() {
+    common::on_five_nodes(
+        75,
+        |c| c.with_writeback(100),
+        async |c| {
+            let dir = mkdir(c, 1, "d").await;
+            let service = fs(c, 1);
+            let create = FsRequest::MkNode {
+                id: id(9),
+                parent: dir,
+                name: "f".into(),
+                kind: FileKind::File,
+                perm: 0o644,
+                owner: Owner { uid: 0, gid: 0 },
+                rdev: 0,
+                target: None,
+            };
+            let made = match service.handle(create, None, common::PROTOCOL).await {
+                FsResponse::Unsynced(shoal_agent_api::UnsyncedAnswer::EntryIn { attr, parent }) => {
+                    assert_eq!(parent.ino, dir);
+                    (attr, parent)
+                }
+                other => panic!("create under the lease: {other:?}"),
+            };
+            let unlink = FsRequest::Unlink {
+                id: id(9),
+                parent: dir,
+                name: "f".into(),
+            };
+            let after_unlink = match service.handle(unlink, None, common::PROTOCOL).await {
+                FsResponse::Unsynced(shoal_agent_api::UnsyncedAnswer::DoneIn { parent }) => parent,
+                other => panic!("unlink under the lease: {other:?}"),
+            };
+            // An older mount gets the answers it knows.
+            let old = FsRequest::MkNode {
+                id: id(9),
+                parent: dir,
+                name: "g".into(),
+                kind: FileKind::Dir,
+                perm: 0o755,
+                owner: Owner { uid: 0, gid: 0 },
+                rdev: 0,
+                target: None,
+            };
+            let made_g = match service
+                .handle(old, None, shoal_agent_api::CREATE_SINCE)
+                .await
+            {
+                FsResponse::Unsynced(shoal_agent_api::UnsyncedAnswer::Entry(a)) => a,
+                other => panic!("mkdir for protocol 12: {other:?}"),
+            };
+            // What each answer said of the directory is what the group applied.
+            let group = c.live.get(1).expect("node runs");
+            let sync = FsRequest::Sync {
+                ino: dir,
+                session: 9,
+            };
+            assert!(matches!(
+                service.handle(sync, None, common::PROTOCOL).await,
+                FsResponse::Synced { .. }
+            ));
+            let committed = group.store().getattr(dir).expect("dir");
+            assert_eq!(committed.nlink, after_unlink.nlink + 1, "g made since");
+            assert_eq!(made.1.nlink, after_unlink.nlink);
+            assert!(made.1.mtime <= after_unlink.mtime);
+            assert!(after_unlink.mtime <= committed.mtime);
+            assert_eq!(committed.mtime, made_g.ctime, "g's make is the last change");
+            let f = group.store().getattr(made.0.ino).map(|a| a.nlink);
+            assert!(matches!(f, Ok(0) | Err(_)), "f unlinked: {f:?}");
+        },
+    );
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use shoal_agent_api::{FileAttr, FsError, FsResponse, Ino, RequestId};
 use shoal_namespace::format::{FileKind, Timestamp};
-use shoal_namespace::{Command, LeasedChange, Outcome, Proposal};
+use shoal_namespace::{Command, LeasedChange, Outcome, Proposal, Touched};
 use shoal_placement::NodeId;
 use tokio::time::Instant;
 
@@ -143,6 +143,29 @@ fn concerned(lost: &LostOp, named: Option<Ino>) -> Vec<Ino> {
     }
     inos.extend(named);
     inos
+}
+
+/// Adds to `touched` what the mount may have cached of `lost`: the names it made,
+/// removed or moved, and the inodes it concerns (`inos`), with origin 0.
+fn lost_touched(touched: &mut Touched, lost: &LostOp, inos: &[Ino]) {
+    use shoal_namespace::LeasedChange as C;
+    let dir = lost.op.dir;
+    match &lost.op.change {
+        C::MkNode { name, .. } | C::Link { name, .. } | C::Unlink { name } | C::Rmdir { name } => {
+            touched.names.push((0, dir, name.clone()))
+        }
+        C::Rename {
+            name,
+            new_dir,
+            new_name,
+            ..
+        } => {
+            touched.names.push((0, dir, name.clone()));
+            touched.names.push((0, *new_dir, new_name.clone()));
+        }
+        C::SetAttr { .. } | C::WriteInline { .. } | C::WriteExtents { .. } => {}
+    }
+    touched.inodes.extend(inos.iter().map(|&ino| (0, ino)));
 }
 
 pub struct Leases {
@@ -389,6 +412,7 @@ impl Leases {
         self.metrics.lost_ops.inc_by(lost.len() as u64);
         let store = self.group.store();
         let mut policy = self.policy();
+        let mut touched = Touched::default();
         for l in lost {
             tracing::warn!(dir = l.op.dir, change = ?l.op.change, answered = ?l.answered,
                 committed = ?l.committed, "a change answered under a directory lease did not commit as answered");
@@ -401,8 +425,13 @@ impl Leases {
                 _ => None,
             };
             let inos = concerned(&l, named);
+            lost_touched(&mut touched, &l, &inos);
             policy.failures.push((l, inos));
         }
+        // What the mount was answered of them is not what the group has: its kernel (and
+        // the mount's held attributes) drop them through the change feed, as for another
+        // node's change (origin 0 is no mount's own).
+        self.group.changes.publish(&touched);
         let over = policy.failures.len().saturating_sub(MAX_FAILURES);
         policy.failures.drain(..over);
     }
@@ -413,8 +442,13 @@ impl Leases {
         self.flush().await?;
         self.collect_failures();
         let now = Instant::now();
-        let held = self.held();
-        let idle = self.policy().idle(&held, now);
+        // Under the policy lock: a lease granted (and marked used) between reading the
+        // held ones and the idle check would lose its mark.
+        let idle = {
+            let mut policy = self.policy();
+            let held = self.held();
+            policy.idle(&held, now)
+        };
         self.give_back_all(&idle).await?;
         let mut policy = self.policy();
         if policy.created.len() > MAX_CREATED || self.held().is_empty() {
@@ -458,8 +492,8 @@ impl Leases {
     /// Takes the lease on `dir` (and inode numbers when few are left). `Ok(None)` when
     /// another node holds it; the epoch otherwise (the one held already, if so).
     ///
-    /// The same round takes the leases of `dir`'s subdirectories that nobody holds (up to
-    /// [`MAX_TAKEN_WITH`]): a tree is mostly worked through by one node (`rm -rf`,
+    /// Then, in one more round, the leases of `dir`'s subdirectories that nobody holds
+    /// (up to [`MAX_TAKEN_WITH`]): a tree is mostly worked through by one node (`rm -rf`,
     /// `chmod -R`), which would otherwise take one lease per directory, a round each. They
     /// count as used from now and go back together once idle, like any other.
     pub async fn take(&self, dir: Ino) -> Result<Option<u64>, FsError> {
@@ -473,33 +507,16 @@ impl Leases {
                 None => return Ok(holder.epoch(dir)),
             }
         };
-        let mut commands = vec![take];
-        let mut subdirs = Vec::new();
-        for sub in self.free_subdirs(dir) {
-            if let Some(take) = self.holder().take_command(sub) {
-                subdirs.push(sub);
-                commands.push(take);
-            }
-        }
         let began = Instant::now();
-        let mut outcomes = self.rounds(commands).await?.into_iter();
-        let first = outcomes.next();
-        let now = Instant::now();
-        for (&sub, outcome) in subdirs.iter().zip(outcomes) {
-            if let Outcome::DirLease { epoch } = outcome {
-                self.holder().granted(sub, epoch, began);
-                self.policy().used.insert(sub, now);
-                self.metrics.grants.inc();
-            }
-        }
-        let epoch = match first {
-            Some(Outcome::DirLease { epoch }) => epoch,
-            Some(Outcome::Leased { .. }) => return Ok(None),
-            Some(Outcome::Failed(e)) => return Err(e.into()),
+        let epoch = match self.round(take).await? {
+            Outcome::DirLease { epoch } => epoch,
+            Outcome::Leased { .. } => return Ok(None),
+            Outcome::Failed(e) => return Err(e.into()),
             other => return Err(FsError::Io(format!("a lease was answered {other:?}"))),
         };
         self.holder().granted(dir, epoch, began);
         self.metrics.grants.inc();
+        self.take_subdirs(dir).await;
         if self.holder().inos_left() < INO_LOW {
             let take = self.holder().inos_command(INO_BATCH);
             match self.round(take).await? {
@@ -508,6 +525,41 @@ impl Leases {
             }
         }
         Ok(Some(epoch))
+    }
+
+    /// Takes the leases of `dir`'s free subdirectories in one round, once `dir`'s own
+    /// lease is this node's: then no other holder has ops waiting in `dir` (an rmdir or
+    /// a rename of a subdirectory) that a subdirectory's lease, taken first, would make
+    /// the group refuse. Best effort: a failed round leaves them untaken (a lease the
+    /// group granted all the same is given back when another node recalls it).
+    async fn take_subdirs(&self, dir: Ino) {
+        let mut commands = Vec::new();
+        let mut subdirs = Vec::new();
+        for sub in self.free_subdirs(dir) {
+            if let Some(take) = self.holder().take_command(sub) {
+                subdirs.push(sub);
+                commands.push(take);
+            }
+        }
+        if commands.is_empty() {
+            return;
+        }
+        let began = Instant::now();
+        let outcomes = match self.rounds(commands).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                tracing::debug!(dir, error = %e, "the subdirectories' leases were not taken");
+                return;
+            }
+        };
+        let now = Instant::now();
+        for (&sub, outcome) in subdirs.iter().zip(outcomes) {
+            if let Outcome::DirLease { epoch } = outcome {
+                self.holder().granted(sub, epoch, began);
+                self.policy().used.insert(sub, now);
+                self.metrics.grants.inc();
+            }
+        }
     }
 
     /// Subdirectories of `dir` (among its first [`SUBDIR_SCAN`] entries, as the replica
@@ -707,6 +759,11 @@ impl Leases {
         if self.epoch(dir) == Some(epoch) {
             drop(no_take);
             return self.give_back(dir).await;
+        }
+        // Forgotten here by a give-back still committing what was answered under it: that
+        // goes first, or the return would make the group refuse it.
+        if self.pending_in(dir) {
+            self.flush().await?;
         }
         self.round(Command::ReturnDirLease { dir, epoch }).await?;
         Ok(())

@@ -301,7 +301,7 @@ fn idle_leases_go_back_together_in_one_round() {
 }
 
 #[test]
-fn a_take_takes_the_free_subdirectories_with_it_in_one_round() {
+fn a_take_takes_the_free_subdirectories_in_one_more_round() {
     common::on_five_nodes(
         74,
         |c| c.with_writeback(0),
@@ -320,12 +320,19 @@ fn a_take_takes_the_free_subdirectories_with_it_in_one_round() {
             let before = applied(c, 1);
             leases.take(top).await.expect("take").expect("granted");
             let entries = applied(c, 1) - before;
-            assert!(entries <= 2, "{entries} log entries for one take");
+            assert!(entries <= 3, "{entries} log entries for one take");
             let held: BTreeSet<Ino> = leases.held().into_iter().map(|(d, _)| d).collect();
             let mut want: BTreeSet<Ino> = subs[1..].iter().copied().collect();
             want.insert(top);
             assert_eq!(held, want);
             assert!(theirs.epoch(subs[0]).is_some(), "s0 stays theirs");
+            // A take refused (another node holds the directory) takes none of them: that
+            // holder's pending rmdir or rename of one would be refused by it.
+            let other = mkdir(c, 1, "other").await;
+            let sub = entry_ino(make(c, 1, other, "sub", FileKind::Dir).await);
+            theirs.take(other).await.expect("take").expect("granted");
+            assert_eq!(leases.take(other).await.expect("take"), None);
+            assert_eq!(leases.epoch(sub), None, "no subdirectory of a refused take");
             // Held for real: changes in a subdirectory are answered at once.
             assert!(answered(leases.answer(subs[4], create("x"))));
             leases.flush().await.expect("flush");
@@ -405,6 +412,41 @@ fn a_leased_change_answers_its_directorys_attributes_as_they_commit() {
             assert_eq!(committed.mtime, made_g.ctime, "g's make is the last change");
             let f = group.store().getattr(made.0.ino).map(|a| a.nlink);
             assert!(matches!(f, Ok(0) | Err(_)), "f unlinked: {f:?}");
+        },
+    );
+}
+
+#[test]
+fn what_a_mount_was_answered_and_lost_reaches_its_change_feed() {
+    common::on_five_nodes(
+        76,
+        |c| c.with_writeback(0),
+        async |c| {
+            let dir = mkdir(c, 2, "d").await;
+            let leases = leases_on(c, 2);
+            leases.take(dir).await.expect("take").expect("granted");
+            assert!(answered(leases.answer(dir, create("x"))));
+            for other in NODES.into_iter().filter(|&n| n != 2) {
+                c.net.cut(ip(2), ip(other));
+                c.net.cut(ip(other), ip(2));
+            }
+            tokio::time::sleep(LEASE_TERM + Duration::from_secs(1)).await;
+            // Another node breaks the lease and makes the same name.
+            make(c, 4, dir, "x", FileKind::Dir).await;
+            c.net.heal();
+            member(c, 2).await;
+            let group = c.live.get(2).expect("node runs");
+            // Node 4's mkdir applied here (and in the feed) first.
+            group.barrier().await.expect("barrier");
+            let feed = &group.changes;
+            let (epoch, from) = (feed.epoch(), feed.position());
+            // The writeback commits the batch (refused: the lease was broken) and
+            // collects the loss: the mount's kernel must drop the name and the
+            // directory's attributes it was answered, as for another node's change.
+            leases.writeback().await.expect("writeback");
+            let batch = feed.read(epoch, from, 12345);
+            assert!(batch.names.contains(&(dir, "x".to_string())), "{batch:?}");
+            assert!(batch.inodes.contains(&dir), "{batch:?}");
         },
     );
 }

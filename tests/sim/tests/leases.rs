@@ -33,9 +33,14 @@ async fn mkdir(c: &Cluster, node: u64, name: &str) -> Ino {
     }
 }
 
-/// A create through node `node`'s fs service, as a mount sends it.
+/// A create through node `node`'s fs service, as a mount sends it, synced.
 async fn make(c: &Cluster, node: u64, parent: Ino, name: &str, kind: FileKind) -> FsResponse {
-    let req = FsRequest::MkNode {
+    shoal_sim::file_client::change_synced(&fs(c, node), mknode(parent, name, kind), 9).await
+}
+
+/// A mount's create request of mount session 9.
+fn mknode(parent: Ino, name: &str, kind: FileKind) -> FsRequest {
+    FsRequest::MkNode {
         id: id(9),
         parent,
         name: name.into(),
@@ -44,15 +49,19 @@ async fn make(c: &Cluster, node: u64, parent: Ino, name: &str, kind: FileKind) -
         owner: Owner { uid: 0, gid: 0 },
         rdev: 0,
         target: None,
-    };
-    shoal_sim::file_client::change_synced(&fs(c, node), req, 9).await
+    }
 }
 
 fn create(name: &str) -> LeasedChange {
+    made(name, Kind::File)
+}
+
+/// A leased create of `kind` named `name` (its number is the holder's to fill in).
+fn made(name: &str, kind: Kind) -> LeasedChange {
     LeasedChange::MkNode {
         ino: 0,
         name: name.into(),
-        kind: Kind::File,
+        kind,
         perm: 0o644,
         owner: NsOwner { uid: 1, gid: 1 },
         rdev: 0,
@@ -253,16 +262,7 @@ fn idle_leases_go_back_together_in_one_round() {
             // Directories made under the lease are leased with it, as `cp -a` makes them.
             let mut dirs = vec![top];
             for i in 0..20 {
-                let mkdir = LeasedChange::MkNode {
-                    ino: 0,
-                    name: format!("d{i}"),
-                    kind: Kind::Dir,
-                    perm: 0o755,
-                    owner: NsOwner { uid: 1, gid: 1 },
-                    rdev: 0,
-                    target: None,
-                };
-                match leases.answer(top, mkdir) {
+                match leases.answer(top, made(&format!("d{i}"), Kind::Dir)) {
                     Ok(Outcome::Attr(a)) => dirs.push(a.ino),
                     other => panic!("mkdir d{i}: {other:?}"),
                 }
@@ -350,16 +350,7 @@ fn a_leased_change_answers_its_directorys_attributes_as_they_commit() {
         async |c| {
             let dir = mkdir(c, 1, "d").await;
             let service = fs(c, 1);
-            let create = FsRequest::MkNode {
-                id: id(9),
-                parent: dir,
-                name: "f".into(),
-                kind: FileKind::File,
-                perm: 0o644,
-                owner: Owner { uid: 0, gid: 0 },
-                rdev: 0,
-                target: None,
-            };
+            let create = mknode(dir, "f", FileKind::File);
             let made = match service.handle(create, None, common::PROTOCOL).await {
                 FsResponse::Unsynced(shoal_agent_api::UnsyncedAnswer::EntryIn { attr, parent }) => {
                     assert_eq!(parent.ino, dir);
@@ -377,16 +368,7 @@ fn a_leased_change_answers_its_directorys_attributes_as_they_commit() {
                 other => panic!("unlink under the lease: {other:?}"),
             };
             // An older mount gets the answers it knows.
-            let old = FsRequest::MkNode {
-                id: id(9),
-                parent: dir,
-                name: "g".into(),
-                kind: FileKind::Dir,
-                perm: 0o755,
-                owner: Owner { uid: 0, gid: 0 },
-                rdev: 0,
-                target: None,
-            };
+            let old = mknode(dir, "g", FileKind::Dir);
             let made_g = match service
                 .handle(old, None, shoal_agent_api::CREATE_SINCE)
                 .await

@@ -476,17 +476,10 @@ impl Leases {
 
     /// One round with the group; renews the term from its start when it succeeds.
     async fn round(&self, command: Command) -> Result<Outcome, FsError> {
-        let began = Instant::now();
-        let outcome = self
-            .group
-            .propose_one(Proposal {
-                id: None,
-                now: Timestamp::now(),
-                command,
-            })
-            .await?;
-        self.holder().renewed(began);
-        Ok(outcome)
+        self.rounds(vec![command])
+            .await?
+            .pop()
+            .ok_or_else(|| FsError::Io("a round with the group gave no outcome".into()))
     }
 
     /// Takes the lease on `dir` (and inode numbers when few are left). `Ok(None)` when
@@ -533,14 +526,13 @@ impl Leases {
     /// the group refuse. Best effort: a failed round leaves them untaken (a lease the
     /// group granted all the same is given back when another node recalls it).
     async fn take_subdirs(&self, dir: Ino) {
-        let mut commands = Vec::new();
-        let mut subdirs = Vec::new();
-        for sub in self.free_subdirs(dir) {
-            if let Some(take) = self.holder().take_command(sub) {
-                subdirs.push(sub);
-                commands.push(take);
-            }
-        }
+        let free = self.free_subdirs(dir);
+        let (subdirs, commands): (Vec<Ino>, Vec<Command>) = {
+            let holder = self.holder();
+            free.into_iter()
+                .filter_map(|sub| Some((sub, holder.take_command(sub)?)))
+                .unzip()
+        };
         if commands.is_empty() {
             return;
         }
@@ -553,13 +545,25 @@ impl Leases {
             }
         };
         let now = Instant::now();
-        for (&sub, outcome) in subdirs.iter().zip(outcomes) {
-            if let Outcome::DirLease { epoch } = outcome {
-                self.holder().granted(sub, epoch, began);
-                self.policy().used.insert(sub, now);
-                self.metrics.grants.inc();
+        let granted: Vec<(Ino, u64)> = subdirs
+            .into_iter()
+            .zip(outcomes)
+            .filter_map(|(sub, outcome)| match outcome {
+                Outcome::DirLease { epoch } => Some((sub, epoch)),
+                _ => None,
+            })
+            .collect();
+        {
+            let mut holder = self.holder();
+            for &(sub, epoch) in &granted {
+                holder.granted(sub, epoch, began);
             }
         }
+        let mut policy = self.policy();
+        for &(sub, _) in &granted {
+            policy.used.insert(sub, now);
+        }
+        self.metrics.grants.inc_by(granted.len() as u64);
     }
 
     /// Subdirectories of `dir` (among its first [`SUBDIR_SCAN`] entries, as the replica
@@ -586,10 +590,12 @@ impl Leases {
     /// `Err(FsError::Unavailable)` when it cannot be answered from a lease now.
     pub fn answer(&self, dir: Ino, change: LeasedChange) -> Result<Outcome, FsError> {
         let store = self.group.store();
-        // A directory's own attributes go under its own lease, not its parent's.
-        let creates = matches!(change, LeasedChange::MkNode { kind, .. } if kind != FileKind::Dir);
-        let makes_dir =
-            matches!(change, LeasedChange::MkNode { kind, .. } if kind == FileKind::Dir);
+        // What a create makes: `Some(true)` a directory (leased with it; its own
+        // attributes go under its own lease, not its parent's), `Some(false)` another inode.
+        let makes = match &change {
+            LeasedChange::MkNode { kind, .. } => Some(*kind == FileKind::Dir),
+            _ => None,
+        };
         let (outcome, wake) = {
             let mut holder = self.holder();
             let sealed_before = holder.sealed_count();
@@ -602,8 +608,8 @@ impl Leases {
         if wake {
             self.wake.notify_one();
         }
-        let made = match &outcome {
-            Outcome::Attr(a) if creates || makes_dir => Some((a.ino, makes_dir)),
+        let made = match (&outcome, makes) {
+            (Outcome::Attr(a), Some(dir)) => Some((a.ino, dir)),
             _ => None,
         };
         self.policy().answered(dir, made, Instant::now());
@@ -698,29 +704,24 @@ impl Leases {
     pub async fn give_back(&self, dir: Ino) -> Result<(), FsError> {
         // Forgotten first: nothing more is answered under it, and what was answered
         // commits (the group still has the lease) before it is returned.
-        let epoch = self.holder().epoch(dir);
-        self.holder().forget(dir);
+        let returns = self.forget_held(&[dir]);
         self.flush().await?;
-        match epoch {
-            Some(epoch) => {
-                self.round(Command::ReturnDirLease { dir, epoch }).await?;
-            }
-            None => {
-                // Not held here, but maybe still this node's in the group: granted to
-                // this agent before it restarted. Nothing answered under it can commit
-                // any more.
-                let _no_take = self.taking.lock().await;
-                if self.epoch(dir).is_none()
-                    && let Some(lease) = self.group.store().dir_lease(dir)?
-                    && lease.holder == NodeId(self.group.me)
-                {
-                    self.round(Command::ReturnDirLease {
-                        dir,
-                        epoch: lease.epoch,
-                    })
-                    .await?;
-                }
-            }
+        if !returns.is_empty() {
+            self.rounds(returns).await?;
+            return Ok(());
+        }
+        // Not held here, but maybe still this node's in the group: granted to this agent
+        // before it restarted. Nothing answered under it can commit any more.
+        let _no_take = self.taking.lock().await;
+        if self.epoch(dir).is_none()
+            && let Some(lease) = self.group.store().dir_lease(dir)?
+            && lease.holder == NodeId(self.group.me)
+        {
+            self.round(Command::ReturnDirLease {
+                dir,
+                epoch: lease.epoch,
+            })
+            .await?;
         }
         Ok(())
     }
@@ -730,17 +731,7 @@ impl Leases {
     /// every directory it made, given back once idle: one round each was as many log
     /// entries again as its batches).
     pub async fn give_back_all(&self, dirs: &[Ino]) -> Result<(), FsError> {
-        let returns: Vec<Command> = {
-            let mut holder = self.holder();
-            dirs.iter()
-                .filter_map(|&dir| {
-                    let epoch = holder.epoch(dir)?;
-                    // Forgotten first: nothing more is answered under it.
-                    holder.forget(dir);
-                    Some(Command::ReturnDirLease { dir, epoch })
-                })
-                .collect()
-        };
+        let returns = self.forget_held(dirs);
         if returns.is_empty() {
             return Ok(());
         }
@@ -749,6 +740,19 @@ impl Leases {
             self.rounds(chunk.to_vec()).await?;
         }
         Ok(())
+    }
+
+    /// Forgets the leases on `dirs` held here (nothing more is answered under them) and
+    /// gives the commands that return them to the group.
+    fn forget_held(&self, dirs: &[Ino]) -> Vec<Command> {
+        let mut holder = self.holder();
+        dirs.iter()
+            .filter_map(|&dir| {
+                let epoch = holder.epoch(dir)?;
+                holder.forget(dir);
+                Some(Command::ReturnDirLease { dir, epoch })
+            })
+            .collect()
     }
 
     /// Returns this node's lease on `dir` at `epoch` when it is not held here at that

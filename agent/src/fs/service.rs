@@ -787,6 +787,7 @@ fn changed_dir(req: &FsRequest) -> Option<Ino> {
         _ => None,
     }
 }
+
 /// The mount session a request acts for: its handles' or its request id's.
 fn session_of(req: &FsRequest) -> Option<u64> {
     match req {
